@@ -1,0 +1,1 @@
+"""calmkit_aggregator: ingestion, estimation, consistency, reconstruction, service."""

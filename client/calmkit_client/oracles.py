@@ -1,0 +1,377 @@
+"""Frequency oracles GRR and OUE (papers/calm-ccs18.txt §2.2), used by both sides.
+
+The client calls :meth:`~FrequencyOracle.perturb` / :meth:`~FrequencyOracle.perturb_one`;
+the aggregator calls :meth:`~FrequencyOracle.support`, :meth:`~FrequencyOracle.estimate`
+and :meth:`~FrequencyOracle.variance`.
+
+Sampling compares uniform 64-bit words with integer thresholds ``T``: an event of
+probability ``T / 2**64`` exactly. :meth:`~FrequencyOracle.likelihood` returns those
+exact probabilities, so tests can check the realised privacy loss against epsilon.
+Payloads:
+
+- GRR: one cell index (int).
+- OUE: L bits packed big-endian into ``ceil(L/8)`` bytes (cell c is bit ``7 - c % 8``
+  of byte ``c // 8``, as :func:`numpy.packbits`); padding bits are 0.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import cached_property
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import OracleError
+from .randomness import RngLike, as_random_source, random_words
+
+__all__ = ["GRR", "OUE", "FrequencyOracle", "choose_oracle", "make_oracle", "validate_epsilon"]
+
+_TWO64 = 1 << 64
+_HALF = np.uint64(1 << 63)
+# Words drawn per chunk of a batch (bounds temporary memory at ~32 MiB).
+_CHUNK_WORDS = 1 << 22
+# How closely the realised privacy loss must match the nominal epsilon.
+_EPS_RTOL = 1e-12
+
+
+def validate_epsilon(epsilon: object, name: str = "epsilon") -> float:
+    """``float(epsilon)`` if it is a finite real > 0, else :class:`OracleError`."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.integer, np.floating)):
+        raise OracleError(f"{name} ({epsilon!r}) must be a finite number > 0")
+    value = float(epsilon)
+    if not (math.isfinite(value) and value > 0):
+        raise OracleError(f"{name} ({value!r}) must be finite and > 0")
+    return value
+
+
+def _threshold(prob: float) -> int:
+    """Integer T with T / 2**64 nearest to ``prob``."""
+    return int(Fraction(prob) * _TWO64 + Fraction(1, 2))
+
+
+@dataclass(frozen=True)
+class FrequencyOracle(ABC):
+    """An epsilon-LDP frequency oracle over a domain of ``L`` cells."""
+
+    epsilon: float
+    L: int
+
+    name: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", validate_epsilon(self.epsilon))
+        if isinstance(self.L, bool) or not isinstance(self.L, (int, np.integer)) or self.L < 2:
+            raise OracleError(f"L ({self.L!r}) must be an int >= 2")
+        object.__setattr__(self, "L", int(self.L))
+        realised = self.realised_epsilon
+        if not abs(realised - self.epsilon) <= _EPS_RTOL * max(1.0, self.epsilon):
+            raise OracleError(
+                f"epsilon ({self.epsilon!r}) must be small enough to realise with 64-bit "
+                f"thresholds at L={self.L} (realised {realised!r})"
+            )
+
+    # -- parameters ----------------------------------------------------------------
+    @property
+    @abstractmethod
+    def p(self) -> float:
+        """Probability that the true cell is reported (GRR) / its bit is 1 (OUE)."""
+
+    @property
+    @abstractmethod
+    def q(self) -> float:
+        """Probability that a given other cell is reported / its bit is 1."""
+
+    @property
+    @abstractmethod
+    def realised_epsilon(self) -> float:
+        """``log`` of the worst-case likelihood ratio of the sampler as implemented."""
+
+    @abstractmethod
+    def likelihood(self, payload: int | bytes, cell: int) -> Fraction:
+        """Exact probability that input ``cell`` is perturbed into ``payload``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "epsilon": self.epsilon, "L": self.L}
+
+    # -- client side -----------------------------------------------------------------
+    def _cells(self, cells: npt.ArrayLike) -> np.ndarray:
+        arr = np.asarray(cells)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise OracleError(f"cells (shape {arr.shape}, dtype {arr.dtype}) must be 1-D ints")
+        if arr.size and (arr.min() < 0 or arr.max() >= self.L):
+            bad = arr.min() if arr.min() < 0 else arr.max()
+            raise OracleError(f"cell ({int(bad)}) must be in [0, {self.L})")
+        return arr.astype(np.int64, copy=False)
+
+    def _cell(self, cell: int) -> int:
+        if isinstance(cell, bool) or not isinstance(cell, (int, np.integer)):
+            raise OracleError(f"cell ({cell!r}) must be an int in [0, {self.L})")
+        if not 0 <= int(cell) < self.L:
+            raise OracleError(f"cell ({int(cell)}) must be in [0, {self.L})")
+        return int(cell)
+
+    @abstractmethod
+    def perturb(self, cells: npt.ArrayLike, rng: RngLike = None) -> np.ndarray:
+        """Perturb a batch of true cells (n,) into n payloads.
+
+        ``rng=None`` draws from the OS entropy source; pass a Generator or seed only in
+        simulation and tests.
+        """
+
+    @abstractmethod
+    def perturb_one(self, cell: int, rng: RngLike = None) -> int | bytes:
+        """Perturb one true cell; equals ``perturb([cell], rng)[0]`` given the same words."""
+
+    # -- aggregator side ---------------------------------------------------------------
+    @abstractmethod
+    def support(self, payloads: npt.ArrayLike) -> np.ndarray:
+        """Support counts C (L,) int64: how many payloads support each cell."""
+
+    @abstractmethod
+    def check_payloads(self, payloads: npt.ArrayLike) -> np.ndarray:
+        """Validate payloads from the wire; returns them as an array or raises."""
+
+    def estimate(self, support: npt.ArrayLike, n: int) -> np.ndarray:
+        """Unbiased frequency estimates (L,) float64: ``(C/n - q) / (p - q)``."""
+        counts = np.asarray(support, dtype=np.float64)
+        if counts.shape != (self.L,):
+            raise OracleError(f"support (shape {counts.shape}) must have shape ({self.L},)")
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+            raise OracleError(f"n ({n!r}) must be an int > 0")
+        return (counts / n - self.q) / (self.p - self.q)
+
+    def variance(self, n: int, f: npt.ArrayLike | None = None) -> Any:
+        """Variance of :meth:`estimate` with ``n`` reports.
+
+        ``f=None``: the f-independent term the paper uses (eqs. 1, 2), a float.
+        ``f`` given (true frequencies, shape (L,)): the exact per-cell variance
+        ``P(1-P) / (n (p-q)^2)`` with ``P = f p + (1-f) q``.
+        """
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+            raise OracleError(f"n ({n!r}) must be an int > 0")
+        p, q = self.p, self.q
+        if f is None:
+            return q * (1 - q) / (n * (p - q) ** 2)
+        prob = np.asarray(f, dtype=np.float64) * (p - q) + q
+        return prob * (1 - prob) / (n * (p - q) ** 2)
+
+
+@dataclass(frozen=True)
+class GRR(FrequencyOracle):
+    """Generalized randomized response: report the true cell with probability
+    ``p = e^eps / (e^eps + L - 1)``, otherwise one of the other ``L - 1`` cells
+    uniformly (each with ``q = 1 / (e^eps + L - 1)``). Variance
+    ``(L - 2 + e^eps) / ((e^eps - 1)^2 n)`` (eq. 1).
+
+    Words per report: ``w0 < T_p`` keeps the true cell; else ``w1 mod (L-1)`` picks
+    among the others (bias below ``L / 2**64``, included in :meth:`likelihood`).
+    """
+
+    name: ClassVar[str] = "GRR"
+
+    @property
+    def p(self) -> float:
+        e = math.exp(self.epsilon)
+        return e / (e + self.L - 1)
+
+    @property
+    def q(self) -> float:
+        return 1.0 / (math.exp(self.epsilon) + self.L - 1)
+
+    @cached_property
+    def _t_keep(self) -> int:
+        return _threshold(self.p)
+
+    def likelihood(self, payload: int | bytes, cell: int) -> Fraction:
+        y, v = int(payload), int(cell)
+        keep = Fraction(self._t_keep, _TWO64)
+        if y == v:
+            return keep
+        k = self.L - 1
+        other = y - (y > v)  # index among the L-1 other cells
+        hits = _TWO64 // k + (other < _TWO64 % k)  # words w1 with w1 % k == other
+        return (1 - keep) * Fraction(hits, _TWO64)
+
+    @cached_property
+    def realised_epsilon(self) -> float:
+        # Worst case: true cell reported vs. the least likely "other" cell.
+        k = self.L - 1
+        keep = Fraction(self._t_keep, _TWO64)
+        least = (1 - keep) * Fraction(_TWO64 // k, _TWO64)
+        most = (1 - keep) * Fraction(_TWO64 // k + (_TWO64 % k > 0), _TWO64)
+        ratio = max(keep / least, most / least)
+        return math.log(ratio.numerator) - math.log(ratio.denominator)
+
+    def _apply(self, cells: np.ndarray, words: np.ndarray) -> np.ndarray:
+        """cells (n,) int64, words (n, 2) uint64 -> reported cells (n,) int64."""
+        keep = words[:, 0] < np.uint64(self._t_keep)
+        other = (words[:, 1] % np.uint64(self.L - 1)).astype(np.int64)
+        other += other >= cells
+        return np.where(keep, cells, other)
+
+    def perturb(self, cells: npt.ArrayLike, rng: RngLike = None) -> np.ndarray:
+        """cells (n,) int -> reported cells (n,) int64."""
+        arr = self._cells(cells)
+        src = as_random_source(rng)
+        out = np.empty(arr.shape[0], dtype=np.int64)
+        step = _CHUNK_WORDS // 2
+        for lo in range(0, arr.shape[0], step):
+            part = arr[lo : lo + step]
+            out[lo : lo + step] = self._apply(part, random_words(src, 2 * part.size).reshape(-1, 2))
+        return out
+
+    def perturb_one(self, cell: int, rng: RngLike = None) -> int:
+        v = self._cell(cell)
+        w0, w1 = (int(w) for w in random_words(as_random_source(rng), 2))
+        if w0 < self._t_keep:
+            return v
+        other = w1 % (self.L - 1)
+        return other + (other >= v)
+
+    def check_payloads(self, payloads: npt.ArrayLike) -> np.ndarray:
+        arr = np.asarray(payloads)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise OracleError(
+                f"GRR payloads (shape {arr.shape}, dtype {arr.dtype}) must be 1-D cell ints"
+            )
+        if arr.size and (arr.min() < 0 or arr.max() >= self.L):
+            bad = arr.min() if arr.min() < 0 else arr.max()
+            raise OracleError(f"GRR payload ({int(bad)}) must be a cell in [0, {self.L})")
+        return arr.astype(np.int64, copy=False)
+
+    def support(self, payloads: npt.ArrayLike) -> np.ndarray:
+        """Payloads (n,) int -> counts (L,) int64 (how often each cell was reported)."""
+        arr = self.check_payloads(payloads)
+        return np.bincount(arr, minlength=self.L).astype(np.int64)
+
+
+# counts of each byte value's bits, big-endian: _BYTE_BITS[v, b] = bit b of v (b=0 is MSB)
+_BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class OUE(FrequencyOracle):
+    """Optimized unary encoding: one-hot encode the cell, keep its 1 with probability
+    ``p = 1/2``, turn each 0 into 1 with probability ``q = 1 / (e^eps + 1)``.
+    Variance ``4 e^eps / ((e^eps - 1)^2 n)`` (eq. 2). One word per bit.
+    """
+
+    name: ClassVar[str] = "OUE"
+
+    @property
+    def p(self) -> float:
+        return 0.5
+
+    @property
+    def q(self) -> float:
+        return 1.0 / (math.exp(self.epsilon) + 1.0)
+
+    @property
+    def nbytes(self) -> int:
+        """Payload size in bytes, ``ceil(L / 8)``."""
+        return (self.L + 7) // 8
+
+    @cached_property
+    def _t_flip(self) -> int:
+        return _threshold(self.q)
+
+    def _bit_probs(self, cell: int) -> list[Fraction]:
+        q = Fraction(self._t_flip, _TWO64)
+        probs = [q] * self.L
+        probs[cell] = Fraction(1, 2)
+        return probs
+
+    def likelihood(self, payload: int | bytes, cell: int) -> Fraction:
+        if not isinstance(payload, (bytes, bytearray)):
+            raise OracleError(f"OUE payload ({payload!r}) must be bytes")
+        bits = np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=self.L)
+        out = Fraction(1)
+        for b, pr in zip(bits, self._bit_probs(int(cell))):
+            out *= pr if b else 1 - pr
+        return out
+
+    @cached_property
+    def realised_epsilon(self) -> float:
+        # Worst case over outputs: bits of the two inputs' cells differ, ratio
+        # (1/2 (1-q)) / (q 1/2) = (1-q)/q.
+        q = Fraction(self._t_flip, _TWO64)
+        ratio = (1 - q) / q
+        return math.log(ratio.numerator) - math.log(ratio.denominator)
+
+    def _apply(self, cells: np.ndarray, words: np.ndarray) -> np.ndarray:
+        """cells (n,) int64, words (n, L) uint64 -> packed payloads (n, nbytes) uint8."""
+        bits = words < np.uint64(self._t_flip)
+        rows = np.arange(cells.shape[0])
+        bits[rows, cells] = words[rows, cells] < _HALF
+        return np.packbits(bits, axis=1)
+
+    def perturb(self, cells: npt.ArrayLike, rng: RngLike = None) -> np.ndarray:
+        """cells (n,) int -> bit-packed payloads (n, ceil(L/8)) uint8."""
+        arr = self._cells(cells)
+        src = as_random_source(rng)
+        out = np.empty((arr.shape[0], self.nbytes), dtype=np.uint8)
+        step = max(1, _CHUNK_WORDS // self.L)
+        for lo in range(0, arr.shape[0], step):
+            part = arr[lo : lo + step]
+            words = random_words(src, part.size * self.L).reshape(-1, self.L)
+            out[lo : lo + step] = self._apply(part, words)
+        return out
+
+    def perturb_one(self, cell: int, rng: RngLike = None) -> bytes:
+        v = self._cell(cell)
+        words = random_words(as_random_source(rng), self.L)
+        bits = words < np.uint64(self._t_flip)
+        bits[v] = words[v] < _HALF
+        return np.packbits(bits).tobytes()
+
+    def check_payloads(self, payloads: npt.ArrayLike) -> np.ndarray:
+        arr = np.asarray(payloads)
+        if arr.ndim != 2 or arr.shape[1] != self.nbytes or arr.dtype != np.uint8:
+            raise OracleError(
+                f"OUE payloads (shape {arr.shape}, dtype {arr.dtype}) must be uint8 of shape "
+                f"(n, {self.nbytes})"
+            )
+        pad = self.nbytes * 8 - self.L
+        if pad and arr.size and (arr[:, -1] & np.uint8((1 << pad) - 1)).any():
+            row = int(np.flatnonzero(arr[:, -1] & np.uint8((1 << pad) - 1))[0])
+            raise OracleError(
+                f"OUE payload (row {row}) must have its {pad} padding bits zero (L={self.L})"
+            )
+        return arr
+
+    def support(self, payloads: npt.ArrayLike) -> np.ndarray:
+        """Payloads (n, nbytes) uint8 -> counts (L,) int64 of 1 bits per cell.
+
+        One ``bincount`` over (byte column, byte value) pairs, then a byte-value-by-bit
+        table: 8x fewer operations than unpacking every bit.
+        """
+        arr = self.check_payloads(payloads)
+        cols = self.nbytes
+        keys = arr.astype(np.int64) + 256 * np.arange(cols, dtype=np.int64)
+        hist = np.bincount(keys.reshape(-1), minlength=256 * cols).reshape(cols, 256)
+        return (hist @ _BYTE_BITS).reshape(-1)[: self.L]
+
+
+_ORACLES: dict[str, type[FrequencyOracle]] = {"GRR": GRR, "OUE": OUE}
+
+
+def make_oracle(name: str, L: int, epsilon: float) -> FrequencyOracle:
+    """The oracle called ``name`` ("GRR" or "OUE") over ``L`` cells."""
+    try:
+        cls = _ORACLES[name]
+    except (KeyError, TypeError):
+        raise OracleError(f"oracle ({name!r}) must be one of {sorted(_ORACLES)}") from None
+    return cls(epsilon, L)
+
+
+def choose_oracle(L: int, epsilon: float) -> FrequencyOracle:
+    """The oracle with the smaller variance (§2.2.3): GRR iff ``L < 3 e^eps + 2``."""
+    eps = validate_epsilon(epsilon)
+    if isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 2:
+        raise OracleError(f"L ({L!r}) must be an int >= 2")
+    return GRR(eps, int(L)) if L < 3 * math.exp(eps) + 2 else OUE(eps, int(L))

@@ -1,0 +1,74 @@
+"""Sources of random 64-bit words for perturbation.
+
+Production reports draw every random bit from the operating system's CSPRNG
+(``os.urandom``, i.e. getrandom(2) on Linux): :class:`OsEntropy`. Simulation and
+tests pass a seeded ``numpy.random.Generator`` (or a seed) instead. Both are used
+through :func:`random_words`, so the perturbation code is identical on both paths.
+
+Perturbation compares uniform 64-bit words with integer thresholds, which makes the
+realised output probabilities exact rationals ``T / 2**64`` that the privacy tests
+can check against epsilon.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Union
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["OsEntropy", "RandomSource", "as_random_source", "random_bytes", "random_words"]
+
+_U64 = np.dtype("<u8")
+
+
+class OsEntropy:
+    """Random words read from the OS entropy source (``os.urandom``).
+
+    Holds no state: there is nothing to seed, snapshot or predict.
+    """
+
+    __slots__ = ()
+
+    def words(self, count: int) -> npt.NDArray[np.uint64]:
+        """``count`` independent uniform uint64 words, shape (count,)."""
+        return np.frombuffer(os.urandom(8 * count), dtype=_U64).astype(np.uint64, copy=False)
+
+    def token(self, nbytes: int) -> bytes:
+        return os.urandom(nbytes)
+
+    def __repr__(self) -> str:
+        return "OsEntropy()"
+
+
+RandomSource = Union[OsEntropy, np.random.Generator]
+RngLike = Union[OsEntropy, np.random.Generator, np.random.SeedSequence, int, None]
+
+
+def as_random_source(rng: RngLike) -> RandomSource:
+    """Normalise ``rng``: ``None`` -> :class:`OsEntropy` (the production default);
+    an :class:`OsEntropy` or ``Generator`` as is; a seed -> ``default_rng(seed)``.
+
+    Note the default differs from numpy's: ``None`` never means "a PRNG seeded once";
+    it means every word comes from the OS CSPRNG.
+    """
+    if rng is None:
+        return OsEntropy()
+    if isinstance(rng, (OsEntropy, np.random.Generator)):
+        return rng
+    return np.random.default_rng(rng)
+
+
+def random_words(source: RandomSource, count: int) -> npt.NDArray[np.uint64]:
+    """``count`` uniform uint64 words from ``source``, shape (count,)."""
+    if isinstance(source, OsEntropy):
+        return source.words(count)
+    return np.asarray(source.bit_generator.random_raw(count), dtype=np.uint64)
+
+
+def random_bytes(source: RandomSource, nbytes: int) -> bytes:
+    """``nbytes`` uniform bytes (report ids)."""
+    if isinstance(source, OsEntropy):
+        return source.token(nbytes)
+    return source.bytes(nbytes)

@@ -1,0 +1,149 @@
+"""Reports: the only thing that leaves a user's device (DESIGN.md data flow step 3).
+
+:func:`make_report` projects one record onto the user's view, perturbs the cell with
+the view's oracle and returns ``Report(plan_digest, view, payload, report_id)``. The
+payload is exactly the oracle's output; the view is a public function of the user id;
+the report id is fresh randomness. Nothing else about the record is sent.
+
+:func:`make_reports` does the same for many users at once, vectorised per view (used
+by batch uploads and by the simulator's faithful path).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from .assignment import UserId
+from .errors import CalmkitError, PlanError
+from .plan import Plan
+from .randomness import RngLike, as_random_source, random_bytes, random_words
+from .schema import Label
+
+__all__ = ["REPORT_ID_BYTES", "Report", "ViewReports", "make_report", "make_reports"]
+
+REPORT_ID_BYTES = 16
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Report:
+    """One user's perturbed report.
+
+    ``payload`` is a cell index (int) for a GRR view and ``ceil(L/8)`` packed bytes for
+    an OUE view. ``report_id`` (16 random bytes) makes retries idempotent.
+    """
+
+    plan_digest: str
+    view: int
+    payload: int | bytes
+    report_id: bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.plan_digest, str) or not _DIGEST.match(self.plan_digest):
+            raise PlanError(f"plan_digest ({self.plan_digest!r}) must be 64 lowercase hex digits")
+        if isinstance(self.view, bool) or not isinstance(self.view, (int, np.integer)) or (
+            self.view < 0
+        ):
+            raise PlanError(f"view ({self.view!r}) must be an int >= 0")
+        object.__setattr__(self, "view", int(self.view))
+        payload = self.payload
+        if isinstance(payload, (bytearray, memoryview)):
+            payload = bytes(payload)
+        elif isinstance(payload, np.integer):
+            payload = int(payload)
+        if isinstance(payload, bool) or not isinstance(payload, (int, bytes)):
+            raise PlanError(f"payload ({self.payload!r}) must be an int (GRR) or bytes (OUE)")
+        object.__setattr__(self, "payload", payload)
+        if not isinstance(self.report_id, bytes) or len(self.report_id) != REPORT_ID_BYTES:
+            raise PlanError(f"report_id ({self.report_id!r}) must be {REPORT_ID_BYTES} bytes")
+
+    def check(self, plan: Plan) -> None:
+        """Raise :class:`PlanError` unless this report can have come from ``plan``."""
+        if self.plan_digest != plan.digest:
+            raise PlanError(
+                f"plan_digest ({self.plan_digest!r}) must be the collection's ({plan.digest!r})"
+            )
+        oracle = plan.oracle(self.view)
+        if oracle.name == "GRR":
+            value = np.array([self.payload if isinstance(self.payload, int) else -1])
+        else:
+            raw = self.payload if isinstance(self.payload, bytes) else b""
+            value = np.frombuffer(raw, dtype=np.uint8).reshape(1, -1)
+        try:
+            oracle.check_payloads(value)
+        except CalmkitError as exc:
+            raise PlanError(f"payload of view {self.view} ({self.payload!r}): {exc}") from None
+
+
+def make_report(
+    plan: Plan,
+    record: Mapping[str, Label] | Sequence[Label],
+    user_id: UserId,
+    rng: RngLike = None,
+) -> Report:
+    """One user's report under ``plan``.
+
+    Args:
+        record: ``{attribute name: label}`` (every schema attribute, nothing else) or
+            labels in schema order.
+        user_id: the user's pseudonymous id (int, str or bytes); it picks the view.
+        rng: ``None`` (production) draws from the OS entropy source; a Generator or a
+            seed only in tests and simulation.
+    """
+    codes = plan.schema.encode_record(record)
+    view = plan.assign(user_id)
+    cell = sum(codes[a] * s for a, s in zip(plan.views[view], plan.view_strides[view]))
+    source = as_random_source(rng)
+    payload = plan.view_oracles[view].perturb_one(cell, source)
+    return Report(plan.digest, view, payload, random_bytes(source, REPORT_ID_BYTES))
+
+
+@dataclass(frozen=True)
+class ViewReports:
+    """The reports of the users assigned to one view.
+
+    ``rows`` (n_j,) int64 are the users' positions in the input batch; ``payloads`` is
+    (n_j,) int64 (GRR) or (n_j, ceil(L/8)) uint8 (OUE); ``report_ids`` (n_j, 16) uint8.
+    """
+
+    view: int
+    rows: np.ndarray
+    payloads: np.ndarray
+    report_ids: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return int(self.rows.shape[0])
+
+
+def make_reports(
+    plan: Plan,
+    codes: npt.ArrayLike,
+    user_ids: Sequence[UserId] | npt.ArrayLike,
+    rng: RngLike = None,
+) -> list[ViewReports]:
+    """Reports of n users: codes (n, d) ints, user ids (n,). Vectorised per view.
+
+    Returns one :class:`ViewReports` per view (empty views included), in view order.
+    """
+    arr = plan.schema.validate_codes(codes)
+    ids = user_ids if isinstance(user_ids, np.ndarray) else list(user_ids)  # type: ignore[arg-type]
+    if len(ids) != arr.shape[0]:
+        raise PlanError(f"user_ids ({len(ids)} given) must match the records ({arr.shape[0]})")
+    views = plan.assign_many(ids)
+    source = as_random_source(rng)
+    order = np.argsort(views, kind="stable")
+    starts = np.searchsorted(views[order], np.arange(plan.m + 1))
+    out = []
+    for j in range(plan.m):
+        rows = order[starts[j] : starts[j + 1]]
+        cells = plan.schema.cell_index(arr[rows], plan.views[j])
+        payloads = plan.view_oracles[j].perturb(cells, source)
+        ids_j = random_words(source, 2 * rows.size).view(np.uint8).reshape(rows.size, 16)
+        out.append(ViewReports(j, rows, payloads, ids_j))
+    return out

@@ -1,0 +1,1 @@
+"""calmkit_simulator: datasets, populations, mechanisms and experiments."""
