@@ -148,17 +148,19 @@ class FrequencyOracle(ABC):
     def variance(self, n: int, f: npt.ArrayLike | None = None) -> Any:
         """Variance of :meth:`estimate` with ``n`` reports.
 
-        ``f=None``: the f-independent term the paper uses (eqs. 1, 2), a float.
-        ``f`` given (true frequencies, shape (L,)): the exact per-cell variance
-        ``P(1-P) / (n (p-q)^2)`` with ``P = f p + (1-f) q``.
+        ``f=None``: the f-independent term the paper uses (eqs. 1, 2), a float:
+        ``q (1-q) / (n (p-q)^2)``.
+        ``f`` given (the reporting users' true frequencies, shape (L,)): the exact
+        per-cell variance for that fixed population, each count being a sum of
+        independent Bernoullis: ``(f p (1-p) + (1-f) q (1-q)) / (n (p-q)^2)``.
         """
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
             raise OracleError(f"n ({n!r}) must be an int > 0")
         p, q = self.p, self.q
         if f is None:
             return q * (1 - q) / (n * (p - q) ** 2)
-        prob = np.asarray(f, dtype=np.float64) * (p - q) + q
-        return prob * (1 - prob) / (n * (p - q) ** 2)
+        freq = np.asarray(f, dtype=np.float64)
+        return (freq * p * (1 - p) + (1 - freq) * q * (1 - q)) / (n * (p - q) ** 2)
 
 
 @dataclass(frozen=True)

@@ -312,10 +312,11 @@ class Schema:
         idx = self.resolve(attrs)
         arr = np.asarray(cells)
         total = self.cells(idx)
-        if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() >= total):
-            bad = arr.reshape(-1)[0] if arr.dtype.kind not in "iu" else (
-                arr.min() if arr.min() < 0 else arr.max())
-            raise SchemaError(f"cell ({bad!r}) must be an int in [0, {total})")
+        if arr.size and arr.dtype.kind not in "iu":
+            raise SchemaError(f"cells (dtype {arr.dtype}) must be integers")
+        if arr.size and (arr.min() < 0 or arr.max() >= total):
+            bad = int(arr.min()) if arr.min() < 0 else int(arr.max())
+            raise SchemaError(f"cell ({bad}) must be an int in [0, {total})")
         if not idx:
             return np.zeros((arr.size, 0), dtype=np.int64)
         return np.stack(np.unravel_index(arr.reshape(-1), self.shape(idx)), axis=1).astype(

@@ -1,0 +1,73 @@
+"""Unbiasedness and variance of the GRR and OUE estimators (eqs. 1, 2), with fixed
+seeds and bounds derived from the exact variance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from calmkit_client import GRR, OUE, FrequencyOracle
+from tests.stats import assert_variance, assert_z
+
+CASES = [GRR(1.0, 8), GRR(0.5, 64), OUE(1.0, 8), OUE(1.0, 64), OUE(0.3, 256), GRR(2.0, 3)]
+
+
+def _population(L: int, n: int, seed: int) -> np.ndarray:
+    """n true cells from a skewed distribution over L cells (some cells empty)."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, L + 1) ** 1.2
+    weights[L // 2 :: 3] = 0.0
+    return rng.choice(L, size=n, p=weights / weights.sum())
+
+
+@pytest.mark.parametrize("oracle", CASES, ids=lambda o: f"{o.name}-L{o.L}-eps{o.epsilon}")
+def test_estimates_are_unbiased_within_exact_variance(oracle: FrequencyOracle) -> None:
+    n = 100_000
+    cells = _population(oracle.L, n, seed=11)
+    truth = np.bincount(cells, minlength=oracle.L) / n
+    payloads = oracle.perturb(cells, rng=np.random.default_rng(12))
+    estimate = oracle.estimate(oracle.support(payloads), n)
+    assert_z(estimate, truth, oracle.variance(n, truth))
+
+
+@pytest.mark.parametrize(
+    "oracle", [GRR(1.0, 6), OUE(1.0, 12), GRR(0.4, 20)], ids=lambda o: f"{o.name}-L{o.L}"
+)
+def test_empirical_variance_matches_formula(oracle: FrequencyOracle) -> None:
+    n, reps = 4000, 300
+    cells = _population(oracle.L, n, seed=21)
+    truth = np.bincount(cells, minlength=oracle.L) / n
+    rng = np.random.default_rng(22)
+    samples = np.stack(
+        [oracle.estimate(oracle.support(oracle.perturb(cells, rng)), n) for _ in range(reps)]
+    )
+    assert_variance(samples, oracle.variance(n, truth))
+    # and the mean over all repetitions is unbiased at the reduced variance
+    assert_z(samples.mean(axis=0), truth, oracle.variance(n, truth) / reps)
+
+
+def test_f_independent_variance_is_the_exact_one_at_f_zero() -> None:
+    for oracle in CASES:
+        assert oracle.variance(1000, np.zeros(oracle.L))[0] == pytest.approx(
+            oracle.variance(1000), rel=1e-12
+        )
+
+
+@pytest.mark.parametrize("oracle", [GRR(1.0, 9), OUE(1.5, 21)], ids=lambda o: o.name)
+def test_batch_and_single_report_use_the_same_words(oracle: FrequencyOracle) -> None:
+    cells = np.arange(oracle.L)
+    batch = oracle.perturb(cells, rng=np.random.default_rng(5))
+    rng = np.random.default_rng(5)
+    singles = [oracle.perturb_one(int(c), rng) for c in cells]
+    if oracle.name == "GRR":
+        assert batch.tolist() == singles
+    else:
+        assert [row.tobytes() for row in batch] == singles
+
+
+def test_oue_support_counts_match_unpacked_bits() -> None:
+    oracle = OUE(1.0, 37)
+    payloads = oracle.perturb(np.arange(1000) % 37, rng=3)
+    bits = np.unpackbits(payloads, axis=1, count=37)
+    np.testing.assert_array_equal(oracle.support(payloads), bits.sum(axis=0))
+    assert not np.unpackbits(payloads, axis=1)[:, 37:].any()  # padding stays zero

@@ -1,0 +1,134 @@
+"""Reports: one record in, one perturbed report out, nothing else leaves the client."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import calmkit_client.randomness as randomness
+from calmkit_client import (
+    Attribute,
+    Plan,
+    PlanError,
+    Report,
+    Schema,
+    SchemaError,
+    make_report,
+    make_reports,
+)
+
+SCHEMA = Schema((
+    Attribute("age", ("<30", "30-49", "50+"), ordered=True),
+    Attribute("smoker", ("no", "yes")),
+    Attribute("region", tuple("NESWC")),
+    Attribute("income", tuple(f"q{i}" for i in range(10))),
+))
+# eps = 1: views of 6, 15, 30 cells -> GRR, OUE, OUE
+PLAN = Plan(SCHEMA, 1.0, [["age", "smoker"], ["age", "region"], ["region", "income"]], seed=9)
+RECORD = {"age": "50+", "smoker": "yes", "region": "W", "income": "q7"}
+
+
+def _cell(plan: Plan, record: dict[str, str], view: int) -> int:
+    codes = np.array([plan.schema.encode_record(record)])
+    return int(plan.schema.cell_index(codes, plan.views[view])[0])
+
+
+def test_report_carries_only_digest_view_payload_and_id() -> None:
+    assert [f.name for f in dataclasses.fields(Report)] == [
+        "plan_digest", "view", "payload", "report_id"]
+
+
+@pytest.mark.parametrize("user", ["alice", "bob", 12345, "carol"])
+def test_payload_is_exactly_the_oracles_output(user: str | int) -> None:
+    report = make_report(PLAN, RECORD, user, rng=np.random.default_rng(3))
+    view = PLAN.assign(user)
+    assert report.view == view and report.plan_digest == PLAN.digest
+    expected = PLAN.oracle(view).perturb_one(_cell(PLAN, RECORD, view), np.random.default_rng(3))
+    assert report.payload == expected
+    report.check(PLAN)
+
+
+def test_view_and_report_id_do_not_depend_on_the_record() -> None:
+    other = {"age": "<30", "smoker": "no", "region": "N", "income": "q0"}
+    for user in ["u1", "u2", "u3", "u4", "u5", "u6"]:
+        a = make_report(PLAN, RECORD, user, rng=np.random.default_rng(8))
+        b = make_report(PLAN, other, user, rng=np.random.default_rng(8))
+        assert a.view == b.view and a.report_id == b.report_id
+
+
+def test_default_randomness_is_the_os_entropy_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    stream = np.random.default_rng(77)
+
+    def fake_urandom(n: int) -> bytes:
+        calls.append(n)
+        return stream.bytes(n)
+
+    monkeypatch.setattr(randomness.os, "urandom", fake_urandom)
+    user = "dana"
+    view = PLAN.assign(user)
+    report = make_report(PLAN, RECORD, user)
+    oracle = PLAN.oracle(view)
+    words = 2 if oracle.name == "GRR" else oracle.L
+    assert calls == [8 * words, 16]  # the oracle's words, then the report id
+    # the same bytes through the oracle give the same payload
+    replay = np.random.default_rng(77)
+    expected_words = np.frombuffer(replay.bytes(8 * words), dtype="<u8")
+
+    class Replay:  # an OsEntropy stand-in that serves the recorded words
+        def words(self, count: int) -> np.ndarray:
+            assert count == words
+            return expected_words.astype(np.uint64)
+
+    monkeypatch.setattr(randomness, "OsEntropy", Replay)
+    assert report.payload == oracle.perturb_one(_cell(PLAN, RECORD, view), None)
+    assert report.report_id == replay.bytes(16)
+
+
+def test_production_reports_differ_between_calls() -> None:
+    ids = {make_report(PLAN, RECORD, "erin").report_id for _ in range(20)}
+    assert len(ids) == 20
+
+
+def test_bad_record_is_a_schema_error_naming_the_field() -> None:
+    with pytest.raises(SchemaError, match=r"value of 'region' \('X'\)"):
+        make_report(PLAN, {**RECORD, "region": "X"}, "u")
+
+
+def test_report_check_rejects_foreign_or_malformed_reports() -> None:
+    good = make_report(PLAN, RECORD, "alice", rng=1)
+    with pytest.raises(PlanError, match="plan_digest"):
+        dataclasses.replace(good, plan_digest="0" * 64).check(PLAN)
+    with pytest.raises(PlanError, match=r"view \(7\)"):
+        dataclasses.replace(good, view=7).check(PLAN)
+    grr_view = PLAN.oracles.index("GRR")  # type: ignore[union-attr]
+    with pytest.raises(PlanError, match=r"payload of view 0 \(6\)"):
+        Report(PLAN.digest, grr_view, 6, b"x" * 16).check(PLAN)
+    oue_view = PLAN.oracles.index("OUE")  # type: ignore[union-attr]
+    with pytest.raises(PlanError, match="payload of view 1"):
+        Report(PLAN.digest, oue_view, b"\xff\xff", b"x" * 16).check(PLAN)
+    with pytest.raises(PlanError, match="report_id"):
+        Report(PLAN.digest, 0, 1, b"short")
+    with pytest.raises(PlanError, match="plan_digest"):
+        Report("abc", 0, 1, b"x" * 16)
+
+
+def test_batch_reports_follow_the_same_assignment_and_projection() -> None:
+    rng = np.random.default_rng(4)
+    n = 5000
+    codes = np.stack([rng.integers(0, s, n) for s in SCHEMA.sizes], axis=1)
+    ids = np.arange(n, dtype=np.uint64) * 7919
+    batches = make_reports(PLAN, codes, ids, rng=5)
+    assert [b.view for b in batches] == [0, 1, 2]
+    rows = np.concatenate([b.rows for b in batches])
+    assert sorted(rows.tolist()) == list(range(n))
+    views = PLAN.assign_many(ids)
+    for b in batches:
+        assert np.all(views[b.rows] == b.view)
+        oracle = PLAN.oracle(b.view)
+        oracle.check_payloads(b.payloads)
+        assert b.payloads.shape[0] == b.n and b.report_ids.shape == (b.n, 16)
+    with pytest.raises(PlanError, match=r"user_ids \(3 given\)"):
+        make_reports(PLAN, codes, ids[:3])
