@@ -1,0 +1,276 @@
+"""Loaders that turn real datasets into populations (CALM paper §5, ../shared/datasets).
+
+- Adult (UCI): adult.data + adult.test, rows with missing values dropped, numeric
+  attributes bucketized (fixed cut points below), all 15 attributes (d = 15 as in
+  the paper), optional cap at c categories.
+- NLTCS: 16 binary attributes, CSV + JSON of domain sizes.
+- ACS: 23 binary attributes (PrivBayes binarization), CSV.
+- Transactions (retail, Kosarak): the d most frequent items as binary attributes;
+  attribute i of a user is 1 iff the transaction contains item i.
+- Any CSV of categorical columns (header row), with an optional JSON of domains
+  ``{column: [labels..] or count}``, so users can bring their own data.
+
+The data folder is ``$CALMKIT_DATA`` if set, else ``../shared/datasets`` beside the
+project or the working directory; :func:`default_data_dir` returns ``None`` when
+there is none (the synthetic population is then the default).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from calmkit_client import Attribute, CalmkitError, Schema
+
+from .population import Population
+from .synthetic import synthetic_population
+
+__all__ = [
+    "DATASETS",
+    "DatasetError",
+    "default_data_dir",
+    "load_acs",
+    "load_adult",
+    "load_csv",
+    "load_dataset",
+    "load_kosarak",
+    "load_nltcs",
+    "load_retail",
+    "load_transactions",
+]
+
+
+class DatasetError(CalmkitError):
+    """A dataset is missing or malformed."""
+
+
+def default_data_dir() -> Path | None:
+    """``$CALMKIT_DATA``, else the first existing ``../shared/datasets`` relative to the
+    project checkout or the working directory, else ``None``."""
+    env = os.environ.get("CALMKIT_DATA")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parents[2]
+    for base in (here, Path.cwd()):
+        candidate = base.parent / "shared" / "datasets"
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def _need(path: Path) -> Path:
+    if not path.is_file():
+        raise DatasetError(f"dataset file ({path}) must exist (set --data-dir or CALMKIT_DATA)")
+    return path
+
+
+def _population_from_labels(
+    name: str, names: Sequence[str], rows: list[list[str]], orders: dict[str, list[str]],
+    ordered: set[str], notes: tuple[str, ...],
+) -> Population:
+    """Codes from label rows; categories in ``orders[name]`` or sorted order."""
+    columns = np.array(rows, dtype=object).reshape(len(rows), len(names))
+    attrs = []
+    for j, col in enumerate(names):
+        cats = orders.get(col) or sorted(set(columns[:, j].tolist()))
+        attrs.append(Attribute(col, tuple(cats), ordered=col in ordered))
+    schema = Schema(tuple(attrs))
+    codes = schema.encode_columns({col: columns[:, j] for j, col in enumerate(names)})
+    return Population(schema, codes, name, notes)
+
+
+# --- Adult --------------------------------------------------------------------------
+ADULT_COLUMNS = (
+    "age", "workclass", "fnlwgt", "education", "education-num", "marital-status",
+    "occupation", "relationship", "race", "sex", "capital-gain", "capital-loss",
+    "hours-per-week", "native-country", "income",
+)
+# numeric attribute -> (right-open cut points, labels)
+ADULT_BUCKETS: dict[str, tuple[list[float], list[str]]] = {
+    "age": ([25, 35, 45, 55, 65], ["<25", "25-34", "35-44", "45-54", "55-64", "65+"]),
+    "fnlwgt": ([100_000, 150_000, 200_000, 300_000],
+               ["<100k", "100k-150k", "150k-200k", "200k-300k", "300k+"]),
+    "education-num": ([9, 10, 11, 13, 14], ["<=8", "9", "10", "11-12", "13", "14+"]),
+    "capital-gain": ([1, 5000], ["0", "1-4999", "5000+"]),
+    "capital-loss": ([1, 2000], ["0", "1-1999", "2000+"]),
+    "hours-per-week": ([35, 41, 51], ["<35", "35-40", "41-50", "51+"]),
+}
+
+
+def load_adult(data_dir: Path | str, max_categories: int | None = None) -> Population:
+    """UCI Adult: adult.data and adult.test, missing rows dropped, numeric attributes
+    bucketized by :data:`ADULT_BUCKETS`, test labels' trailing "." removed."""
+    folder = Path(data_dir) / "adult"
+    rows: list[list[str]] = []
+    total = 0
+    for fname in ("adult.data", "adult.test"):
+        for line in _need(folder / fname).read_text().splitlines():
+            if not line.strip() or line.startswith("|"):
+                continue
+            total += 1
+            fields = [f.strip() for f in line.split(",")]
+            if len(fields) != len(ADULT_COLUMNS):
+                raise DatasetError(f"{fname} line ({line[:40]!r}) must have 15 fields")
+            if "?" in fields:
+                continue
+            fields[-1] = fields[-1].rstrip(".")
+            rows.append(fields)
+    table = np.array(rows, dtype=object)
+    for col, (cuts, labels) in ADULT_BUCKETS.items():
+        j = ADULT_COLUMNS.index(col)
+        values = table[:, j].astype(np.float64)
+        table[:, j] = np.asarray(labels, dtype=object)[np.searchsorted(cuts, values, "right")]
+    orders = {col: labels for col, (_, labels) in ADULT_BUCKETS.items()}
+    note = f"adult: {len(rows)} of {total} rows kept (rows with missing values dropped)"
+    pop = _population_from_labels("adult", ADULT_COLUMNS, table.tolist(), orders,
+                                  set(ADULT_BUCKETS), (note,))
+    return pop.cap_categories(max_categories) if max_categories else pop
+
+
+# --- CSV datasets ---------------------------------------------------------------------
+def load_csv(
+    path: Path | str,
+    domains: Path | str | dict[str, int | list[str]] | None = None,
+    name: str | None = None,
+) -> Population:
+    """Any CSV of categorical columns with a header row.
+
+    ``domains`` (a JSON file or dict) fixes each column's categories: a list of
+    labels, or a count c meaning labels ``"0".."c-1"``; columns absent from it take
+    their sorted distinct values. Rows with an empty field are dropped (counted in
+    ``notes``); a value outside a given domain is an error naming column and value.
+    """
+    path = _need(Path(path))
+    with path.open(newline="") as fh:
+        reader = csv.reader(fh)
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            raise DatasetError(f"CSV ({path}) must have a header row") from None
+        rows = [[v.strip() for v in row] for row in reader if row]
+    bad = [i for i, r in enumerate(rows) if len(r) != len(header)]
+    if bad:
+        raise DatasetError(
+            f"CSV row {bad[0] + 2} ({len(rows[bad[0]])} fields) must have {len(header)} fields"
+        )
+    kept = [r for r in rows if all(v != "" for v in r)]
+    if isinstance(domains, (str, Path)):
+        domains = json.loads(_need(Path(domains)).read_text())
+    orders: dict[str, list[str]] = {}
+    for col, dom in (domains or {}).items():
+        if col not in header:
+            raise DatasetError(f"domain column ({col!r}) must be a CSV column {header}")
+        orders[col] = [str(i) for i in range(dom)] if isinstance(dom, int) else list(dom)
+    notes = (f"{path.name}: {len(kept)} of {len(rows)} rows kept (rows with empty fields dropped)",)
+    return _population_from_labels(name or path.stem, header, kept, orders, set(), notes)
+
+
+def load_nltcs(data_dir: Path | str) -> Population:
+    """NLTCS: 16 binary disability items (nltcs.csv with nltcs-domain.json)."""
+    folder = Path(data_dir) / "nltcs"
+    return load_csv(folder / "nltcs.csv", folder / "nltcs-domain.json", name="nltcs")
+
+
+def load_acs(data_dir: Path | str) -> Population:
+    """ACS: 23 binary attributes as binarized by PrivBayes (acs.csv)."""
+    path = Path(data_dir) / "acs" / "acs.csv"
+    with _need(path).open() as fh:
+        header = fh.readline().strip().split(",")
+    return load_csv(path, {col: 2 for col in header}, name="acs")
+
+
+# --- transactions -----------------------------------------------------------------------
+def load_transactions(path: Path | str, d: int, name: str | None = None) -> Population:
+    """Transactions (one line per user, space-separated item ids) -> the ``d`` most
+    frequent items as binary attributes ``item<id>`` (ties: smaller id first)."""
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise DatasetError(f"d ({d!r}) must be an int >= 1")
+    lines = _need(Path(path)).read_text().splitlines()
+    tokens = [line.split() for line in lines]
+    lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
+    items = np.array([int(x) for t in tokens for x in t], dtype=np.int64)
+    users = np.repeat(np.arange(len(tokens)), lengths)
+    # count each item once per user (a transaction is a set)
+    pairs = np.unique(np.stack([users, items], axis=1), axis=0)
+    ids, freq = np.unique(pairs[:, 1], return_counts=True)
+    if ids.size < d:
+        raise DatasetError(f"d ({d}) must be at most the {ids.size} distinct items of {path}")
+    top = ids[np.lexsort((ids, -freq))[:d]]
+    column = np.full(int(ids.max()) + 1, -1, dtype=np.int64)
+    column[top] = np.arange(d)
+    codes = np.zeros((len(tokens), d), dtype=np.uint8)
+    hit = column[pairs[:, 1]] >= 0
+    codes[pairs[hit, 0], column[pairs[hit, 1]]] = 1
+    schema = Schema(tuple(Attribute(f"item{int(i)}", ("0", "1")) for i in top))
+    note = f"{Path(path).name}: {len(tokens)} transactions, top {d} of {ids.size} items"
+    return Population(schema, codes, name or Path(path).stem, (note,))
+
+
+def load_retail(data_dir: Path | str, d: int = 16) -> Population:
+    return load_transactions(Path(data_dir) / "retail" / "retail.dat", d, name="retail")
+
+
+def load_kosarak(data_dir: Path | str, d: int = 16) -> Population:
+    return load_transactions(
+        Path(data_dir) / "kosarak" / "kosarak_prefix.dat", d, name="kosarak"
+    )
+
+
+# --- one entry point ------------------------------------------------------------------------
+DATASETS: dict[str, str] = {
+    "synthetic": "random Bayesian network, d binary attributes (default, needs no files)",
+    "adult": "UCI Adult, 15 attributes, numeric ones bucketized",
+    "nltcs": "NLTCS, 16 binary attributes",
+    "acs": "ACS (PrivBayes binarization), 23 binary attributes",
+    "retail": "FIMI retail transactions, top-d items as binary attributes",
+    "kosarak": "FIMI kosarak prefix, top-d items as binary attributes",
+    "csv:PATH": "your CSV of categorical columns (optional PATH.domains.json beside it)",
+}
+
+
+def load_dataset(
+    name: str,
+    data_dir: Path | str | None = None,
+    d: int | None = None,
+    max_categories: int | None = None,
+    rng: int | None = 0,
+) -> Population:
+    """The population called ``name`` (see :data:`DATASETS`).
+
+    ``d``: number of attributes (top-d items for transactions, first d attributes
+    otherwise, d binary attributes for synthetic; default: all / 16 / 8).
+    ``max_categories``: cap every attribute at that many categories.
+    """
+    loaders: dict[str, Callable[[Path], Population]] = {
+        "adult": load_adult,
+        "nltcs": load_nltcs,
+        "acs": load_acs,
+        "retail": lambda p: load_retail(p, d or 16),
+        "kosarak": lambda p: load_kosarak(p, d or 16),
+    }
+    if name == "synthetic":
+        pop = synthetic_population(n=1 << 16, sizes=(2,) * (d or 8), rng=rng)
+    elif name.startswith("csv:"):
+        path = Path(name[4:])
+        sidecar = path.with_suffix(".domains.json")
+        pop = load_csv(path, sidecar if sidecar.is_file() else None)
+    elif name in loaders:
+        folder = Path(data_dir) if data_dir is not None else default_data_dir()
+        if folder is None:
+            raise DatasetError(f"dataset ({name!r}) needs a data folder: pass --data-dir or "
+                               "set CALMKIT_DATA")
+        pop = loaders[name](folder)
+    else:
+        raise DatasetError(f"dataset ({name!r}) must be one of {list(DATASETS)}")
+    if d is not None and name not in ("synthetic", "retail", "kosarak"):
+        if not 1 <= d <= pop.d:
+            raise DatasetError(f"d ({d}) must be in [1, {pop.d}] for {name}")
+        pop = pop.select(list(range(d)))
+    if max_categories:
+        pop = pop.cap_categories(max_categories)
+    return pop

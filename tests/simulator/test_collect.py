@@ -1,0 +1,74 @@
+"""Fast and faithful report production agree in distribution (and with the formulas)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from calmkit_client import Plan
+from calmkit_simulator import collect_support, synthetic_population, true_view_counts
+from tests.stats import assert_variance, assert_z
+
+POP = synthetic_population(n=3000, sizes=(2, 3, 2, 4), strength=1.5, rng=8)
+# eps = 1: L = 6 (GRR), 24 (OUE), 8 (GRR), 16 (OUE)
+PLAN = Plan(POP.schema, 1.0, [[0, 1], [1, 3], [2, 3], [0, 2, 3]], seed=3)
+REPS = 250
+
+
+def _expected() -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Exact mean and variance of each view's support counts."""
+    n, true_counts = true_view_counts(POP, PLAN)
+    means, variances = [], []
+    for j, oracle in enumerate(PLAN.view_oracles):
+        nv, rest = true_counts[j], n[j] - true_counts[j]
+        p, q = oracle.p, oracle.q
+        means.append(nv * p + rest * q)
+        variances.append(nv * p * (1 - p) + rest * q * (1 - q))
+    return means, variances
+
+
+def _samples(path: str) -> list[np.ndarray]:
+    rng = np.random.default_rng(100 if path == "fast" else 200)
+    runs = [collect_support(POP, PLAN, rng, path=path) for _ in range(REPS)]  # type: ignore[arg-type]
+    return [np.stack([r.counts[j] for r in runs]) for j in range(PLAN.m)]
+
+
+@pytest.fixture(scope="module")
+def samples() -> dict[str, list[np.ndarray]]:
+    return {path: _samples(path) for path in ("fast", "faithful")}
+
+
+@pytest.mark.parametrize("path", ["fast", "faithful"])
+def test_each_path_matches_exact_mean_and_variance(
+    samples: dict[str, list[np.ndarray]], path: str
+) -> None:
+    means, variances = _expected()
+    for j in range(PLAN.m):
+        assert_z(samples[path][j].mean(axis=0), means[j], variances[j] / REPS)
+        assert_variance(samples[path][j], variances[j])
+
+
+def test_paths_agree_with_each_other(samples: dict[str, list[np.ndarray]]) -> None:
+    _, variances = _expected()
+    for j in range(PLAN.m):
+        diff = samples["fast"][j].mean(axis=0) - samples["faithful"][j].mean(axis=0)
+        assert_z(diff, np.zeros_like(diff), 2 * variances[j] / REPS)
+
+
+def test_same_users_in_each_view_on_both_paths() -> None:
+    fast = collect_support(POP, PLAN, 1, path="fast")
+    faithful = collect_support(POP, PLAN, 1, path="faithful")
+    np.testing.assert_array_equal(fast.n, faithful.n)
+    assert fast.n.sum() == POP.n
+    for j, oracle in enumerate(PLAN.view_oracles):
+        if oracle.name == "GRR":  # every GRR report supports exactly one cell
+            assert fast.counts[j].sum() == faithful.counts[j].sum() == fast.n[j]
+
+
+def test_estimates_from_fast_counts_are_unbiased() -> None:
+    n, true_counts = true_view_counts(POP, PLAN)
+    support = collect_support(POP, PLAN, 9)
+    for j, oracle in enumerate(PLAN.view_oracles):
+        truth = true_counts[j] / n[j]
+        est = oracle.estimate(support.counts[j], int(n[j]))
+        assert_z(est, truth, oracle.variance(int(n[j]), truth))

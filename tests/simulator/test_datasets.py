@@ -1,0 +1,89 @@
+"""Loaders: row counts and domain sizes of the shared datasets, and your own CSV."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calmkit_simulator import (
+    DatasetError,
+    load_csv,
+    load_dataset,
+    load_transactions,
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "n", "sizes"),
+    [
+        ("adult", 45_222, (6, 7, 5, 16, 6, 7, 14, 6, 5, 2, 3, 3, 4, 41, 2)),
+        ("nltcs", 21_574, (2,) * 16),
+        ("acs", 47_461, (2,) * 23),
+        ("retail", 88_162, (2,) * 16),
+        ("kosarak", 36_682, (2,) * 16),
+    ],
+)
+def test_shared_datasets(datasets_dir: Path, name: str, n: int, sizes: tuple[int, ...]) -> None:
+    pop = load_dataset(name, datasets_dir)
+    assert pop.n == n and pop.schema.sizes == sizes
+    assert pop.notes  # provenance is stated
+
+
+def test_adult_drops_missing_rows_and_caps(datasets_dir: Path) -> None:
+    pop = load_dataset("adult", datasets_dir, max_categories=3)
+    assert max(pop.schema.sizes) == 3 and pop.n == 45_222
+    assert pop.schema.attributes[-1].categories == ("<=50K", ">50K")  # test "." removed
+    # capping merges categories; it never moves users between merged groups' totals
+    full = load_dataset("adult", datasets_dir)
+    assert full.counts(["sex"]).tolist() == pop.counts(["sex"]).tolist()
+    income = pop.marginal(["income"])
+    assert 0.2 < income[1] < 0.3  # about 24.8% earn >50K
+
+
+def test_transactions_top_items(datasets_dir: Path) -> None:
+    pop = load_dataset("kosarak", datasets_dir, d=8)
+    assert pop.d == 8
+    freq = pop.codes.mean(axis=0)
+    assert np.all(np.diff(freq) <= 0)  # most frequent first
+
+
+def test_transactions_semantics(tmp_path: Path) -> None:
+    path = tmp_path / "t.dat"
+    path.write_text("5 7 5\n7\n\n9 5\n")
+    pop = load_transactions(path, d=2)
+    assert pop.schema.names == ("item5", "item7")  # 5 and 7 both in 2 users; 5 < 7
+    np.testing.assert_array_equal(pop.codes, [[1, 1], [0, 1], [0, 0], [1, 0]])
+    with pytest.raises(DatasetError, match=r"d \(4\) must be at most the 3 distinct items"):
+        load_transactions(path, d=4)
+
+
+def test_own_csv_with_domains(tmp_path: Path) -> None:
+    path = tmp_path / "people.csv"
+    path.write_text("smoker,region\nyes,N\nno,S\n,S\nno,N\n")
+    domains = tmp_path / "people.domains.json"
+    domains.write_text(json.dumps({"smoker": ["no", "yes"], "region": ["N", "S", "E"]}))
+    pop = load_dataset(f"csv:{path}")
+    assert pop.schema.sizes == (2, 3) and pop.n == 3
+    assert "3 of 4 rows kept" in pop.notes[0]
+    np.testing.assert_array_equal(pop.codes, [[1, 0], [0, 1], [0, 0]])
+    plain = load_csv(path)  # no domains: sorted distinct values
+    assert plain.schema.attributes[1].categories == ("N", "S")
+
+
+def test_csv_errors_name_the_problem(tmp_path: Path) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text("a,b\n1,2\n3\n")
+    with pytest.raises(DatasetError, match=r"CSV row 3 \(1 fields\) must have 2 fields"):
+        load_csv(path)
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(Exception, match=r"value of 'a' \('1'\) must be one of \['x'\]"):
+        load_csv(path, {"a": ["x"]})
+    with pytest.raises(DatasetError, match=r"domain column \('c'\)"):
+        load_csv(path, {"c": 2})
+    with pytest.raises(DatasetError, match="must exist"):
+        load_csv(tmp_path / "missing.csv")
+    with pytest.raises(DatasetError, match=r"dataset \('mnist'\) must be one of"):
+        load_dataset("mnist")
