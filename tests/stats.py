@@ -18,8 +18,9 @@ def z_bound(cells: int, alpha: float = ALPHA) -> float:
     return float(stats.norm.isf(alpha / (2 * cells)))
 
 
-def assert_z(estimate: np.ndarray, truth: np.ndarray, variance: np.ndarray | float,
-             alpha: float = ALPHA) -> None:
+def assert_z(
+    estimate: np.ndarray, truth: np.ndarray, variance: np.ndarray | float, alpha: float = ALPHA
+) -> None:
     """Every per-cell z-score of ``estimate`` within the Bonferroni normal bound."""
     z = (np.asarray(estimate) - np.asarray(truth)) / np.sqrt(variance)
     bound = z_bound(z.size, alpha)

@@ -6,7 +6,7 @@ files merge by addition.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,8 +40,11 @@ class SupportCounts:
 
     @classmethod
     def zeros(cls, plan: Plan) -> SupportCounts:
-        return cls(plan, np.zeros(plan.m, np.int64),
-                   tuple(np.zeros(o.L, np.int64) for o in plan.view_oracles))
+        return cls(
+            plan,
+            np.zeros(plan.m, np.int64),
+            tuple(np.zeros(o.L, np.int64) for o in plan.view_oracles),
+        )
 
     @classmethod
     def from_reports(cls, plan: Plan, batches: Iterable[ViewReports]) -> SupportCounts:
@@ -58,6 +61,6 @@ class SupportCounts:
         """Counts of both collections (same plan)."""
         if other.plan.digest != self.plan.digest:
             raise PlanError(f"plan ({other.plan.digest[:12]}) must match ({self.plan.digest[:12]})")
-        return SupportCounts(self.plan, self.n + other.n,
-                             tuple(a + b for a, b in zip(self.counts, other.counts)))
-
+        return SupportCounts(
+            self.plan, self.n + other.n, tuple(a + b for a, b in zip(self.counts, other.counts))
+        )

@@ -13,7 +13,6 @@ the tests); other ids go through ``xxhash`` one by one.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Union
 
 import numpy as np
 import numpy.typing as npt
@@ -21,10 +20,17 @@ import xxhash
 
 from .errors import PlanError
 
-__all__ = ["UserId", "encode_user_id", "hash_user_id", "hash_user_ids", "share_bounds",
-           "views_of_hashes", "xxh64_u64"]
+__all__ = [
+    "UserId",
+    "encode_user_id",
+    "hash_user_id",
+    "hash_user_ids",
+    "share_bounds",
+    "views_of_hashes",
+    "xxh64_u64",
+]
 
-UserId = Union[int, str, bytes]
+UserId = int | str | bytes
 
 _P1 = np.uint64(0x9E3779B185EBCA87)
 _P2 = np.uint64(0xC2B2AE3D27D4EB4F)
@@ -47,8 +53,10 @@ def encode_user_id(user_id: UserId) -> bytes:
 
 
 def _check_seed(seed: int) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (
-        0 <= int(seed) <= _U64_MAX
+    if (
+        isinstance(seed, bool)
+        or not isinstance(seed, (int, np.integer))
+        or not (0 <= int(seed) <= _U64_MAX)
     ):
         raise PlanError(f"seed ({seed!r}) must be an int in [0, 2**64)")
     return int(seed)
@@ -84,15 +92,15 @@ def xxh64_u64(ids: npt.ArrayLike, seed: int) -> np.ndarray:
     return h
 
 
-def hash_user_ids(user_ids: Sequence[UserId] | npt.ArrayLike, seed: int) -> np.ndarray:
-    """Hashes of many ids, uint64 (n,); integer arrays are hashed vectorised."""
-    arr = np.asarray(user_ids) if not isinstance(user_ids, np.ndarray) else user_ids
-    if arr.dtype.kind in "iu" and arr.ndim == 1:
-        if arr.size and arr.dtype.kind == "i" and arr.min() < 0:
-            raise PlanError(f"user_id ({int(arr.min())}) must be an int in [0, 2**64)")
-        return xxh64_u64(arr, seed)
+def hash_user_ids(user_ids: Sequence[UserId] | np.ndarray, seed: int) -> np.ndarray:
+    """Hashes of many ids, uint64 (n,). A numpy integer array is hashed vectorised;
+    anything else id by id (same values: see :func:`encode_user_id`)."""
+    if isinstance(user_ids, np.ndarray) and user_ids.dtype.kind in "iu" and user_ids.ndim == 1:
+        if user_ids.size and user_ids.dtype.kind == "i" and user_ids.min() < 0:
+            raise PlanError(f"user_id ({int(user_ids.min())}) must be an int in [0, 2**64)")
+        return xxh64_u64(user_ids, seed)
     s = _check_seed(seed)
-    ids: Iterable[UserId] = user_ids if not isinstance(user_ids, np.ndarray) else user_ids.tolist()
+    ids: Iterable[UserId] = user_ids.tolist() if isinstance(user_ids, np.ndarray) else user_ids
     return np.fromiter(
         (xxhash.xxh64_intdigest(encode_user_id(u), seed=s) for u in ids), dtype=np.uint64
     )

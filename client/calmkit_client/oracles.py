@@ -27,14 +27,20 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import OracleError
-from .randomness import RngLike, as_random_source, random_words
+from .randomness import (
+    RandomSource,
+    RngLike,
+    as_random_source,
+    random_byte_array,
+    random_word,
+    random_words,
+)
 
 __all__ = ["GRR", "OUE", "FrequencyOracle", "choose_oracle", "make_oracle", "validate_epsilon"]
 
 _TWO64 = 1 << 64
-_HALF = np.uint64(1 << 63)
-# Words drawn per chunk of a batch (bounds temporary memory at ~32 MiB).
-_CHUNK_WORDS = 1 << 22
+# Reports (GRR) or bits / 8 (OUE) per chunk of a batch: keeps temporaries in cache.
+_CHUNK_WORDS = 1 << 16
 # How closely the realised privacy loss must match the nominal epsilon.
 _EPS_RTOL = 1e-12
 
@@ -170,8 +176,10 @@ class GRR(FrequencyOracle):
     uniformly (each with ``q = 1 / (e^eps + L - 1)``). Variance
     ``(L - 2 + e^eps) / ((e^eps - 1)^2 n)`` (eq. 1).
 
-    Words per report: ``w0 < T_p`` keeps the true cell; else ``w1 mod (L-1)`` picks
-    among the others (bias below ``L / 2**64``, included in :meth:`likelihood`).
+    One word ``w`` per report: every other cell owns exactly ``Q = round(q 2^64)``
+    words and the true cell the remaining ``K = 2^64 - (L-1) Q``; the report is
+    ``(v + k) mod L`` with offset ``k = 0`` if ``w < K`` else ``1 + (w - K) // Q``.
+    The privacy loss is exactly ``log(K / Q)``.
     """
 
     name: ClassVar[str] = "GRR"
@@ -186,54 +194,52 @@ class GRR(FrequencyOracle):
         return 1.0 / (math.exp(self.epsilon) + self.L - 1)
 
     @cached_property
-    def _t_keep(self) -> int:
-        return _threshold(self.p)
+    def _words_other(self) -> int:
+        """Q: words mapped to each other cell."""
+        return max(1, _threshold(self.q))
+
+    @cached_property
+    def _words_keep(self) -> int:
+        """K: words that keep the true cell."""
+        return _TWO64 - (self.L - 1) * self._words_other
 
     def likelihood(self, payload: int | bytes, cell: int) -> Fraction:
-        y, v = int(payload), int(cell)
-        keep = Fraction(self._t_keep, _TWO64)
-        if y == v:
-            return keep
-        k = self.L - 1
-        other = y - (y > v)  # index among the L-1 other cells
-        hits = _TWO64 // k + (other < _TWO64 % k)  # words w1 with w1 % k == other
-        return (1 - keep) * Fraction(hits, _TWO64)
+        words = self._words_keep if int(payload) == int(cell) else self._words_other
+        return Fraction(words, _TWO64)
 
     @cached_property
     def realised_epsilon(self) -> float:
-        # Worst case: true cell reported vs. the least likely "other" cell.
-        k = self.L - 1
-        keep = Fraction(self._t_keep, _TWO64)
-        least = (1 - keep) * Fraction(_TWO64 // k, _TWO64)
-        most = (1 - keep) * Fraction(_TWO64 // k + (_TWO64 % k > 0), _TWO64)
-        ratio = max(keep / least, most / least)
-        return math.log(ratio.numerator) - math.log(ratio.denominator)
+        return math.log(self._words_keep) - math.log(self._words_other)
 
     def _apply(self, cells: np.ndarray, words: np.ndarray) -> np.ndarray:
-        """cells (n,) int64, words (n, 2) uint64 -> reported cells (n,) int64."""
-        keep = words[:, 0] < np.uint64(self._t_keep)
-        other = (words[:, 1] % np.uint64(self.L - 1)).astype(np.int64)
-        other += other >= cells
-        return np.where(keep, cells, other)
+        """cells (n,) int64, words (n,) uint64 -> reported cells (n,) int64 (in place
+        on temporaries: ~7 ns per report)."""
+        keep = np.uint64(self._words_keep)
+        offset = (words - keep) // np.uint64(self._words_other)  # wraps when kept
+        offset += np.uint64(1)
+        offset *= words >= keep  # offset 0: the true cell
+        out = offset.view(np.int64)  # offsets are < L
+        out += cells
+        np.subtract(out, self.L, out=out, where=out >= self.L)
+        return out
 
     def perturb(self, cells: npt.ArrayLike, rng: RngLike = None) -> np.ndarray:
         """cells (n,) int -> reported cells (n,) int64."""
         arr = self._cells(cells)
         src = as_random_source(rng)
         out = np.empty(arr.shape[0], dtype=np.int64)
-        step = _CHUNK_WORDS // 2
-        for lo in range(0, arr.shape[0], step):
-            part = arr[lo : lo + step]
-            out[lo : lo + step] = self._apply(part, random_words(src, 2 * part.size).reshape(-1, 2))
+        for lo in range(0, arr.shape[0], _CHUNK_WORDS):
+            part = arr[lo : lo + _CHUNK_WORDS]
+            out[lo : lo + _CHUNK_WORDS] = self._apply(part, random_words(src, part.size))
         return out
 
     def perturb_one(self, cell: int, rng: RngLike = None) -> int:
         v = self._cell(cell)
-        w0, w1 = (int(w) for w in random_words(as_random_source(rng), 2))
-        if w0 < self._t_keep:
+        w = random_word(as_random_source(rng))
+        if w < self._words_keep:
             return v
-        other = w1 % (self.L - 1)
-        return other + (other >= v)
+        y = v + 1 + (w - self._words_keep) // self._words_other
+        return y - self.L if y >= self.L else y
 
     def check_payloads(self, payloads: npt.ArrayLike) -> np.ndarray:
         arr = np.asarray(payloads)
@@ -254,13 +260,33 @@ class GRR(FrequencyOracle):
 
 # counts of each byte value's bits, big-endian: _BYTE_BITS[v, b] = bit b of v (b=0 is MSB)
 _BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).astype(np.int64)
+_LOW56 = (1 << 56) - 1
+
+
+def _bernoulli(source: RandomSource, shape: tuple[int, ...], threshold: int) -> np.ndarray:
+    """Booleans of ``shape``, each exactly ``w < threshold`` for a uniform 64-bit ``w``.
+
+    ``w``'s top byte is drawn first and decides unless it equals the threshold's top
+    byte (probability 1/256); only then are ``w``'s other 56 bits drawn. Same law as
+    comparing whole words, with 1/8 of the random bits.
+    """
+    size = int(np.prod(shape, dtype=np.int64))
+    top, low = np.uint8(threshold >> 56), threshold & _LOW56
+    head = random_byte_array(source, size)
+    out = head < top
+    ties = np.flatnonzero(head == top)
+    if ties.size:
+        tails = random_words(source, ties.size) >> np.uint64(8)
+        out[ties] = tails < np.uint64(low)
+    return out.reshape(shape)
 
 
 @dataclass(frozen=True)
 class OUE(FrequencyOracle):
     """Optimized unary encoding: one-hot encode the cell, keep its 1 with probability
     ``p = 1/2``, turn each 0 into 1 with probability ``q = 1 / (e^eps + 1)``.
-    Variance ``4 e^eps / ((e^eps - 1)^2 n)`` (eq. 2). One word per bit.
+    Variance ``4 e^eps / ((e^eps - 1)^2 n)`` (eq. 2). Each bit is an exact
+    ``Bernoulli(T / 2^64)`` (:func:`_bernoulli`).
     """
 
     name: ClassVar[str] = "OUE"
@@ -282,20 +308,14 @@ class OUE(FrequencyOracle):
     def _t_flip(self) -> int:
         return _threshold(self.q)
 
-    def _bit_probs(self, cell: int) -> list[Fraction]:
-        q = Fraction(self._t_flip, _TWO64)
-        probs = [q] * self.L
-        probs[cell] = Fraction(1, 2)
-        return probs
-
     def likelihood(self, payload: int | bytes, cell: int) -> Fraction:
         if not isinstance(payload, (bytes, bytearray)):
             raise OracleError(f"OUE payload ({payload!r}) must be bytes")
         bits = np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=self.L)
-        out = Fraction(1)
-        for b, pr in zip(bits, self._bit_probs(int(cell))):
-            out *= pr if b else 1 - pr
-        return out
+        q, half = Fraction(self._t_flip, _TWO64), Fraction(1, 2)
+        ones = int(bits.sum()) - int(bits[cell])
+        zeros = self.L - 1 - ones
+        return q**ones * (1 - q) ** zeros * half
 
     @cached_property
     def realised_epsilon(self) -> float:
@@ -305,11 +325,11 @@ class OUE(FrequencyOracle):
         ratio = (1 - q) / q
         return math.log(ratio.numerator) - math.log(ratio.denominator)
 
-    def _apply(self, cells: np.ndarray, words: np.ndarray) -> np.ndarray:
-        """cells (n,) int64, words (n, L) uint64 -> packed payloads (n, nbytes) uint8."""
-        bits = words < np.uint64(self._t_flip)
+    def _apply(self, cells: np.ndarray, source: RandomSource) -> np.ndarray:
+        """cells (n,) int64 -> packed payloads (n, nbytes) uint8."""
         rows = np.arange(cells.shape[0])
-        bits[rows, cells] = words[rows, cells] < _HALF
+        bits = _bernoulli(source, (cells.shape[0], self.L), self._t_flip)
+        bits[rows, cells] = random_byte_array(source, cells.shape[0]) < 128  # p = 1/2
         return np.packbits(bits, axis=1)
 
     def perturb(self, cells: npt.ArrayLike, rng: RngLike = None) -> np.ndarray:
@@ -317,18 +337,17 @@ class OUE(FrequencyOracle):
         arr = self._cells(cells)
         src = as_random_source(rng)
         out = np.empty((arr.shape[0], self.nbytes), dtype=np.uint8)
-        step = max(1, _CHUNK_WORDS // self.L)
+        step = max(1, 8 * _CHUNK_WORDS // self.L)
         for lo in range(0, arr.shape[0], step):
-            part = arr[lo : lo + step]
-            words = random_words(src, part.size * self.L).reshape(-1, self.L)
-            out[lo : lo + step] = self._apply(part, words)
+            out[lo : lo + step] = self._apply(arr[lo : lo + step], src)
         return out
 
     def perturb_one(self, cell: int, rng: RngLike = None) -> bytes:
+        # _apply on one cell without the 2-D bookkeeping: same draws, same order
         v = self._cell(cell)
-        words = random_words(as_random_source(rng), self.L)
-        bits = words < np.uint64(self._t_flip)
-        bits[v] = words[v] < _HALF
+        src = as_random_source(rng)
+        bits = _bernoulli(src, (self.L,), self._t_flip)
+        bits[v] = random_byte_array(src, 1)[0] < 128
         return np.packbits(bits).tobytes()
 
     def check_payloads(self, payloads: npt.ArrayLike) -> np.ndarray:

@@ -9,6 +9,7 @@ that every report carries.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -92,8 +93,10 @@ class Plan:
             shares = tuple(float(s) / total for s in raw)
         object.__setattr__(self, "shares", shares)
         seed = self.seed
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (
-            0 <= int(seed) < 1 << 64
+        if (
+            isinstance(seed, bool)
+            or not isinstance(seed, (int, np.integer))
+            or not (0 <= int(seed) < 1 << 64)
         ):
             raise PlanError(f"seed ({seed!r}) must be an int in [0, 2**64)")
         object.__setattr__(self, "seed", int(seed))
@@ -143,8 +146,10 @@ class Plan:
         return self.view_oracles[self.check_view(view)]
 
     def check_view(self, view: int) -> int:
-        if isinstance(view, bool) or not isinstance(view, (int, np.integer)) or not (
-            0 <= int(view) < self.m
+        if (
+            isinstance(view, bool)
+            or not isinstance(view, (int, np.integer))
+            or not (0 <= int(view) < self.m)
         ):
             raise PlanError(f"view ({view!r}) must be an int in [0, {self.m})")
         return int(view)
@@ -159,10 +164,13 @@ class Plan:
         assert self.shares is not None
         return share_bounds(self.shares)
 
+    @cached_property
+    def _bound_list(self) -> list[int]:
+        return [int(b) for b in self._bounds]
+
     def assign(self, user_id: UserId) -> int:
-        """The view of one user (deterministic, public)."""
-        h = hash_user_id(user_id, self.seed)
-        return int(np.searchsorted(self._bounds, np.uint64(h), side="right"))
+        """The view of one user (deterministic, public; same rule as assign_many)."""
+        return bisect.bisect_right(self._bound_list, hash_user_id(user_id, self.seed))
 
     def assign_many(self, user_ids: Sequence[UserId] | np.ndarray) -> np.ndarray:
         """Views (n,) int64 of many users; integer id arrays are hashed vectorised."""

@@ -13,12 +13,19 @@ can check against epsilon.
 from __future__ import annotations
 
 import os
-from typing import Union
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["OsEntropy", "RandomSource", "as_random_source", "random_bytes", "random_words"]
+__all__ = [
+    "OsEntropy",
+    "RandomSource",
+    "as_random_source",
+    "random_byte_array",
+    "random_bytes",
+    "random_word",
+    "random_words",
+]
 
 _U64 = np.dtype("<u8")
 
@@ -42,8 +49,8 @@ class OsEntropy:
         return "OsEntropy()"
 
 
-RandomSource = Union[OsEntropy, np.random.Generator]
-RngLike = Union[OsEntropy, np.random.Generator, np.random.SeedSequence, int, None]
+RandomSource = OsEntropy | np.random.Generator
+RngLike = OsEntropy | np.random.Generator | np.random.SeedSequence | int | None
 
 
 def as_random_source(rng: RngLike) -> RandomSource:
@@ -65,6 +72,21 @@ def random_words(source: RandomSource, count: int) -> npt.NDArray[np.uint64]:
     if isinstance(source, OsEntropy):
         return source.words(count)
     return np.asarray(source.bit_generator.random_raw(count), dtype=np.uint64)
+
+
+def random_word(source: RandomSource) -> int:
+    """One uniform word as an int in [0, 2**64) (the first of :func:`random_words`)."""
+    if isinstance(source, OsEntropy):
+        return int.from_bytes(source.token(8), "little")
+    return int(source.bit_generator.random_raw())
+
+
+def random_byte_array(source: RandomSource, count: int) -> npt.NDArray[np.uint8]:
+    """``count`` uniform bytes as uint8 (count,) (raw words viewed as bytes)."""
+    if isinstance(source, OsEntropy):
+        return np.frombuffer(source.token(count), dtype=np.uint8)
+    words = np.asarray(source.bit_generator.random_raw((count + 7) // 8), dtype=np.uint64)
+    return words.view(np.uint8)[:count]
 
 
 def random_bytes(source: RandomSource, nbytes: int) -> bytes:

@@ -46,8 +46,10 @@ class Report:
     def __post_init__(self) -> None:
         if not isinstance(self.plan_digest, str) or not _DIGEST.match(self.plan_digest):
             raise PlanError(f"plan_digest ({self.plan_digest!r}) must be 64 lowercase hex digits")
-        if isinstance(self.view, bool) or not isinstance(self.view, (int, np.integer)) or (
-            self.view < 0
+        if (
+            isinstance(self.view, bool)
+            or not isinstance(self.view, (int, np.integer))
+            or (self.view < 0)
         ):
             raise PlanError(f"view ({self.view!r}) must be an int >= 0")
         object.__setattr__(self, "view", int(self.view))
@@ -124,7 +126,7 @@ class ViewReports:
 def make_reports(
     plan: Plan,
     codes: npt.ArrayLike,
-    user_ids: Sequence[UserId] | npt.ArrayLike,
+    user_ids: Sequence[UserId] | np.ndarray,
     rng: RngLike = None,
 ) -> list[ViewReports]:
     """Reports of n users: codes (n, d) ints, user ids (n,). Vectorised per view.
@@ -132,10 +134,11 @@ def make_reports(
     Returns one :class:`ViewReports` per view (empty views included), in view order.
     """
     arr = plan.schema.validate_codes(codes)
-    ids = user_ids if isinstance(user_ids, np.ndarray) else list(user_ids)  # type: ignore[arg-type]
-    if len(ids) != arr.shape[0]:
-        raise PlanError(f"user_ids ({len(ids)} given) must match the records ({arr.shape[0]})")
-    views = plan.assign_many(ids)
+    if len(user_ids) != arr.shape[0]:
+        raise PlanError(
+            f"user_ids ({len(user_ids)} given) must match the records ({arr.shape[0]})"
+        )
+    views = plan.assign_many(user_ids)
     source = as_random_source(rng)
     order = np.argsort(views, kind="stable")
     starts = np.searchsorted(views[order], np.arange(plan.m + 1))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,8 +22,8 @@ from .errors import SchemaError
 
 __all__ = ["AttrRef", "Attribute", "Schema"]
 
-AttrRef = Union[int, str]
-Label = Union[str, int]
+AttrRef = int | str
+Label = str | int
 
 
 def _label(value: object, where: str) -> str:
@@ -87,7 +87,9 @@ class Attribute:
     def label(self, code: int) -> str:
         """The label of ``code``; :class:`SchemaError` if out of range."""
         if not (isinstance(code, (int, np.integer)) and 0 <= int(code) < self.size):
-            raise SchemaError(f"code of {self.name!r} ({code!r}) must be an int in [0, {self.size})")
+            raise SchemaError(
+                f"code of {self.name!r} ({code!r}) must be an int in [0, {self.size})"
+            )
         return self.categories[int(code)]
 
 
@@ -165,7 +167,9 @@ class Schema:
                 )
             )
         except (KeyError, TypeError) as exc:
-            raise SchemaError(f"schema dict ({exc!r}) must have attributes with name, categories")
+            raise SchemaError(
+                f"schema dict ({exc!r}) must have attributes with name, categories"
+            ) from None
 
     # -- shape ---------------------------------------------------------------------
     @property
@@ -191,7 +195,9 @@ class Schema:
             try:
                 return self._index[attr]
             except KeyError:
-                raise SchemaError(f"attribute ({attr!r}) must be one of {list(self.names)}") from None
+                raise SchemaError(
+                    f"attribute ({attr!r}) must be one of {list(self.names)}"
+                ) from None
         if isinstance(attr, (int, np.integer)) and not isinstance(attr, bool):
             if 0 <= int(attr) < self.d:
                 return int(attr)
@@ -305,7 +311,8 @@ class Schema:
         arr = self.validate_codes(codes)
         if not idx:
             return np.zeros(arr.shape[0], dtype=np.int64)
-        return arr[:, list(idx)].astype(np.int64) @ self.strides(idx)
+        cells: np.ndarray = arr[:, list(idx)].astype(np.int64) @ self.strides(idx)
+        return cells
 
     def cell_codes(self, cells: npt.ArrayLike, attrs: Iterable[AttrRef]) -> np.ndarray:
         """Inverse of :meth:`cell_index`: codes (n, len(attrs)) int64 of cells (n,)."""
@@ -319,6 +326,4 @@ class Schema:
             raise SchemaError(f"cell ({bad}) must be an int in [0, {total})")
         if not idx:
             return np.zeros((arr.size, 0), dtype=np.int64)
-        return np.stack(np.unravel_index(arr.reshape(-1), self.shape(idx)), axis=1).astype(
-            np.int64
-        )
+        return np.stack(np.unravel_index(arr.reshape(-1), self.shape(idx)), axis=1).astype(np.int64)

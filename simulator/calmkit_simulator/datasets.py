@@ -70,8 +70,12 @@ def _need(path: Path) -> Path:
 
 
 def _population_from_labels(
-    name: str, names: Sequence[str], rows: list[list[str]], orders: dict[str, list[str]],
-    ordered: set[str], notes: tuple[str, ...],
+    name: str,
+    names: Sequence[str],
+    rows: list[list[str]],
+    orders: dict[str, list[str]],
+    ordered: set[str],
+    notes: tuple[str, ...],
 ) -> Population:
     """Codes from label rows; categories in ``orders[name]`` or sorted order."""
     columns = np.array(rows, dtype=object).reshape(len(rows), len(names))
@@ -86,15 +90,29 @@ def _population_from_labels(
 
 # --- Adult --------------------------------------------------------------------------
 ADULT_COLUMNS = (
-    "age", "workclass", "fnlwgt", "education", "education-num", "marital-status",
-    "occupation", "relationship", "race", "sex", "capital-gain", "capital-loss",
-    "hours-per-week", "native-country", "income",
+    "age",
+    "workclass",
+    "fnlwgt",
+    "education",
+    "education-num",
+    "marital-status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "capital-gain",
+    "capital-loss",
+    "hours-per-week",
+    "native-country",
+    "income",
 )
 # numeric attribute -> (right-open cut points, labels)
 ADULT_BUCKETS: dict[str, tuple[list[float], list[str]]] = {
     "age": ([25, 35, 45, 55, 65], ["<25", "25-34", "35-44", "45-54", "55-64", "65+"]),
-    "fnlwgt": ([100_000, 150_000, 200_000, 300_000],
-               ["<100k", "100k-150k", "150k-200k", "200k-300k", "300k+"]),
+    "fnlwgt": (
+        [100_000, 150_000, 200_000, 300_000],
+        ["<100k", "100k-150k", "150k-200k", "200k-300k", "300k+"],
+    ),
     "education-num": ([9, 10, 11, 13, 14], ["<=8", "9", "10", "11-12", "13", "14+"]),
     "capital-gain": ([1, 5000], ["0", "1-4999", "5000+"]),
     "capital-loss": ([1, 2000], ["0", "1-1999", "2000+"]),
@@ -127,8 +145,9 @@ def load_adult(data_dir: Path | str, max_categories: int | None = None) -> Popul
         table[:, j] = np.asarray(labels, dtype=object)[np.searchsorted(cuts, values, "right")]
     orders = {col: labels for col, (_, labels) in ADULT_BUCKETS.items()}
     note = f"adult: {len(rows)} of {total} rows kept (rows with missing values dropped)"
-    pop = _population_from_labels("adult", ADULT_COLUMNS, table.tolist(), orders,
-                                  set(ADULT_BUCKETS), (note,))
+    pop = _population_from_labels(
+        "adult", ADULT_COLUMNS, table.tolist(), orders, set(ADULT_BUCKETS), (note,)
+    )
     return pop.cap_categories(max_categories) if max_categories else pop
 
 
@@ -216,9 +235,7 @@ def load_retail(data_dir: Path | str, d: int = 16) -> Population:
 
 
 def load_kosarak(data_dir: Path | str, d: int = 16) -> Population:
-    return load_transactions(
-        Path(data_dir) / "kosarak" / "kosarak_prefix.dat", d, name="kosarak"
-    )
+    return load_transactions(Path(data_dir) / "kosarak" / "kosarak_prefix.dat", d, name="kosarak")
 
 
 # --- one entry point ------------------------------------------------------------------------
@@ -262,8 +279,9 @@ def load_dataset(
     elif name in loaders:
         folder = Path(data_dir) if data_dir is not None else default_data_dir()
         if folder is None:
-            raise DatasetError(f"dataset ({name!r}) needs a data folder: pass --data-dir or "
-                               "set CALMKIT_DATA")
+            raise DatasetError(
+                f"dataset ({name!r}) needs a data folder: pass --data-dir or set CALMKIT_DATA"
+            )
         pop = loaders[name](folder)
     else:
         raise DatasetError(f"dataset ({name!r}) must be one of {list(DATASETS)}")

@@ -92,8 +92,12 @@ class Population:
             lut, labels = (_merge_ordered if attr.ordered else _merge_nominal)(attr, freq, c)
             attrs.append(Attribute(attr.name, labels, ordered=attr.ordered))
             codes[:, j] = lut[col]
-        return Population(Schema(tuple(attrs)), codes, self.name,
-                          (*self.notes, f"attributes capped at {c} categories"))
+        return Population(
+            Schema(tuple(attrs)),
+            codes,
+            self.name,
+            (*self.notes, f"attributes capped at {c} categories"),
+        )
 
     def describe(self) -> str:
         sizes = ",".join(str(s) for s in self.schema.sizes)

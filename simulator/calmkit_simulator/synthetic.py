@@ -96,6 +96,7 @@ def synthetic_population(
     from ``rng``)."""
     gen = np.random.default_rng(rng)  # type: ignore[arg-type]
     net = BayesianNetwork.random(sizes, strength, max_parents, gen)
-    note = (f"synthetic Bayesian network: strength {strength}, "
-            f"max {max_parents} parents, seed {rng!r}")
+    note = (
+        f"synthetic Bayesian network: strength {strength}, max {max_parents} parents, seed {rng!r}"
+    )
     return Population(net.schema, net.sample(n, gen), "synthetic", (note,))

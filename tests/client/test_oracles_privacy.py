@@ -27,9 +27,7 @@ def _worst_log_ratio(matrix: np.ndarray) -> float:
 @pytest.mark.parametrize(("epsilon", "L"), SETTINGS)
 def test_grr_worst_case_ratio_is_exactly_e_to_epsilon(epsilon: float, L: int) -> None:
     oracle = GRR(epsilon, L)
-    matrix = np.array(
-        [[float(oracle.likelihood(y, v)) for v in range(L)] for y in range(L)]
-    )
+    matrix = np.array([[float(oracle.likelihood(y, v)) for v in range(L)] for y in range(L)])
     for v in (0, L - 1):  # each input's output distribution sums to exactly 1
         assert sum(oracle.likelihood(y, v) for y in range(L)) == 1
     loss = _worst_log_ratio(matrix)
@@ -42,8 +40,10 @@ def test_grr_worst_case_ratio_is_exactly_e_to_epsilon(epsilon: float, L: int) ->
 @pytest.mark.parametrize(("epsilon", "L"), [(0.5, 2), (1.0, 5), (2.0, 8)])
 def test_oue_worst_case_ratio_over_all_outputs(epsilon: float, L: int) -> None:
     oracle = OUE(epsilon, L)
-    outputs = [np.packbits(np.array(bits, dtype=np.uint8)).tobytes()
-               for bits in itertools.product([0, 1], repeat=L)]
+    outputs = [
+        np.packbits(np.array(bits, dtype=np.uint8)).tobytes()
+        for bits in itertools.product([0, 1], repeat=L)
+    ]
     matrix = np.array([[float(oracle.likelihood(y, v)) for v in range(L)] for y in outputs])
     np.testing.assert_allclose(matrix.sum(axis=0), 1.0, rtol=1e-12)
     loss = _worst_log_ratio(matrix)

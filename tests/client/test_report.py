@@ -19,12 +19,14 @@ from calmkit_client import (
     make_reports,
 )
 
-SCHEMA = Schema((
-    Attribute("age", ("<30", "30-49", "50+"), ordered=True),
-    Attribute("smoker", ("no", "yes")),
-    Attribute("region", tuple("NESWC")),
-    Attribute("income", tuple(f"q{i}" for i in range(10))),
-))
+SCHEMA = Schema(
+    (
+        Attribute("age", ("<30", "30-49", "50+"), ordered=True),
+        Attribute("smoker", ("no", "yes")),
+        Attribute("region", tuple("NESWC")),
+        Attribute("income", tuple(f"q{i}" for i in range(10))),
+    )
+)
 # eps = 1: views of 6, 15, 30 cells -> GRR, OUE, OUE
 PLAN = Plan(SCHEMA, 1.0, [["age", "smoker"], ["age", "region"], ["region", "income"]], seed=9)
 RECORD = {"age": "50+", "smoker": "yes", "region": "W", "income": "q7"}
@@ -37,7 +39,11 @@ def _cell(plan: Plan, record: dict[str, str], view: int) -> int:
 
 def test_report_carries_only_digest_view_payload_and_id() -> None:
     assert [f.name for f in dataclasses.fields(Report)] == [
-        "plan_digest", "view", "payload", "report_id"]
+        "plan_digest",
+        "view",
+        "payload",
+        "report_id",
+    ]
 
 
 @pytest.mark.parametrize("user", ["alice", "bob", 12345, "carol"])
@@ -59,32 +65,25 @@ def test_view_and_report_id_do_not_depend_on_the_record() -> None:
 
 
 def test_default_randomness_is_the_os_entropy_source(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    stream = np.random.default_rng(77)
+    def os_bytes(seed: int, calls: list[int]) -> object:
+        stream = np.random.default_rng(seed)
 
-    def fake_urandom(n: int) -> bytes:
-        calls.append(n)
-        return stream.bytes(n)
+        def urandom(n: int) -> bytes:
+            calls.append(n)
+            return stream.bytes(n)
 
-    monkeypatch.setattr(randomness.os, "urandom", fake_urandom)
-    user = "dana"
-    view = PLAN.assign(user)
-    report = make_report(PLAN, RECORD, user)
-    oracle = PLAN.oracle(view)
-    words = 2 if oracle.name == "GRR" else oracle.L
-    assert calls == [8 * words, 16]  # the oracle's words, then the report id
-    # the same bytes through the oracle give the same payload
-    replay = np.random.default_rng(77)
-    expected_words = np.frombuffer(replay.bytes(8 * words), dtype="<u8")
+        return urandom
 
-    class Replay:  # an OsEntropy stand-in that serves the recorded words
-        def words(self, count: int) -> np.ndarray:
-            assert count == words
-            return expected_words.astype(np.uint64)
-
-    monkeypatch.setattr(randomness, "OsEntropy", Replay)
-    assert report.payload == oracle.perturb_one(_cell(PLAN, RECORD, view), None)
-    assert report.report_id == replay.bytes(16)
+    for user in ["dana", "eve", "frank", "gus"]:  # both GRR and OUE views
+        calls: list[int] = []
+        monkeypatch.setattr(randomness.os, "urandom", os_bytes(77, calls))
+        report = make_report(PLAN, RECORD, user)
+        assert calls and calls[-1] == 16  # the oracle's randomness, then the report id
+        # replaying the same OS bytes through the oracle alone reproduces the report
+        monkeypatch.setattr(randomness.os, "urandom", os_bytes(77, []))
+        oracle = PLAN.oracle(report.view)
+        assert report.payload == oracle.perturb_one(_cell(PLAN, RECORD, report.view))
+        assert report.report_id == randomness.random_bytes(randomness.OsEntropy(), 16)
 
 
 def test_production_reports_differ_between_calls() -> None:

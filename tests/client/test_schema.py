@@ -54,8 +54,9 @@ def test_record_round_trip(sizes: list[int], draw: st.DataObject) -> None:
 
 
 def test_dict_round_trip_keeps_order_and_flags() -> None:
-    schema = Schema((Attribute("age", ("<30", "30-49", "50+"), ordered=True),
-                     Attribute("sex", ("F", "M"))))
+    schema = Schema(
+        (Attribute("age", ("<30", "30-49", "50+"), ordered=True), Attribute("sex", ("F", "M")))
+    )
     assert Schema.from_dict(schema.to_dict()) == schema
     assert schema.sizes == (3, 2) and schema.names == ("age", "sex")
     assert schema.encode_record({"sex": "M", "age": "50+"}) == (2, 1)
@@ -83,8 +84,10 @@ def test_empty_marginal_has_one_cell() -> None:
         (lambda: Attribute("", ("a",)), r"attribute name \(''\) must be a non-empty str"),
         (lambda: Attribute("x", "ab"), r"categories of 'x' \('ab'\) must be a sequence"),
         (lambda: Attribute("x", (1.5,)), r"category of 'x' \(1.5\) must be a str label"),
-        (lambda: Schema((Attribute("x", ("a",)), Attribute("x", ("b",)))),
-         r"attribute name \('x'\) must be unique"),
+        (
+            lambda: Schema((Attribute("x", ("a",)), Attribute("x", ("b",)))),
+            r"attribute name \('x'\) must be unique",
+        ),
         (lambda: Schema(()), r"attributes \(\(\)\) must not be empty"),
         (lambda: Schema.from_sizes([2, 0]), r"size of 'a1' \(0\) must be an int >= 1"),
     ],

@@ -52,8 +52,9 @@ def test_marginal_resample_select() -> None:
 
 
 def test_cap_categories_ordered_and_nominal() -> None:
-    schema = Schema((Attribute("age", tuple("abcdef"), ordered=True),
-                     Attribute("color", tuple("uvwxyz"))))
+    schema = Schema(
+        (Attribute("age", tuple("abcdef"), ordered=True), Attribute("color", tuple("uvwxyz")))
+    )
     codes = np.array([[i % 6, (i * 7) % 6 if i % 3 else 0] for i in range(600)])
     pop = Population(schema, codes)
     capped = pop.cap_categories(3)
