@@ -263,22 +263,19 @@ _BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).asty
 _LOW56 = (1 << 56) - 1
 
 
-def _bernoulli(source: RandomSource, shape: tuple[int, ...], threshold: int) -> np.ndarray:
-    """Booleans of ``shape``, each exactly ``w < threshold`` for a uniform 64-bit ``w``.
-
-    ``w``'s top byte is drawn first and decides unless it equals the threshold's top
-    byte (probability 1/256); only then are ``w``'s other 56 bits drawn. Same law as
-    comparing whole words, with 1/8 of the random bits.
+def _bernoulli(head: np.ndarray, source: RandomSource, threshold: int) -> np.ndarray:
+    """Booleans shaped like ``head`` (uniform uint8), each exactly ``w < threshold`` for
+    a uniform 64-bit ``w`` whose top byte is ``head``: the top byte decides unless it
+    equals the threshold's (probability 1/256); only then are ``w``'s other 56 bits
+    drawn from ``source``. Same law as comparing whole words, 1/8 of the random bits.
     """
-    size = int(np.prod(shape, dtype=np.int64))
-    top, low = np.uint8(threshold >> 56), threshold & _LOW56
-    head = random_byte_array(source, size)
+    top = np.uint8(threshold >> 56)
     out = head < top
     ties = np.flatnonzero(head == top)
     if ties.size:
         tails = random_words(source, ties.size) >> np.uint64(8)
-        out[ties] = tails < np.uint64(low)
-    return out.reshape(shape)
+        out.reshape(-1)[ties] = tails < np.uint64(threshold & _LOW56)
+    return out
 
 
 @dataclass(frozen=True)
@@ -326,10 +323,17 @@ class OUE(FrequencyOracle):
         return math.log(ratio.numerator) - math.log(ratio.denominator)
 
     def _apply(self, cells: np.ndarray, source: RandomSource) -> np.ndarray:
-        """cells (n,) int64 -> packed payloads (n, nbytes) uint8."""
-        rows = np.arange(cells.shape[0])
-        bits = _bernoulli(source, (cells.shape[0], self.L), self._t_flip)
-        bits[rows, cells] = random_byte_array(source, cells.shape[0]) < 128  # p = 1/2
+        """cells (n,) int64 -> packed payloads (n, nbytes) uint8.
+
+        Per report L + 1 random bytes: L decide the flips of the 0 bits (exactly
+        Bernoulli(q), :func:`_bernoulli`), the last is the coin of the true bit
+        (``< 128``: exactly 1/2), which replaces bit ``cell``.
+        """
+        n, L = cells.shape[0], self.L
+        head = random_byte_array(source, n * (L + 1)).reshape(n, L + 1)
+        bits = _bernoulli(head[:, :L], source, self._t_flip)
+        rows = np.arange(n)
+        bits[rows, cells] = head[:, L] < 128
         return np.packbits(bits, axis=1)
 
     def perturb(self, cells: npt.ArrayLike, rng: RngLike = None) -> np.ndarray:
@@ -344,10 +348,11 @@ class OUE(FrequencyOracle):
 
     def perturb_one(self, cell: int, rng: RngLike = None) -> bytes:
         # _apply on one cell without the 2-D bookkeeping: same draws, same order
-        v = self._cell(cell)
+        v, L = self._cell(cell), self.L
         src = as_random_source(rng)
-        bits = _bernoulli(src, (self.L,), self._t_flip)
-        bits[v] = random_byte_array(src, 1)[0] < 128
+        head = random_byte_array(src, L + 1)
+        bits = _bernoulli(head[:L], src, self._t_flip)
+        bits[v] = head[L] < 128
         return np.packbits(bits).tobytes()
 
     def check_payloads(self, payloads: npt.ArrayLike) -> np.ndarray:

@@ -135,9 +135,7 @@ def make_reports(
     """
     arr = plan.schema.validate_codes(codes)
     if len(user_ids) != arr.shape[0]:
-        raise PlanError(
-            f"user_ids ({len(user_ids)} given) must match the records ({arr.shape[0]})"
-        )
+        raise PlanError(f"user_ids ({len(user_ids)} given) must match the records ({arr.shape[0]})")
     views = plan.assign_many(user_ids)
     source = as_random_source(rng)
     order = np.argsort(views, kind="stable")

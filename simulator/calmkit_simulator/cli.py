@@ -1,7 +1,7 @@
 """The ``calmkit`` command line.
 
-    calmkit demo                     # synthetic users -> client reports -> estimates
-    calmkit population --dataset adult --max-categories 3
+calmkit demo                     # synthetic users -> client reports -> estimates
+calmkit population --dataset adult --max-categories 3
 """
 
 from __future__ import annotations
@@ -54,11 +54,15 @@ def _demo(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     print(f"calmkit demo: {result['population']}")
-    print(f"  plan {plan.digest[:12]}: {plan.m} two-way views, epsilon {args.epsilon}, "
-          f"oracles {', '.join(result['oracles'])}")
+    print(
+        f"  plan {plan.digest[:12]}: {plan.m} two-way views, epsilon {args.epsilon}, "
+        f"oracles {', '.join(result['oracles'])}"
+    )
     print(f"  {result['reports']} reports made through the client ({args.path} path)")
-    print(f"  SSE per view: measured {result['sse_per_view_mean']:.3g}, "
-          f"expected from the variance formula {result['sse_per_view_expected']:.3g}")
+    print(
+        f"  SSE per view: measured {result['sse_per_view_mean']:.3g}, "
+        f"expected from the variance formula {result['sse_per_view_expected']:.3g}"
+    )
     print(f"  done in {seconds:.2f} s")
     return 0
 
@@ -66,8 +70,17 @@ def _demo(args: argparse.Namespace) -> int:
 def _population(args: argparse.Namespace) -> int:
     pop = load_dataset(args.dataset, args.data_dir, args.d, args.max_categories)
     if args.json:
-        print(json.dumps({"name": pop.name, "n": pop.n, "d": pop.d,
-                          "sizes": list(pop.schema.sizes), "notes": list(pop.notes)}))
+        print(
+            json.dumps(
+                {
+                    "name": pop.name,
+                    "n": pop.n,
+                    "d": pop.d,
+                    "sizes": list(pop.schema.sizes),
+                    "notes": list(pop.notes),
+                }
+            )
+        )
     else:
         print(pop.describe())
         for attr in pop.schema.attributes:
@@ -89,8 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo)
 
     pop = sub.add_parser("population", help="load a dataset and describe it")
-    pop.add_argument("--dataset", default="synthetic",
-                     help="; ".join(f"{k}: {v}" for k, v in DATASETS.items()))
+    pop.add_argument(
+        "--dataset", default="synthetic", help="; ".join(f"{k}: {v}" for k, v in DATASETS.items())
+    )
     pop.add_argument("--data-dir", default=None, help="default $CALMKIT_DATA, ../shared/datasets")
     pop.add_argument("--d", type=int, default=None)
     pop.add_argument("--max-categories", type=int, default=None)
