@@ -1,0 +1,29 @@
+"""Estimation of each view's marginal from its support counts (DESIGN.md step 5)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .marginal import MarginalTable
+from .support import SupportCounts
+
+__all__ = ["estimate_views"]
+
+
+def estimate_views(support: SupportCounts) -> list[MarginalTable]:
+    """One unbiased :class:`MarginalTable` per view: ``(C/n_j - q)/(p - q)`` reshaped
+    to the view's shape, with the oracle's f-independent per-cell variance (eqs. 1, 2).
+    A view without reports is uniform with infinite variance (it then gets no weight).
+    """
+    plan = support.plan
+    tables = []
+    for j, (view, oracle) in enumerate(zip(plan.views, plan.view_oracles)):
+        shape = plan.schema.shape(view)
+        n = int(support.n[j])
+        if n == 0:
+            values = np.full(shape, 1.0 / oracle.L)
+            tables.append(MarginalTable(view, values, np.inf, 0))
+            continue
+        values = oracle.estimate(support.counts[j], n).reshape(shape)
+        tables.append(MarginalTable(view, values, float(oracle.variance(n)), n))
+    return tables

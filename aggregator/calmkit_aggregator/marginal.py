@@ -1,0 +1,64 @@
+"""Marginal tables that carry their noise level (as Private-PGM's measurements do)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from calmkit_client import CalmkitError
+
+__all__ = ["MarginalTable"]
+
+
+@dataclass(frozen=True)
+class MarginalTable:
+    """A marginal over sorted attribute positions ``attrs``.
+
+    ``values`` has one axis per attribute (in ``attrs`` order, C-order cells as
+    :meth:`calmkit_client.Schema.cell_index`), holding fractions. ``variance`` is the
+    f-independent variance of each cell (0 for an exact table, ``inf`` for no
+    information); ``n`` the number of reports behind it.
+    """
+
+    attrs: tuple[int, ...]
+    values: np.ndarray
+    variance: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        attrs = tuple(int(a) for a in self.attrs)
+        if list(attrs) != sorted(set(attrs)):
+            raise CalmkitError(f"attrs ({list(self.attrs)}) must be sorted and unique")
+        values = np.asarray(self.values, dtype=np.float64)
+        if values.ndim != len(attrs):
+            raise CalmkitError(
+                f"values (ndim {values.ndim}) must have one axis per attribute ({len(attrs)})"
+            )
+        if not self.variance >= 0:  # inf: no information (a view without reports)
+            raise CalmkitError(f"variance ({self.variance!r}) must be >= 0")
+        object.__setattr__(self, "attrs", attrs)
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "variance", float(self.variance))
+
+    @property
+    def cells(self) -> int:
+        return int(self.values.size)
+
+    def axes_of(self, attrs: Iterable[int]) -> tuple[int, ...]:
+        """Axes of ``attrs`` (which must be among this table's attributes)."""
+        try:
+            return tuple(self.attrs.index(a) for a in attrs)
+        except ValueError:
+            raise CalmkitError(f"attrs ({list(attrs)}) must be within {list(self.attrs)}") from None
+
+    def project(self, attrs: Iterable[int]) -> MarginalTable:
+        """The marginal over a subset of the attributes (sorted). Each output cell sums
+        ``C = cells / output cells`` input cells, so its variance is ``C * variance``."""
+        keep = tuple(sorted(set(attrs)))
+        keep_axes = self.axes_of(keep)
+        drop = tuple(i for i in range(len(self.attrs)) if i not in keep_axes)
+        values = self.values.sum(axis=drop) if drop else self.values
+        factor = self.cells // max(1, int(np.prod(values.shape, dtype=np.int64)))
+        return MarginalTable(keep, values, self.variance * factor, self.n)
