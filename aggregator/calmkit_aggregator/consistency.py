@@ -2,8 +2,8 @@
 DESIGN.md steps 6-7).
 
 Consistency: for every attribute set A in the intersection closure of the views
-(the empty set included: every view's total is set to the known 1), smallest first, the views containing A
-are projected onto A and averaged with inverse-variance weights
+(the empty set included: every view's total is set to the known 1), smallest first,
+the views containing A are projected onto A and averaged with inverse-variance weights
 ``w_i ∝ 1 / (C_i var_i)`` (``C_i`` = cells of V_i per cell of A; equal variances give
 the paper's ``1 / C_i``); each view then gets ``(T_A(v) - T_{A_i}(v)) / C_i`` added to
 every cell projecting to v. Processing subsets first keeps them consistent.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import combinations
+from itertools import combinations, pairwise
 
 import numpy as np
 
@@ -92,7 +92,7 @@ def _inconsistency(tables: Sequence[MarginalTable], closure: list[tuple[int, ...
     worst = 0.0
     for attrs in closure:
         proj = [t.project(attrs).values for t in tables if set(attrs) <= set(t.attrs)]
-        for a, b in zip(proj, proj[1:]):
+        for a, b in pairwise(proj):
             worst = max(worst, float(np.abs(a - b).max()))
     return worst
 
@@ -119,7 +119,8 @@ def make_consistent(
     current = list(tables)
     closure = intersection_closure([t.attrs for t in current])
     it = 0
-    for it in range(1, max_iter + 1):
+    while it < max_iter:
+        it += 1
         _consistency_pass(current, closure)
         if min(float(t.values.min()) for t in current) >= -tol:
             break

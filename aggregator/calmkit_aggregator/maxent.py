@@ -52,7 +52,8 @@ def maximum_entropy(
         t = t / t.sum() if t.sum() > 0 else np.full(t.shape, 1.0 / t.size)
         prepared.append((other, bshape, t.reshape(bshape)))
     residual, it = np.inf, 0
-    for it in range(1, max_iter + 1):
+    while it < max_iter:
+        it += 1
         for other, _bshape, t in prepared:
             current = p.sum(axis=other, keepdims=True)
             with np.errstate(divide="ignore", invalid="ignore"):
