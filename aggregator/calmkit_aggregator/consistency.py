@@ -113,11 +113,21 @@ class ConsistentViews:
 
 
 def make_consistent(
-    tables: Sequence[MarginalTable], tol: float = 1e-9, max_iter: int = 100
+    tables: Sequence[MarginalTable],
+    tol: float = 1e-9,
+    max_iter: int = 100,
+    nonnegative: bool = True,
 ) -> ConsistentViews:
-    """Alternate the consistency step and Norm-Sub (see module docstring)."""
+    """Alternate the consistency step and Norm-Sub (see module docstring).
+
+    ``nonnegative=False`` runs the (linear, unbiased) consistency step once, alone.
+    """
     current = list(tables)
     closure = intersection_closure([t.attrs for t in current])
+    if not nonnegative:
+        _consistency_pass(current, closure)
+        negativity = max(0.0, -min(float(t.values.min()) for t in current))
+        return ConsistentViews(tuple(current), _inconsistency(current, closure), negativity, 1)
     it = 0
     while it < max_iter:
         it += 1
