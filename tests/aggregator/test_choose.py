@@ -1,0 +1,237 @@
+"""CALM Algorithm 1: choosing l, m and the views (papers/calm-ccs18.txt §4.3)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from calmkit_aggregator.choose import (
+    Choice,
+    balanced_views,
+    choose_views,
+    expected_cells,
+    noise_error,
+    sampling_error,
+)
+from calmkit_aggregator.covering import construct_cover, verify_cover
+from calmkit_client import Plan, PlanError, Schema
+
+N16 = 2**16
+BINARY8 = [2] * 8
+
+
+def attribute_counts(views: tuple[tuple[int, ...], ...], d: int) -> np.ndarray:
+    counts = np.zeros(d, np.int64)
+    for v in views:
+        counts[list(v)] += 1
+    return counts
+
+
+def check_views(choice: Choice, d: int) -> None:
+    assert len(choice.views) == choice.m
+    assert len(set(choice.views)) == choice.m
+    assert all(len(v) == choice.l and list(v) == sorted(set(v)) for v in choice.views)
+    assert all(0 <= a < d for v in choice.views for a in v)
+    if choice.l >= choice.k:
+        assert choice.covers == verify_cover(choice.views, d, choice.k)
+    else:
+        assert not choice.covers
+
+
+# -- the paper's worked example (§4.3) -----------------------------------------------------
+def test_worked_example() -> None:
+    choice = choose_views(BINARY8, 2.0, N16, 3)
+    assert (choice.l, choice.m) == (4, 14)
+    assert choice.rule == "min max(SE, k*NE)"
+    assert (choice.mu, choice.l_upper, choice.l_lower) == (65, 4, 3)
+    assert choice.covers and verify_cover(choice.views, 8, 3)
+    check_views(choice, 8)
+    by_l = {o.l: o for o in choice.options}
+    # l = 3: m = C(8, 3) = 56, max(NE 0.00032, SE 0.00085); l = 4: m = 14,
+    # max(NE 0.00076, SE 0.00021) (the paper truncates to 5 decimals).
+    assert by_l[3].cover_size == 56
+    assert by_l[4].cover_size == 14
+    assert by_l[3].k_ne == pytest.approx(0.00032, abs=1e-5)
+    assert by_l[3].se(N16) == pytest.approx(0.00085, abs=1e-5)
+    assert by_l[4].k_ne == pytest.approx(0.00076, abs=1e-5)
+    assert by_l[4].se(N16) == pytest.approx(0.00021, abs=1e-5)
+    assert choice.noise_error == by_l[4].k_ne and choice.sampling_error == 14 / N16
+    assert by_l[5].k_ne > 0.001  # why l_u stops at 4
+    assert "chosen l=4 m=14" in choice.summary()
+
+
+def test_noise_error_formula() -> None:
+    e = math.exp(2.0)
+    for l in range(1, 9):  # noqa: E741
+        L = 2**l
+        expected = min(4 * e, L - 2 + e) / (e - 1) ** 2 * (L / l) * (8 / N16)
+        assert noise_error(N16, BINARY8, 2.0, l) == pytest.approx(expected, rel=1e-12)
+    assert sampling_error(N16, 14) == 14 / N16
+    # Large epsilon: no overflow, NE -> 0.
+    assert 0 <= noise_error(N16, BINARY8, 2000.0, 4) < 1e-300
+
+
+def test_expected_cells_non_binary() -> None:
+    sizes = [2, 3, 5, 2, 7]
+    for l in range(1, 6):  # noqa: E741
+        subsets = list(itertools.combinations(sizes, l))
+        brute = sum(math.prod(s) for s in subsets) / len(subsets)
+        assert expected_cells(sizes, l) == pytest.approx(brute, rel=1e-12)
+    assert expected_cells([3] * 6, 4) == 81
+    assert expected_cells(BINARY8, 5) == 32
+
+
+def test_only_l_2_up_to_eps_1_4() -> None:
+    # §4.3 / Fig. 3: with n = 2^16, d = 8, k = 3, theta = 1e-3 only l = 2 can be used
+    # for eps <= 1.4.
+    for eps in np.arange(0.2, 1.41, 0.2):
+        choice = choose_views(BINARY8, float(eps), N16, 3)
+        assert choice.l_upper == 2 and choice.l == 2
+        assert choice.rule == "l_u < k"
+    assert choose_views(BINARY8, 1.6, N16, 3).l_upper == 3
+
+
+# -- the other branches ------------------------------------------------------------------
+def test_l_below_k_branch_is_balanced() -> None:
+    choice = choose_views([2] * 16, 1.0, N16, 3)
+    assert choice.rule == "l_u < k"
+    assert (choice.l, choice.m) == (2, min(65, math.comb(16, 2)))
+    check_views(choice, 16)
+    counts = attribute_counts(choice.views, 16)
+    assert counts.max() - counts.min() <= 1
+    # m = min(mu, C(d, l)): all 28 pairs of 8 attributes.
+    choice = choose_views(BINARY8, 1.0, N16, 3)
+    assert (choice.l, choice.m) == (2, 28)
+    assert set(choice.views) == set(itertools.combinations(range(8), 2))
+
+
+def test_l_b_equals_l_u_branch() -> None:
+    # eps = 1.6: l_u = 3 = k, so min(mu, C(8, 3)) = 56 views: every 3-set.
+    choice = choose_views(BINARY8, 1.6, N16, 3)
+    assert choice.rule == "l_b == l_u"
+    assert (choice.l, choice.m) == (3, 56) and choice.covers
+    check_views(choice, 8)
+    # n = 50000: l_u = 3 still, mu = 50 < C(8, 3): mu views of k attributes, balanced,
+    # not a cover.
+    choice = choose_views(BINARY8, 2.0, 50_000, 3)
+    assert choice.rule == "l_b == l_u" and (choice.l, choice.m) == (3, 50)
+    assert not choice.covers
+    check_views(choice, 8)
+    counts = attribute_counts(choice.views, 8)
+    assert counts.max() - counts.min() <= 1
+
+
+def test_fixed_l() -> None:
+    choice = choose_views(BINARY8, 2.0, N16, 3, l=3)
+    assert (choice.l, choice.m, choice.rule, choice.covers) == (3, 56, "fixed l", True)
+    choice = choose_views(BINARY8, 2.0, N16, 3, l=2)
+    assert (choice.l, choice.m) == (2, 28)
+    choice = choose_views(BINARY8, 2.0, N16, 3, l=5)
+    assert choice.m == len(construct_cover(8, 3, 5)) and choice.covers
+    check_views(choice, 8)
+    choice = choose_views(BINARY8, 2.0, N16, 3, l=8)
+    assert choice.views == (tuple(range(8)),)
+
+
+def test_fixed_m() -> None:
+    # l = 3 needs 56 views; 14 views of 4 cover, so 20 views: the cover + 6 extras.
+    choice = choose_views(BINARY8, 2.0, N16, 3, m=20)
+    assert (choice.l, choice.m, choice.rule) == (4, 20, "fixed m")
+    assert choice.covers
+    check_views(choice, 8)
+    # 10 < 14: no l <= l_u covers; l_u with the greedy maximum coverage.
+    choice = choose_views(BINARY8, 2.0, N16, 3, m=10)
+    assert (choice.l, choice.m, choice.covers) == (4, 10, False)
+    check_views(choice, 8)
+    covered = {s for v in choice.views for s in itertools.combinations(v, 3)}
+    assert len(covered) >= 10 * 4 - 9  # greedy: nearly disjoint 3-sets at first
+
+
+def test_fixed_l_and_m() -> None:
+    choice = choose_views(BINARY8, 0.5, N16, 3, l=4, m=14)
+    assert (choice.l, choice.m, choice.rule, choice.covers) == (4, 14, "fixed l and m", True)
+    choice = choose_views(BINARY8, 0.5, N16, 3, l=2, m=5)
+    assert (choice.l, choice.m) == (2, 5)
+    check_views(choice, 8)
+
+
+def test_deterministic_and_plan_ready() -> None:
+    sizes = [2, 3, 2, 4, 2, 2, 3, 2]
+    first = choose_views(sizes, 3.0, N16, 3, rng=5)
+    assert choose_views(sizes, 3.0, N16, 3, rng=5) == first
+    check_views(first, 8)
+    assert first.option.cells == expected_cells(sizes, first.l)
+    plan = Plan(Schema.from_sizes(sizes), 3.0, first.views)
+    assert plan.m == first.m
+
+
+def test_summary_lists_options() -> None:
+    text = choose_views(BINARY8, 2.0, N16, 3).summary()
+    assert "mu=65 l_u=4 l_b=3" in text
+    assert "0.00085" in text and "0.00021" in text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"theta": -1.0}, r"theta \(-1.0\) must be finite and > 0"),
+        ({"theta": float("nan")}, r"theta \(nan\) must be finite and > 0"),
+        ({"theta": "x"}, r"theta \('x'\) must be a finite number > 0"),
+        ({"epsilon": 0.0}, r"epsilon \(0.0\) must be finite and > 0"),
+        ({"n": 0}, r"n \(0\) must be an int >= 1"),
+        ({"n": 1.5}, r"n \(1.5\) must be an int >= 1"),
+        ({"k": 0}, r"k \(0\) must be an int >= 1"),
+        ({"k": 9}, r"k \(9\) must be <= d \(8 attributes\)"),
+        ({"l": 0}, r"l \(0\) must be an int in \[1, 8\]"),
+        ({"l": 9}, r"l \(9\) must be an int in \[1, 8\]"),
+        ({"m": 0}, r"m \(0\) must be an int >= 1"),
+        ({"l": 7, "m": 9}, r"m \(9\) must be <= C\(8, 7\) = 8 distinct views"),
+        ({"m": 100}, r"m \(100\) must be <= C\(8, 4\) = 70 distinct views"),
+        ({"sizes": []}, r"sizes \(\(\)\) must name at least one attribute"),
+        ({"sizes": [2, 0]}, r"sizes\[1\] \(0\) must be an int >= 1"),
+        ({"sizes": "ab"}, r"sizes \('ab'\) must be a sequence"),
+    ],
+)
+def test_bad_input(kwargs: dict[str, object], match: str) -> None:
+    args: dict[str, object] = {"sizes": BINARY8, "epsilon": 2.0, "n": N16, "k": 3, **kwargs}
+    with pytest.raises(PlanError, match=match):
+        choose_views(**args)  # type: ignore[arg-type]
+
+
+# -- balanced views ----------------------------------------------------------------------
+def test_balanced_views_attribute_counts_within_one() -> None:
+    for d in range(2, 8):
+        for l in range(1, d):  # noqa: E741
+            for m in range(1, math.comb(d, l) + 1):
+                views = balanced_views(d, l, m, rng=m)
+                assert len(set(views)) == m
+                assert all(len(v) == l for v in views)
+                counts = attribute_counts(views, d)
+                assert counts.max() - counts.min() <= 1, (d, l, m, counts)
+
+
+def test_balanced_views_pairs_spread() -> None:
+    # 65 pairs of 16 attributes: every attribute 8 or 9 times, no pair twice.
+    views = balanced_views(16, 2, 65)
+    assert len(set(views)) == 65
+    counts = attribute_counts(views, 16)
+    assert set(counts) <= {8, 9}
+    # Triples: pair counts spread (no guarantee beyond attributes; checked loosely).
+    views = balanced_views(8, 3, 56 // 2)
+    pairs = np.zeros((8, 8), np.int64)
+    for v in views:
+        for a, b in itertools.combinations(v, 2):
+            pairs[a, b] += 1
+    upper = pairs[np.triu_indices(8, 1)]
+    assert upper.max() - upper.min() <= 2
+
+
+def test_balanced_views_extends_start() -> None:
+    start = construct_cover(8, 3, 4)
+    extra = balanced_views(8, 4, 20, start=start)
+    assert not set(extra) & set(start) and len(set(extra)) == 20
+    with pytest.raises(PlanError, match=r"m \(57\) must be <= C\(8, 4\) - 14 = 56"):
+        balanced_views(8, 4, 57, start=start)
