@@ -425,10 +425,11 @@ def balanced_views(
     exhaustively when there are at most 4096 such subsets, else by randomised greedy.
     Repair: while some attribute a is used at least 2 more times than some b, one view
     holding a but not b gets b in place of a (the one with the least pair load whose
-    result is unused); each swap lowers the sum of squared counts, so this ends. With an empty ``start`` such a view always exists (the views
-    holding a but not b outnumber those holding b but not a, so one of them maps to
-    an unused set), hence **attribute counts differ by at most 1**. Pair counts are
-    balanced greedily, without a guarantee. Returns sorted tuples.
+    result is unused); each swap lowers the sum of squared counts, so this ends. With
+    an empty ``start`` such a view always exists (the views holding a but not b
+    outnumber those holding b but not a, so one of them maps to an unused set), hence
+    **attribute counts differ by at most 1**. Pair counts are balanced greedily,
+    without a guarantee. Returns sorted tuples.
     """
     d = _positive("d", d)
     l = _view_size(l, d)  # noqa: E741
