@@ -1,23 +1,37 @@
 """calmkit_aggregator: ingestion, estimation, consistency, reconstruction, service."""
 
 from .calm import MarginalEstimator, reconstruct
+from .choose import Choice, Option, balanced_views, choose_views, expected_cells
 from .consistency import ConsistentViews, intersection_closure, make_consistent, norm_sub
+from .covering import CoveringError, best_known_size, construct_cover, read_cover, verify_cover
 from .estimate import estimate_views
 from .marginal import MarginalTable
 from .maxent import Answer, answer_query, maximum_entropy
+from .planner import plan_collection
 from .support import SupportCounts
 
 __all__ = [
     "Answer",
+    "Choice",
     "ConsistentViews",
+    "CoveringError",
     "MarginalEstimator",
     "MarginalTable",
+    "Option",
     "SupportCounts",
     "answer_query",
+    "balanced_views",
+    "best_known_size",
+    "choose_views",
+    "construct_cover",
     "estimate_views",
+    "expected_cells",
     "intersection_closure",
     "make_consistent",
     "maximum_entropy",
     "norm_sub",
+    "plan_collection",
+    "read_cover",
     "reconstruct",
+    "verify_cover",
 ]
