@@ -41,9 +41,9 @@ import csv
 import functools
 import itertools
 import math
-import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from random import Random  # seeded local instances only (no global state)
 
 import numpy as np
 
@@ -395,7 +395,7 @@ def _improve(
     if len(blocks) > cover_lower_bound(d, k, l) and (
         len(blocks) * math.comb(l, k) <= _ANNEAL_MAX_INCIDENCES
     ):
-        return _anneal(d, k, blocks, random.Random(int(seeds[2])))
+        return _anneal(d, k, blocks, Random(int(seeds[2])))
     return blocks
 
 
@@ -596,7 +596,7 @@ def _affine(d: int, k: int, l: int, gen: np.random.Generator) -> list[np.ndarray
         if best is None or len(chosen) < len(best):
             best = chosen
     assert best is not None
-    best = _anneal_sets(inc, len(index), best, random.Random(int(gen.integers(1 << 62))))
+    best = _anneal_sets(inc, len(index), best, Random(int(gen.integers(1 << 62))))
     points = (1 << d) - 1
     cosets = set()
     for j in best:
@@ -634,7 +634,7 @@ def _anneal_sets(
     sets: np.ndarray,
     universe: int,
     chosen: list[int],
-    rnd: random.Random,
+    rnd: Random,
     level_iters: int = 50_000,
     total_iters: int = 500_000,
     temperature: float = 0.5,
@@ -695,7 +695,7 @@ def _anneal(
     d: int,
     k: int,
     blocks: list[np.ndarray],
-    rnd: random.Random,
+    rnd: Random,
     level_iters: int = _ANNEAL_LEVEL_ITERS,
     total_iters: int = _ANNEAL_TOTAL_ITERS,
     temperature: float = 0.2,
