@@ -77,7 +77,7 @@ def _fo_variance(L: float, epsilon: float) -> float:
 def noise_error(n: int, sizes: Sequence[int], epsilon: float, l: int) -> float:  # noqa: E741
     """NE(n, d, eps, l) of eq. (7) for one attribute (multiply by k for k-way)."""
     sizes = _sizes(sizes)
-    eps = _epsilon(epsilon)
+    eps = _finite_positive("epsilon", epsilon)
     n = _positive("n", n)
     l = _view_size(l, len(sizes))  # noqa: E741
     L = expected_cells(sizes, l)
@@ -217,20 +217,12 @@ def _view_size(l: object, d: int) -> int:  # noqa: E741
     return int(l)
 
 
-def _epsilon(epsilon: object) -> float:
+def _finite_positive(name: str, value: object) -> float:
+    """``validate_epsilon``'s check (finite real > 0) for any field, as a PlanError."""
     try:
-        return validate_epsilon(epsilon)
+        return validate_epsilon(value, name)
     except CalmkitError as exc:
         raise PlanError(str(exc)) from None
-
-
-def _theta(theta: object) -> float:
-    if isinstance(theta, bool) or not isinstance(theta, (int, float, np.integer, np.floating)):
-        raise PlanError(f"theta ({theta!r}) must be a finite number > 0")
-    value = float(theta)
-    if not (math.isfinite(value) and value > 0):
-        raise PlanError(f"theta ({value!r}) must be finite and > 0")
-    return value
 
 
 # -- Algorithm 1 -----------------------------------------------------------------------
@@ -280,12 +272,12 @@ def choose_views(
     """
     sizes = _sizes(sizes)
     d = len(sizes)
-    eps = _epsilon(epsilon)
+    eps = _finite_positive("epsilon", epsilon)
     n = _positive("n", n)
     k = _positive("k", k)
     if k > d:
         raise PlanError(f"k ({k}) must be <= d ({d} attributes)")
-    theta = _theta(theta)
+    theta = _finite_positive("theta", theta)
     if l is not None:
         l = _view_size(l, d)  # noqa: E741
     if m is not None:
