@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import combinations, pairwise
+from itertools import combinations
 
 import numpy as np
 
@@ -54,46 +54,70 @@ def norm_sub(values: np.ndarray, total: float = 1.0) -> np.ndarray:
     return np.maximum(values - delta, 0.0)
 
 
-def _weights(
-    tables: Sequence[MarginalTable], members: list[int], attrs: tuple[int, ...]
-) -> tuple[np.ndarray, list[MarginalTable]]:
-    projected = [tables[i].project(attrs) for i in members]
-    var = np.array([p.variance for p in projected])
-    if np.all(var == 0) or np.all(np.isinf(var)):
-        w = np.ones(len(members))
-    else:
-        with np.errstate(divide="ignore"):
-            w = np.where(var == 0, np.inf, 1.0 / var)
-        if np.isinf(w).any():  # exact tables dominate
-            w = np.isinf(w).astype(float)
-    return w / w.sum(), projected
+@dataclass(frozen=True)
+class _Step:
+    """One closure set A: each member view's axes to sum out to project onto A, its
+    C_i, the shape broadcasting A back over the view, and its weight (normalised)."""
+
+    attrs: tuple[int, ...]
+    members: tuple[int, ...]
+    drop: tuple[tuple[int, ...], ...]
+    cells: tuple[int, ...]
+    bshape: tuple[tuple[int, ...], ...]
+    weights: np.ndarray
 
 
-def _consistency_pass(tables: list[MarginalTable], closure: list[tuple[int, ...]]) -> None:
+def _steps(tables: Sequence[MarginalTable], closure: list[tuple[int, ...]]) -> list[_Step]:
+    steps = []
     for attrs in closure:
         members = [i for i, t in enumerate(tables) if set(attrs) <= set(t.attrs)]
         if len(members) < 2 and attrs:
             continue
-        w, projected = _weights(tables, members, attrs)
-        # the totals are known: every view must sum to 1
-        target = np.ones(()) if not attrs else sum(wi * p.values for wi, p in zip(w, projected))
-        for i, p in zip(members, projected):
+        drop, cells, bshape, var = [], [], [], []
+        for i in members:
             t = tables[i]
-            c = t.cells // max(1, p.cells)
-            delta = (target - p.values) / c
-            # broadcast the update over the axes not in attrs
-            shape = [
-                t.values.shape[ax] if t.attrs[ax] in attrs else 1 for ax in range(len(t.attrs))
-            ]
-            tables[i] = MarginalTable(t.attrs, t.values + delta.reshape(shape), t.variance, t.n)
+            keep = [ax for ax, a in enumerate(t.attrs) if a in attrs]
+            drop.append(tuple(ax for ax in range(len(t.attrs)) if ax not in keep))
+            c = t.cells // max(1, int(np.prod([t.values.shape[ax] for ax in keep])))
+            cells.append(c)
+            bshape.append(
+                tuple(t.values.shape[ax] if ax in keep else 1 for ax in range(len(t.attrs)))
+            )
+            var.append(c * t.variance)  # each projected cell sums C_i cells
+        v = np.array(var)
+        if np.all(v == 0) or np.all(np.isinf(v)):
+            w = np.ones(len(members))
+        else:
+            with np.errstate(divide="ignore"):
+                w = np.where(v == 0, np.inf, 1.0 / v)
+            if np.isinf(w).any():  # exact tables dominate
+                w = np.isinf(w).astype(float)
+        steps.append(
+            _Step(attrs, tuple(members), tuple(drop), tuple(cells), tuple(bshape), w / w.sum())
+        )
+    return steps
 
 
-def _inconsistency(tables: Sequence[MarginalTable], closure: list[tuple[int, ...]]) -> float:
+def _consistency_pass(values: list[np.ndarray], steps: list[_Step]) -> None:
+    """Subsets first: average the members' projections onto A and spread each
+    member's difference evenly over its C_i cells (in place)."""
+    for step in steps:
+        projected = [values[i].sum(axis=ax) for i, ax in zip(step.members, step.drop)]
+        # the totals are known: every view must sum to 1
+        target = (
+            np.tensordot(step.weights, np.stack(projected), axes=1) if step.attrs else np.ones(())
+        )
+        for i, p, c, shape in zip(step.members, projected, step.cells, step.bshape):
+            values[i] = values[i] + ((target - p) / c).reshape(shape)
+
+
+def _inconsistency(values: list[np.ndarray], steps: list[_Step]) -> float:
     worst = 0.0
-    for attrs in closure:
-        proj = [t.project(attrs).values for t in tables if set(attrs) <= set(t.attrs)]
-        for a, b in pairwise(proj):
-            worst = max(worst, float(np.abs(a - b).max()))
+    for step in steps:
+        if not step.attrs:
+            continue
+        projected = np.stack([values[i].sum(axis=ax) for i, ax in zip(step.members, step.drop)])
+        worst = max(worst, float(np.ptp(projected, axis=0).max()))
     return worst
 
 
@@ -122,20 +146,18 @@ def make_consistent(
 
     ``nonnegative=False`` runs the (linear, unbiased) consistency step once, alone.
     """
-    current = list(tables)
-    closure = intersection_closure([t.attrs for t in current])
-    if not nonnegative:
-        _consistency_pass(current, closure)
-        negativity = max(0.0, -min(float(t.values.min()) for t in current))
-        return ConsistentViews(tuple(current), _inconsistency(current, closure), negativity, 1)
+    closure = intersection_closure([t.attrs for t in tables])
+    steps = _steps(tables, closure)
+    values = [t.values.copy() for t in tables]
     it = 0
     while it < max_iter:
         it += 1
-        _consistency_pass(current, closure)
-        if min(float(t.values.min()) for t in current) >= -tol:
+        _consistency_pass(values, steps)
+        if not nonnegative or min(float(v.min()) for v in values) >= -tol:
             break
-        current = [MarginalTable(t.attrs, norm_sub(t.values), t.variance, t.n) for t in current]
-        if _inconsistency(current, closure) <= tol:
+        values = [norm_sub(v) for v in values]
+        if _inconsistency(values, steps) <= tol:
             break
-    negativity = max(0.0, -min(float(t.values.min()) for t in current))
-    return ConsistentViews(tuple(current), _inconsistency(current, closure), negativity, it)
+    negativity = max(0.0, -min(float(v.min()) for v in values))
+    out = tuple(MarginalTable(t.attrs, v, t.variance, t.n) for t, v in zip(tables, values))
+    return ConsistentViews(out, _inconsistency(values, steps), negativity, it)

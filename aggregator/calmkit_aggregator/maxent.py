@@ -39,8 +39,9 @@ def maximum_entropy(
     constraint ``(axes, target)`` (target: the marginal over those axes, in axis order).
 
     Iterative proportional fitting from uniform: ``P *= target / P_axes`` (0/0 = 0),
-    one reshape-broadcast per constraint, until the largest residual is below ``tol``.
-    Returns (P, residual, iterations).
+    one reshape-broadcast per constraint, until the largest residual is below ``tol``
+    or a sweep changes no cell by more than ``tol`` (constraints that no distribution
+    meets: IPF's limit cycle). Returns (P, residual, iterations).
     """
     dims = len(shape)
     p = np.full(tuple(shape), 1.0 / float(np.prod(shape, dtype=np.float64)))
@@ -54,6 +55,7 @@ def maximum_entropy(
     residual, it = np.inf, 0
     while it < max_iter:
         it += 1
+        previous = p.copy()
         for other, _bshape, t in prepared:
             current = p.sum(axis=other, keepdims=True)
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -63,7 +65,9 @@ def maximum_entropy(
             (float(np.abs(p.sum(axis=other, keepdims=True) - t).max()) for other, _, t in prepared),
             default=0.0,
         )
-        if residual <= tol:
+        # inconsistent constraints have no solution: IPF then settles into a cycle
+        # that repeats every sweep, so a sweep that no longer moves P also stops
+        if residual <= tol or float(np.abs(p - previous).max()) <= tol:
             break
     total = p.sum()
     return (p / total if total > 0 else p), residual, it

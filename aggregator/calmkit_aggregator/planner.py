@@ -27,6 +27,7 @@ def plan_collection(
     """The plan CALM would run for ``n`` users answering k-way queries: views chosen
     by Algorithm 1 (§4.3; ``l`` and ``m`` may be fixed), each view's oracle by the
     smaller variance (§2.2.3), users split equally, assignment hash ``seed``."""
-    choice = choose_views(schema.sizes, epsilon, n, k, theta=theta, rng=rng,
-                          covering_dir=covering_dir, l=l, m=m)
+    choice = choose_views(
+        schema.sizes, epsilon, n, k, theta=theta, rng=rng, covering_dir=covering_dir, l=l, m=m
+    )
     return Plan(schema, epsilon, choice.views, seed=seed)
