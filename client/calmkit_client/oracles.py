@@ -168,6 +168,27 @@ class FrequencyOracle(ABC):
         freq = np.asarray(f, dtype=np.float64)
         return (freq * p * (1 - p) + (1 - freq) * q * (1 - q)) / (n * (p - q) ** 2)
 
+    def contrast_variance(self, n: int) -> float:
+        """Noise power per dimension of the estimate in a space of zero-sum contrasts
+        whose orthogonal projector ``P`` has a constant diagonal (the ANOVA interaction
+        components of a table are such spaces): ``E ||P (f_hat - f)||^2 = dim * this``,
+        exactly, for every population of ``n`` reports.
+
+        With ``Sigma`` the estimate's covariance, this is ``tr(Sigma') / L`` where
+        ``Sigma'`` drops the part every zero-sum contrast annihilates. GRR:
+        ``(1 - (p-q)^2) / (L n (p-q)^2)`` (one cell per report, so the per-user
+        covariance ``diag(P) - P P^T`` leaves ``1 - (p-q)^2`` on such spaces); OUE:
+        ``(p (1-p) + (L-1) q (1-q)) / (L n (p-q)^2)`` (independent bits).
+        """
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+            raise OracleError(f"n ({n!r}) must be an int > 0")
+        return self._contrast_power() / (self.L * n * (self.p - self.q) ** 2)
+
+    @abstractmethod
+    def _contrast_power(self) -> float:
+        """One report's covariance trace as zero-sum contrasts see it (the numerator
+        of :meth:`contrast_variance`)."""
+
 
 @dataclass(frozen=True)
 class GRR(FrequencyOracle):
@@ -202,6 +223,9 @@ class GRR(FrequencyOracle):
     def _words_keep(self) -> int:
         """K: words that keep the true cell."""
         return _TWO64 - (self.L - 1) * self._words_other
+
+    def _contrast_power(self) -> float:
+        return 1.0 - (self.p - self.q) ** 2
 
     def likelihood(self, payload: int | bytes, cell: int) -> Fraction:
         words = self._words_keep if int(payload) == int(cell) else self._words_other
@@ -304,6 +328,10 @@ class OUE(FrequencyOracle):
     @cached_property
     def _t_flip(self) -> int:
         return _threshold(self.q)
+
+    def _contrast_power(self) -> float:
+        p, q = self.p, self.q
+        return p * (1 - p) + (self.L - 1) * q * (1 - q)
 
     def likelihood(self, payload: int | bytes, cell: int) -> Fraction:
         if not isinstance(payload, (bytes, bytearray)):

@@ -74,3 +74,36 @@ def test_oue_support_counts_match_unpacked_bits() -> None:
     bits = np.unpackbits(payloads, axis=1, count=37)
     np.testing.assert_array_equal(oracle.support(payloads), bits.sum(axis=0))
     assert not np.unpackbits(payloads, axis=1)[:, 37:].any()  # padding stays zero
+
+
+@pytest.mark.parametrize(
+    "oracle, shape",
+    [(GRR(1.0, 6), (2, 3)), (OUE(1.0, 12), (3, 4)), (GRR(0.4, 20), (4, 5))],
+    ids=lambda o: getattr(o, "name", str(o)),
+)
+def test_contrast_variance_is_the_noise_power_per_dimension(oracle, shape) -> None:
+    # Two constant-diagonal contrast spaces of an (a, b) table: every zero-sum contrast
+    # (dimension L - 1) and the interaction (dimension (a-1)(b-1)).
+    a, b = shape
+    center = [np.eye(s) - np.full((s, s), 1.0 / s) for s in shape]
+    spaces = {
+        "zero-sum": (np.eye(oracle.L) - np.full((oracle.L,) * 2, 1.0 / oracle.L), oracle.L - 1),
+        "interaction": (np.kron(center[0], center[1]), (a - 1) * (b - 1)),
+    }
+    n, reps = 4000, 400
+    cells = _population(oracle.L, n, seed=31)
+    truth = np.bincount(cells, minlength=oracle.L) / n
+    rng = np.random.default_rng(32)
+    noise = np.stack(
+        [
+            oracle.estimate(oracle.support(oracle.perturb(cells, rng)), n) - truth
+            for _ in range(reps)
+        ]
+    )
+    for proj, dim in spaces.values():
+        power = ((noise @ proj) ** 2).sum(axis=1)  # ||P e||^2 per repetition
+        assert_z(
+            np.array([power.mean()]),
+            np.array([dim * oracle.contrast_variance(n)]),
+            power.var(ddof=1) / reps,
+        )
