@@ -4,7 +4,9 @@ support counts -> estimated views -> consistent, non-negative views -> answers."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from calmkit_client import Plan
 from calmkit_client.schema import AttrRef
@@ -12,6 +14,7 @@ from calmkit_client.schema import AttrRef
 from .consistency import ConsistentViews, make_consistent
 from .estimate import estimate_views
 from .maxent import Answer, answer_query
+from .shrinkage import shrink_interactions
 from .support import SupportCounts
 
 __all__ = ["MarginalEstimator", "reconstruct"]
@@ -19,12 +22,17 @@ __all__ = ["MarginalEstimator", "reconstruct"]
 
 @dataclass(frozen=True)
 class MarginalEstimator:
-    """Answers any marginal query of a collection from its consistent views."""
+    """Answers any marginal query of a collection from its consistent views.
+
+    ``shrinkage``: each view's interaction factor lambda (1 = kept as estimated; see
+    :mod:`calmkit_aggregator.shrinkage`), or None when shrinkage was off.
+    """
 
     plan: Plan
     views: ConsistentViews
     tol: float = 1e-9
     max_iter: int = 1000
+    shrinkage: np.ndarray | None = None
 
     def answer(self, attrs: Sequence[AttrRef]) -> Answer:
         """The marginal over ``attrs`` (names or positions; answered over their sorted
@@ -35,8 +43,18 @@ class MarginalEstimator:
 
 
 def reconstruct(
-    support: SupportCounts, tol: float = 1e-9, max_iter: int = 100
+    support: SupportCounts, tol: float = 1e-9, max_iter: int = 100, shrink: bool = True
 ) -> MarginalEstimator:
-    """Estimate every view, make them consistent and non-negative."""
+    """Estimate every view, make them consistent and non-negative, then (unless
+    ``shrink=False``, the paper's pipeline exactly) shrink each view's unshared
+    interactions towards max-ent by their estimated signal-to-noise ratio."""
     views = make_consistent(estimate_views(support), tol=tol, max_iter=max_iter)
-    return MarginalEstimator(support.plan, views)
+    if not shrink:
+        return MarginalEstimator(support.plan, views)
+    contrast = [
+        oracle.contrast_variance(int(n)) if n > 0 else np.inf
+        for oracle, n in zip(support.plan.view_oracles, support.n)
+    ]
+    shrunk = shrink_interactions(views.tables, contrast)
+    views = replace(views, tables=shrunk.tables)
+    return MarginalEstimator(support.plan, views, shrinkage=shrunk.factors)

@@ -60,14 +60,17 @@ def run_calm(
     rng: RngLike = 0,
     path: str = "fast",
     progress: Callable[[int], None] | None = None,
+    shrink: bool = True,
 ) -> list[RepResult]:
-    """``reps`` repetitions of: every user reports under ``plan``; CALM reconstructs;
-    ``queries`` random k-way marginals are compared with the truth (and with Uniform)."""
+    """``reps`` repetitions of: every user reports under ``plan``; CALM reconstructs
+    (``shrink=False``: without interaction shrinkage, the paper's pipeline exactly);
+    ``queries`` random k-way marginals are compared with the truth (and with Uniform).
+    The same ``rng`` gives the same reports and queries whatever ``shrink`` is."""
     gen = np.random.default_rng(rng)  # type: ignore[arg-type]
     results = []
     for _ in range(reps):
         support = collect_support(population, plan, gen, path=path)  # type: ignore[arg-type]
-        estimator = reconstruct(support)
+        estimator = reconstruct(support, shrink=shrink)
         calm, uniform = [], []
         for q in random_queries(population.d, k, queries, gen):
             truth = population.marginal(q)

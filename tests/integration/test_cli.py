@@ -36,8 +36,18 @@ def test_bad_input_is_a_clear_error_and_exit_2(capsys: pytest.CaptureFixture[str
 
 def test_plan_reproduces_the_papers_worked_example(capsys: pytest.CaptureFixture[str]) -> None:
     # §4.3: n = 2^16, d = 8 binary, k = 3, eps = 2 -> l = 4, m = 14
-    args = ["plan", "--domain", "2,2,2,2,2,2,2,2", "--n", "65536", "--k", "3", "--epsilon", "2",
-            "--json"]
+    args = [
+        "plan",
+        "--domain",
+        "2,2,2,2,2,2,2,2",
+        "--n",
+        "65536",
+        "--k",
+        "3",
+        "--epsilon",
+        "2",
+        "--json",
+    ]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["l"], out["m"]) == (4, 14) and len(out["views"]) == 14
@@ -45,10 +55,39 @@ def test_plan_reproduces_the_papers_worked_example(capsys: pytest.CaptureFixture
 
 
 def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["simulate", "--dataset", "synthetic", "--d", "6", "--n", "20000", "--k", "3",
-            "--epsilon", "1", "--queries", "10", "--reps", "2", "--json"]
+    args = [
+        "simulate",
+        "--dataset",
+        "synthetic",
+        "--d",
+        "6",
+        "--n",
+        "20000",
+        "--k",
+        "3",
+        "--epsilon",
+        "1",
+        "--queries",
+        "10",
+        "--reps",
+        "2",
+        "--json",
+    ]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"mechanism", "dataset", "n", "d", "k", "epsilon", "m", "l", "sse_mean",
-                        "sse_std", "uniform_sse_mean", "seconds"}
+    assert set(out) == {
+        "mechanism",
+        "dataset",
+        "n",
+        "d",
+        "k",
+        "epsilon",
+        "m",
+        "l",
+        "sse_mean",
+        "sse_std",
+        "uniform_sse_mean",
+        "shrink",
+        "seconds",
+    }
     assert out["n"] == 20000 and out["d"] == 6 and out["sse_mean"] < out["uniform_sse_mean"]

@@ -1,0 +1,98 @@
+"""Empirical-Bayes shrinkage of each view's own interactions (a calmkit addition to
+papers/calm-ccs18.txt §4.4; measured in docs/accuracy.md).
+
+After consistency, the part of a view that no other view shares (its interactions
+beyond the closure sets it contains and its single attributes) is still as noisy as
+the raw oracle estimate: the consistency updates only touch shared marginals. That
+part spans ``dim`` degrees of freedom (the ANOVA components of the view in none of
+those sets), each carrying the oracle's ``contrast_variance`` ``c``. Each view is
+pulled towards its maximum-entropy ``base`` given those shared marginals:
+
+    T' = base + lambda (T - base),   lambda = s^2 / (s^2 + c * dim),
+
+with the signal ``s^2`` estimated by the method of moments pooled over the views,
+``mean(||T - base||^2 - c * dim)`` (clipped at 0). ``T'`` keeps every shared
+marginal (both terms have it), so the views stay consistent, and it is a convex
+combination of two non-negative tables. Post-processing only: no privacy is spent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain, combinations
+
+import numpy as np
+
+from calmkit_client import CalmkitError
+
+from .consistency import intersection_closure
+from .marginal import MarginalTable
+from .maxent import maximum_entropy
+
+__all__ = ["ShrunkViews", "interaction_dof", "shrink_interactions"]
+
+
+@dataclass(frozen=True)
+class ShrunkViews:
+    """Views after shrinkage; ``factors[i]`` is lambda for view i (1 = unchanged)."""
+
+    tables: tuple[MarginalTable, ...]
+    factors: np.ndarray
+
+
+def _subsets(attrs: Sequence[int]) -> chain[tuple[int, ...]]:
+    return chain.from_iterable(combinations(attrs, r) for r in range(1, len(attrs) + 1))
+
+
+def interaction_dof(sizes: dict[int, int], shared: Sequence[Sequence[int]]) -> int:
+    """Degrees of freedom of a view over ``sizes`` (attribute -> categories) that no
+    ``shared`` attribute set determines: ``cells - 1`` minus the ANOVA components
+    ``prod(L_a - 1)`` of every non-empty subset of a shared set."""
+    total = int(np.prod(list(sizes.values()), dtype=np.int64)) - 1
+    covered = {frozenset(s) for base in shared for s in _subsets(sorted(base))}
+    return total - sum(int(np.prod([sizes[a] - 1 for a in s], dtype=np.int64)) for s in covered)
+
+
+def shrink_interactions(
+    tables: Sequence[MarginalTable],
+    contrast_variance: Sequence[float],
+    tol: float = 1e-12,
+    max_iter: int = 1000,
+) -> ShrunkViews:
+    """Shrink every view's unshared interactions (module docstring). ``tables`` must
+    be consistent; ``contrast_variance[i]`` is view i's oracle noise per contrast
+    dimension (:meth:`FrequencyOracle.contrast_variance`; 0 exact, inf no reports)."""
+    if len(contrast_variance) != len(tables):
+        raise CalmkitError(
+            f"contrast_variance (length {len(contrast_variance)}) must have one entry "
+            f"per view ({len(tables)})"
+        )
+    closure = intersection_closure([t.attrs for t in tables])
+    bases, spread, noise = [], [], []
+    for t, c in zip(tables, contrast_variance):
+        inside = [s for s in closure if s and set(s) < set(t.attrs)]
+        shared = inside + [(a,) for a in t.attrs]
+        shared = [s for s in shared if not any(set(s) < set(o) for o in shared)]
+        if len(t.attrs) == 1:  # a 1-way view has no interactions
+            bases.append(t.values)
+            spread.append(0.0)
+            noise.append(0.0)
+            continue
+        constraints = [(t.axes_of(s), t.project(s).values) for s in shared]
+        base, _, _ = maximum_entropy(t.values.shape, constraints, tol, max_iter)
+        bases.append(base)
+        spread.append(float(((t.values - base) ** 2).sum()))
+        sizes = dict(zip(t.attrs, t.values.shape))
+        noise.append(c * interaction_dof(sizes, shared) if c else 0.0)
+    spread_arr, noise_arr = np.array(spread), np.array(noise)
+    finite = np.isfinite(noise_arr)
+    signal = max(0.0, float((spread_arr - noise_arr)[finite].mean())) if finite.any() else 0.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        factors = np.where(noise_arr > 0, signal / (signal + noise_arr), 1.0)
+    factors = np.nan_to_num(factors, nan=0.0)
+    out = tuple(
+        MarginalTable(t.attrs, b + lam * (t.values - b), t.variance, t.n)
+        for t, b, lam in zip(tables, bases, factors)
+    )
+    return ShrunkViews(out, factors)

@@ -1,0 +1,97 @@
+"""Interaction shrinkage: its degrees of freedom, exactness without noise, consistency
+and non-negativity kept, and no spurious signal on an independent population."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from calmkit_aggregator import (
+    MarginalTable,
+    estimate_views,
+    intersection_closure,
+    make_consistent,
+)
+from calmkit_aggregator.shrinkage import interaction_dof, shrink_interactions
+from calmkit_client import Plan, Schema
+from calmkit_simulator import Population, collect_support, synthetic_population
+from tests.stats import z_bound
+
+
+def _marginal_rank(sizes: tuple[int, ...], shared: list[tuple[int, ...]]) -> int:
+    """Rank of the linear maps "cell table -> its marginal over s" for every shared s,
+    with the total: the dimension those marginals pin down."""
+    cells = int(np.prod(sizes))
+    rows = [np.ones(cells)]
+    for s in shared:
+        idx = np.indices(sizes).reshape(len(sizes), -1)
+        key = np.ravel_multi_index(idx[list(s)], [sizes[a] for a in s])
+        rows.extend((key == v).astype(float) for v in range(int(np.prod([sizes[a] for a in s]))))
+    return int(np.linalg.matrix_rank(np.array(rows)))
+
+
+def _contrast(plan: Plan, support) -> list[float]:
+    return [o.contrast_variance(int(n)) for o, n in zip(plan.view_oracles, support.n)]
+
+
+@pytest.mark.parametrize(
+    "sizes, shared",
+    [
+        ((2, 2), [(0,), (1,)]),
+        ((3, 4), [(0,), (1,)]),
+        ((2, 2, 2), [(0, 1), (1, 2), (0, 2)]),
+        ((2, 3, 4), [(0, 1), (2,)]),
+        ((3, 2, 2, 3), [(0, 1, 2), (2, 3), (0,)]),
+        ((2, 2, 2), []),
+    ],
+)
+def test_interaction_dof_is_the_unpinned_dimension(sizes, shared) -> None:
+    expected = math.prod(sizes) - _marginal_rank(sizes, shared)
+    assert interaction_dof(dict(enumerate(sizes)), shared) == expected
+
+
+def test_exact_views_are_unchanged() -> None:
+    pop = synthetic_population(n=5000, sizes=(2, 3, 2, 2), strength=1.5, rng=1)
+    tables = [MarginalTable(v, pop.marginal(v), 0.0, pop.n) for v in [(0, 1), (1, 2), (2, 3)]]
+    shrunk = shrink_interactions(tables, [0.0] * len(tables))
+    np.testing.assert_array_equal(shrunk.factors, 1.0)
+    for a, b in zip(tables, shrunk.tables):
+        np.testing.assert_allclose(b.values, a.values, atol=1e-12)
+
+
+def test_shrunk_views_stay_consistent_and_nonnegative() -> None:
+    pop = synthetic_population(n=20_000, sizes=(2, 3, 2, 2, 3), strength=1.0, rng=4)
+    plan = Plan(pop.schema, 0.5, [(0, 1), (1, 2, 3), (3, 4), (0, 4), (0, 2)], seed=1)
+    support = collect_support(pop, plan, 3)
+    views = make_consistent(estimate_views(support), max_iter=1000)
+    shrunk = shrink_interactions(views.tables, _contrast(plan, support))
+    assert np.all((shrunk.factors >= 0) & (shrunk.factors <= 1))
+    for t in shrunk.tables:
+        assert t.values.min() >= 0 and t.values.sum() == pytest.approx(1.0, abs=1e-9)
+    for attrs in intersection_closure(plan.views):
+        before = [t.project(attrs).values for t in views.tables if set(attrs) <= set(t.attrs)]
+        after = [t.project(attrs).values for t in shrunk.tables if set(attrs) <= set(t.attrs)]
+        for b, a in zip(before, after):
+            np.testing.assert_allclose(a, b, atol=1e-9)
+
+
+def test_independent_population_gets_little_interaction_back() -> None:
+    # Every pair is independent, so each view's spread around its max-ent base is noise:
+    # ||T - base||^2 / c ~ chi^2_1 per view (c: contrast variance; nearly normal
+    # noise). The pooled signal estimate is then a mean of (chi^2_1 - 1) c over m views,
+    # within z sqrt(2 / m) c, so every factor is at most b / (1 + b), b = z sqrt(2 / m).
+    d, n = 16, 2**17
+    gen = np.random.default_rng(5)
+    probs = gen.uniform(0.1, 0.9, d)
+    codes = (gen.random((n, d)) < probs).astype(np.uint8)
+    pop = Population(Schema.from_sizes((2,) * d), codes, name="independent")
+    views = list(itertools.combinations(range(d), 2))
+    plan = Plan(pop.schema, 0.5, views, seed=2)
+    support = collect_support(pop, plan, 6)
+    tables = make_consistent(estimate_views(support)).tables
+    shrunk = shrink_interactions(tables, _contrast(plan, support))
+    b = z_bound(1) * math.sqrt(2 / len(views))
+    assert shrunk.factors.max() <= b / (1 + b)
