@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from calmkit_aggregator import (
     MarginalTable,
@@ -78,20 +79,24 @@ def test_shrunk_views_stay_consistent_and_nonnegative() -> None:
             np.testing.assert_allclose(a, b, atol=1e-9)
 
 
-def test_independent_population_gets_little_interaction_back() -> None:
-    # Every pair is independent, so each view's spread around its max-ent base is noise:
-    # ||T - base||^2 / c ~ chi^2_1 per view (c: contrast variance; nearly normal
-    # noise). The pooled signal estimate is then a mean of (chi^2_1 - 1) c over m views,
-    # within z sqrt(2 / m) c, so every factor is at most b / (1 + b), b = z sqrt(2 / m).
-    d, n = 16, 2**17
+def test_factors_on_an_independent_population_follow_the_noise_law() -> None:
+    # Every pair is independent, so each view's spread around its max-ent base is
+    # noise: X = ||T - base||^2 / c ~ chi^2_1 (c: the oracle's contrast variance; the
+    # noise is a sum of many reports, so near normal) and the factor is max(0, 1 - 1/X).
+    # The mean factor over m views must then lie within z sd / sqrt(m) of its
+    # expectation. An under-estimated noise power would push it up, an over-estimated
+    # one down.
+    d, n = 24, 2**17
     gen = np.random.default_rng(5)
     probs = gen.uniform(0.1, 0.9, d)
     codes = (gen.random((n, d)) < probs).astype(np.uint8)
     pop = Population(Schema.from_sizes((2,) * d), codes, name="independent")
     views = list(itertools.combinations(range(d), 2))
-    plan = Plan(pop.schema, 0.5, views, seed=2)
+    plan = Plan(pop.schema, 1.0, views, seed=2)
     support = collect_support(pop, plan, 6)
     tables = make_consistent(estimate_views(support)).tables
-    shrunk = shrink_interactions(tables, _contrast(plan, support))
-    b = z_bound(1) * math.sqrt(2 / len(views))
-    assert shrunk.factors.max() <= b / (1 + b)
+    factors = shrink_interactions(tables, _contrast(plan, support)).factors
+    chi2 = stats.chi2(1)
+    mean = chi2.expect(lambda x: 1 - 1 / x, lb=1)
+    sd = math.sqrt(chi2.expect(lambda x: (1 - 1 / x) ** 2, lb=1) - mean**2)
+    assert abs(factors.mean() - mean) <= z_bound(1) * sd / math.sqrt(len(views))
