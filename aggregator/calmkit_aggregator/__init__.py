@@ -8,6 +8,7 @@ from .estimate import estimate_views
 from .marginal import MarginalTable
 from .maxent import Answer, answer_query, maximum_entropy
 from .planner import plan_collection
+from .shrinkage import shrink_interactions
 from .support import SupportCounts
 
 __all__ = [
@@ -33,5 +34,6 @@ __all__ = [
     "plan_collection",
     "read_cover",
     "reconstruct",
+    "shrink_interactions",
     "verify_cover",
 ]
