@@ -18,3 +18,32 @@ class OracleError(CalmkitError):
 
 class PlanError(CalmkitError):
     """A collection plan is malformed, or a report does not belong to it."""
+
+
+# -- collections (the aggregator service; raised on both sides of the wire) ---------------
+class CollectionError(CalmkitError):
+    """A collection-level request cannot be served."""
+
+
+class CollectionNotFound(CollectionError):
+    """No collection has this id (gRPC NOT_FOUND)."""
+
+
+class CollectionExists(CollectionError):
+    """A collection with this id already exists (gRPC ALREADY_EXISTS)."""
+
+
+class CollectionClosed(CollectionError):
+    """The collection no longer accepts reports (gRPC FAILED_PRECONDITION)."""
+
+
+class PlanMismatch(CollectionError):
+    """A report was made under another plan than the collection's (FAILED_PRECONDITION)."""
+
+
+class ReportConflict(CollectionError):
+    """A report id or pseudonym already holds a different report (ALREADY_EXISTS)."""
+
+
+class AccessDenied(CollectionError):
+    """A missing or wrong bearer token (gRPC UNAUTHENTICATED / PERMISSION_DENIED)."""

@@ -1,0 +1,68 @@
+"""Operator-side client of the aggregator service: create, list, close collections
+and query marginals (the ``calmkit collection`` and ``calmkit query`` commands)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from calmkit_client import Schema
+from calmkit_client import wire as client_wire
+from calmkit_client.collector import RetryPolicy, call_with_retry, open_channel
+from calmkit_client.wire import CollectionInfo, MarginalAnswer
+
+__all__ = ["AdminClient"]
+
+
+class AdminClient:
+    """Admin calls with the server's bearer ``token`` (None: a loopback server
+    without a token file)."""
+
+    def __init__(
+        self, address: str, token: str | None = None, retry: RetryPolicy | None = None
+    ) -> None:
+        self._channel = open_channel(address)
+        self._stub = client_wire.aggregator_stub(self._channel)
+        self._metadata = [("authorization", f"Bearer {token}")] if token else []
+        self._retry = retry or RetryPolicy()
+
+    def _call(self, method: str, request: Any) -> Any:
+        return call_with_retry(getattr(self._stub, method), request, self._retry, self._metadata)
+
+    def create_collection(
+        self,
+        schema: Schema,
+        epsilon: float,
+        expected_n: int,
+        k: int,
+        **options: Any,
+    ) -> CollectionInfo:
+        """Create a collection (options: collection_id, theta, views, m, l, seed);
+        the result carries the submit token, shown only this once."""
+        req = client_wire.create_request(schema, epsilon, expected_n, k, **options)
+        return client_wire.collection_from_proto(self._call("CreateCollection", req))
+
+    def get_collection(self, collection_id: str) -> CollectionInfo:
+        ref = client_wire.collection_ref(collection_id)
+        return client_wire.collection_from_proto(self._call("GetCollection", ref))
+
+    def list_collections(self) -> list[CollectionInfo]:
+        msg = self._call("ListCollections", client_wire.list_request())
+        return [client_wire.collection_from_proto(c) for c in msg.collections]
+
+    def close_collection(self, collection_id: str) -> CollectionInfo:
+        ref = client_wire.collection_ref(collection_id)
+        return client_wire.collection_from_proto(self._call("CloseCollection", ref))
+
+    def query(self, collection_id: str, attributes: Sequence[str]) -> MarginalAnswer:
+        req = client_wire.query_request(collection_id, attributes)
+        return client_wire.marginal_from_proto(self._call("Query", req))
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,274 @@
+"""The aggregator gRPC service (DESIGN.md "Service"; issue 4).
+
+``create_server(address, storage)`` -> ``(server, port)``, started, serving
+``calmkit.v1.Aggregator`` plus gRPC health checking and reflection. A batch of reports
+is validated whole, committed to storage in one transaction, counted, and only then
+acknowledged. Errors map to status codes (bad input INVALID_ARGUMENT naming the field,
+unknown collection NOT_FOUND, closed collection or other plan FAILED_PRECONDITION,
+conflicting report ALREADY_EXISTS, token UNAUTHENTICATED) and name calmkit's error
+class in the ``calmkit-error`` trailing metadata.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from calmkit_client import CalmkitError, Plan
+from calmkit_client.collector import ERROR_KEY, MAX_MESSAGE_BYTES
+from calmkit_client.errors import (
+    AccessDenied,
+    CollectionClosed,
+    CollectionExists,
+    CollectionNotFound,
+    PlanMismatch,
+    ReportConflict,
+)
+
+from . import wire
+from .calm import MarginalEstimator, reconstruct
+from .planner import plan_collection
+from .storage import Storage
+
+__all__ = ["AggregatorService", "create_server", "graceful_stop", "is_loopback", "log_json"]
+
+log = logging.getLogger("calmkit.aggregator")
+
+_CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
+    (CollectionNotFound, grpc.StatusCode.NOT_FOUND),
+    (CollectionExists, grpc.StatusCode.ALREADY_EXISTS),
+    (ReportConflict, grpc.StatusCode.ALREADY_EXISTS),
+    (CollectionClosed, grpc.StatusCode.FAILED_PRECONDITION),
+    (PlanMismatch, grpc.StatusCode.FAILED_PRECONDITION),
+    (AccessDenied, grpc.StatusCode.UNAUTHENTICATED),
+    (CalmkitError, grpc.StatusCode.INVALID_ARGUMENT),
+]
+
+
+def log_json(event: str, **fields: Any) -> None:
+    """One structured log line: ``{"event": .., "t": .., **fields}``."""
+    log.info(json.dumps({"event": event, "t": round(time.time(), 3), **fields}, default=str))
+
+
+def _rpc(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Map calmkit errors to gRPC statuses; anything else is INTERNAL (and logged)."""
+
+    @functools.wraps(method)
+    def wrapper(self: AggregatorService, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except CalmkitError as exc:
+            code = next(c for cls, c in _CODES if isinstance(exc, cls))
+            log_json("refused", rpc=method.__name__, code=code.name, error=str(exc))
+            context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__),))
+            context.abort(code, str(exc))
+        except Exception as exc:  # keep serving; the message says what failed
+            log.exception("internal error in %s", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    return wrapper
+
+
+def _hash_token(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def _bearer(context: grpc.ServicerContext) -> str | None:
+    for key, value in context.invocation_metadata():
+        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+            return value[len("Bearer ") :]
+    return None
+
+
+class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
+    """The ``calmkit.v1.Aggregator`` implementation over a :class:`Storage`."""
+
+    def __init__(self, storage: Storage, admin_token: str | None = None) -> None:
+        self.storage = storage
+        self._admin_hash = _hash_token(admin_token) if admin_token else None
+        self._estimates: dict[str, tuple[int, MarginalEstimator]] = {}
+        self._estimate_lock = threading.Lock()
+
+    # -- access ------------------------------------------------------------------------
+    def _require_admin(self, context: grpc.ServicerContext) -> None:
+        if self._admin_hash is None:
+            return  # loopback-only server without a token file
+        token = _bearer(context)
+        if token is None or not hmac.compare_digest(_hash_token(token), self._admin_hash):
+            raise AccessDenied("authorization (admin bearer token) is missing or wrong")
+
+    def _require_submit(self, context: grpc.ServicerContext, expected: bytes) -> None:
+        token = _bearer(context)
+        if token is None or not hmac.compare_digest(_hash_token(token), expected):
+            raise AccessDenied("authorization (the collection's submit token) is missing or wrong")
+
+    def _collection(self, collection_id: str, submit_token: str | None = None) -> Any:
+        record = self.storage.get_collection(collection_id)
+        counts = self.storage.support(collection_id).n
+        return wire.collection_to_proto(record, counts.tolist(), submit_token)
+
+    # -- admin -------------------------------------------------------------------------
+    @_rpc
+    def CreateCollection(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._require_admin(context)
+        params = wire.create_from_proto(request)
+        if params.views:
+            plan = Plan(params.schema, params.epsilon, params.views, seed=params.seed)
+        else:
+            plan = plan_collection(
+                params.schema, params.epsilon, params.expected_n, params.k,
+                theta=params.theta if params.theta is not None else 0.001,
+                l=params.l, m=params.m, rng=params.seed, seed=params.seed,
+            )  # fmt: skip
+        collection_id = params.collection_id or f"c-{secrets.token_hex(6)}"
+        token = secrets.token_urlsafe(24)
+        self.storage.create_collection(collection_id, plan, params.k, _hash_token(token))
+        log_json("created", collection=collection_id, m=plan.m, digest=plan.digest)
+        return self._collection(collection_id, submit_token=token)
+
+    @_rpc
+    def GetCollection(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._collection(request.collection_id)
+
+    @_rpc
+    def ListCollections(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._require_admin(context)
+        items = [self._collection(r.collection_id) for r in self.storage.list_collections()]
+        return wire.collection_list_to_proto(items)
+
+    @_rpc
+    def CloseCollection(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._require_admin(context)
+        self.storage.close_collection(request.collection_id)
+        log_json("closed", collection=request.collection_id)
+        return self._collection(request.collection_id)
+
+    @_rpc
+    def GetPlan(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return wire.plan_message(self.storage.get_collection(request.collection_id).plan)
+
+    # -- reports -----------------------------------------------------------------------
+    @_rpc
+    def SubmitReports(self, request: Any, context: grpc.ServicerContext) -> Any:
+        t0 = time.perf_counter()
+        record = self.storage.get_collection(request.collection_id)
+        self._require_submit(context, record.submit_token_hash)
+        if request.plan_digest != record.plan.digest:
+            raise PlanMismatch(
+                f"plan_digest ({request.plan_digest!r}) must be the collection's "
+                f"({record.plan.digest!r})"
+            )
+        reports = wire.reports_from_proto(request, record.plan)
+        outcome = self.storage.add_reports(request.collection_id, request.plan_digest, reports)
+        log_json(
+            "submitted", collection=request.collection_id, accepted=outcome.accepted,
+            duplicates=outcome.duplicates, ms=round(1e3 * (time.perf_counter() - t0), 2),
+        )  # fmt: skip
+        return wire.ack_to_proto(outcome.accepted, outcome.duplicates)
+
+    # -- queries -----------------------------------------------------------------------
+    def _estimator(self, collection_id: str) -> MarginalEstimator:
+        support = self.storage.support(collection_id)
+        total = int(support.n.sum())
+        if total == 0:
+            raise CollectionClosed(f"collection_id ({collection_id!r}) has no reports yet")
+        with self._estimate_lock:
+            cached = self._estimates.get(collection_id)
+            if cached is None or cached[0] != total:
+                cached = (total, reconstruct(support))
+                self._estimates[collection_id] = cached
+        return cached[1]
+
+    @_rpc
+    def Query(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._require_admin(context)
+        collection_id, names = wire.query_from_proto(request)
+        record = self.storage.get_collection(collection_id)
+        estimator = self._estimator(collection_id)
+        schema = record.plan.schema
+        attrs = tuple(sorted(schema.resolve(names)))
+        answer = estimator.answer(attrs)
+        variance = np.nan
+        if answer.method == "projection":
+            cells = int(np.prod(schema.shape(attrs)))
+            variance = min(
+                t.variance * (t.cells // cells)
+                for t in estimator.views.tables
+                if set(attrs) <= set(t.attrs)
+            )
+        ordered = [schema.attributes[a].name for a in attrs]
+        total = int(self.storage.support(collection_id).n.sum())
+        log_json("query", collection=collection_id, attrs=ordered, method=answer.method)
+        return wire.marginal_to_proto(answer, ordered, np.asarray(variance), total, record.state)
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``HOST:PORT`` binds only the loopback interface."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def create_server(
+    address: str,
+    storage: Storage,
+    admin_token: str | None = None,
+    max_workers: int = 8,
+) -> tuple[grpc.Server, int]:
+    """Start the service on ``address`` (``HOST:0`` picks a free port) and return
+    ``(server, port)``. Without an admin token the address must be loopback."""
+    if admin_token is None and not is_loopback(address):
+        raise CalmkitError(
+            f"address ({address!r}) must be loopback (127.0.0.1, ::1, localhost) when no "
+            "token file protects the admin calls"
+        )
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+    wire.add_servicer(AggregatorService(storage, admin_token), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", wire.SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(
+        (wire.SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise CalmkitError(f"address ({address!r}) could not be bound: {exc}") from None
+    server.start()
+    server.calmkit_health = health_servicer  # type: ignore[attr-defined]
+    return server, port
+
+
+def graceful_stop(server: grpc.Server, grace: float = 10.0) -> None:
+    """Report NOT_SERVING to health checks, refuse new calls, let in-flight ones (an
+    ingesting batch is committed before its ack) finish within ``grace`` seconds."""
+    health_servicer = getattr(server, "calmkit_health", None)
+    if health_servicer is not None:
+        health_servicer.enter_graceful_shutdown()
+    server.stop(grace).wait()

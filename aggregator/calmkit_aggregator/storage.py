@@ -1,0 +1,653 @@
+"""Durable storage of collections and their reports: the service's embedded default.
+
+DESIGN.md "Service" and data flow step 4 (ingest): validate, deduplicate, persist, then
+acknowledge; keep per-view support counts in memory, rebuilt from storage on restart.
+
+One SQLite file in WAL mode with ``synchronous=FULL``: a batch is validated whole, then
+written in one transaction, committed (so it survives SIGKILL and power loss) and only
+then counted in memory and acknowledged. A batch is accepted whole or rejected whole;
+a rejected batch leaves neither rows nor counts behind.
+
+Tables (schema version :data:`SCHEMA_VERSION` in ``PRAGMA user_version``):
+
+- ``collections(id, plan_json, digest, k, state, submit_token_hash, created_at,
+  closed_at)``: the plan is stored as :meth:`Plan.to_json` and reloaded with
+  :meth:`Plan.from_json`, which checks its digest.
+- ``reports(collection_id, report_id, pseudonym, view, payload)``, keyed by
+  ``(collection_id, report_id)`` (retries are idempotent) with one report per
+  ``(collection_id, pseudonym)`` (the unique index ``reports_pseudonym``). A GRR
+  payload is an INTEGER cell, an OUE payload a BLOB of ``ceil(L/8)`` packed bytes.
+
+Thread safety: one connection shared by the gRPC server's worker threads, every use of
+it and every count update guarded by one lock. Validation runs outside the lock.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from calmkit_client import REPORT_ID_BYTES, FrequencyOracle, Plan
+from calmkit_client.errors import (
+    CalmkitError,
+    CollectionClosed,
+    CollectionExists,
+    CollectionNotFound,
+    OracleError,
+    PlanMismatch,
+    ReportConflict,
+)
+
+from .support import SupportCounts
+
+__all__ = [
+    "PSEUDONYM_BYTES",
+    "SCHEMA_VERSION",
+    "BatchOutcome",
+    "CollectionRecord",
+    "Storage",
+    "StoredReport",
+]
+
+SCHEMA_VERSION = 1
+PSEUDONYM_BYTES = 16
+TOKEN_HASH_BYTES = 32  # sha256
+OPEN, CLOSED = "open", "closed"
+# Keys per "IN (...)" lookup: well under SQLite's host-parameter limit.
+_LOOKUP_CHUNK = 500
+# Page cache (negative: KiB): report ids are random keys, so inserts touch random pages.
+_CACHE_KIB = -64 * 1024
+# Longest value repr an error message shows.
+_SHOW_CHARS = 80
+
+_SCHEMA = f"""
+CREATE TABLE collections (
+    id TEXT PRIMARY KEY,
+    plan_json TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    k INTEGER NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('{OPEN}', '{CLOSED}')),
+    submit_token_hash BLOB NOT NULL,
+    created_at REAL NOT NULL,
+    closed_at REAL
+);
+CREATE TABLE reports (
+    collection_id TEXT NOT NULL REFERENCES collections (id),
+    report_id BLOB NOT NULL,
+    pseudonym BLOB NOT NULL,
+    view INTEGER NOT NULL,
+    payload BLOB NOT NULL,  -- no conversion: GRR stores an INTEGER, OUE a BLOB
+    PRIMARY KEY (collection_id, report_id)
+) WITHOUT ROWID;
+-- UNIQUE (collection_id, pseudonym) as a named index, so lookups can name it
+CREATE UNIQUE INDEX reports_pseudonym ON reports (collection_id, pseudonym);
+PRAGMA user_version = {SCHEMA_VERSION};
+"""
+
+
+@dataclass(frozen=True)
+class StoredReport:
+    """One report as stored: ``report_id`` and ``pseudonym`` (16 bytes each), ``view``
+    (int) and ``payload`` (GRR: int cell; OUE: packed bytes). The wire layer validates
+    these; :meth:`Storage.add_reports` checks them again against the plan."""
+
+    report_id: bytes
+    pseudonym: bytes
+    view: int
+    payload: int | bytes
+
+
+@dataclass(frozen=True)
+class CollectionRecord:
+    """A collection's metadata and its number of counted reports."""
+
+    collection_id: str
+    plan: Plan
+    k: int
+    state: str
+    submit_token_hash: bytes
+    created_at: float
+    closed_at: float | None
+    reports: int
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """``accepted``: new reports written; ``duplicates``: identical retries of reports
+    already stored (acknowledged again, not counted again)."""
+
+    accepted: int
+    duplicates: int
+
+
+@dataclass
+class _Entry:
+    """In-memory state of one collection: metadata and its live support counts."""
+
+    record: CollectionRecord
+    n: np.ndarray
+    counts: list[np.ndarray]
+
+    @classmethod
+    def empty(cls, record: CollectionRecord) -> _Entry:
+        """An entry with zero counts."""
+        zeros = SupportCounts.zeros(record.plan)
+        return cls(record, zeros.n, list(zeros.counts))
+
+    def snapshot(self) -> CollectionRecord:
+        """The record with the current report total."""
+        return replace(self.record, reports=int(self.n.sum()))
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """A validated batch: columns (Python values, ready to bind) and per view the batch
+    positions ``rows[j]`` and their validated payload arrays ``arrays[j]``."""
+
+    ids: list[bytes]
+    pseudonyms: list[bytes]
+    views: list[int]
+    payloads: list[int | bytes]
+    rows: tuple[np.ndarray, ...]
+    arrays: tuple[np.ndarray, ...]
+
+    def key(self, i: int) -> tuple[bytes, int, int | bytes]:
+        """What must match for report ``i`` to be a duplicate: (pseudonym, view, payload)."""
+        return self.pseudonyms[i], self.views[i], self.payloads[i]
+
+
+def _show(value: object) -> str:
+    """``repr(value)``, shortened for error messages."""
+    text = repr(value)
+    return text if len(text) <= _SHOW_CHARS else text[: _SHOW_CHARS - 3] + "..."
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+class Storage:
+    """Collections and reports in one SQLite file, support counts in memory.
+
+    Args:
+        path: the database file (created with the schema when new). Opening an existing
+            file rebuilds every collection's support counts from its reports.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+        self._conn: sqlite3.Connection | None = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False
+        )
+        try:
+            self._configure(self._conn)
+            self._load(self._conn)
+        except BaseException:
+            self._conn.close()
+            self._conn = None
+            raise
+
+    # -- opening -----------------------------------------------------------------------
+    def _configure(self, conn: sqlite3.Connection) -> None:
+        """WAL, full sync, foreign keys; create or check the schema."""
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if mode != "wal" and self.path != ":memory:":
+            raise CalmkitError(f"journal_mode ({mode!r}) of {self.path!r} must be 'wal'")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=10000")
+        conn.execute(f"PRAGMA cache_size={_CACHE_KIB}")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version == 0:
+            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if tables:
+                raise CalmkitError(f"database ({self.path!r}) is not a calmkit store")
+            conn.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")
+        elif version != SCHEMA_VERSION:
+            raise CalmkitError(
+                f"schema version ({version}) of {self.path!r} must be {SCHEMA_VERSION}"
+            )
+
+    def _load(self, conn: sqlite3.Connection) -> None:
+        """Read every collection and rebuild its support counts from its reports."""
+        rows = conn.execute(
+            "SELECT id, plan_json, digest, k, state, submit_token_hash, created_at, closed_at "
+            "FROM collections ORDER BY created_at, id"
+        ).fetchall()
+        for cid, plan_json, digest, k, state, token_hash, created, closed in rows:
+            try:
+                plan = Plan.from_json(plan_json)
+            except CalmkitError as exc:
+                raise CalmkitError(f"plan_json of collection {cid!r} is invalid: {exc}") from None
+            if plan.digest != digest:
+                raise CalmkitError(
+                    f"digest ({digest!r}) of collection {cid!r} must match its plan "
+                    f"({plan.digest!r})"
+                )
+            entry = _Entry.empty(
+                CollectionRecord(cid, plan, k, state, token_hash, created, closed, 0)
+            )
+            self._recount(conn, entry)
+            self._entries[cid] = entry
+
+    @staticmethod
+    def _recount(conn: sqlite3.Connection, entry: _Entry) -> None:
+        """Support counts of one collection from its stored reports, per view in bulk."""
+        record = entry.record
+        plan = record.plan
+        rows = conn.execute(
+            "SELECT view, payload FROM reports WHERE collection_id = ?", (record.collection_id,)
+        ).fetchall()
+        views = np.fromiter((v for v, _ in rows), np.int64, count=len(rows))
+        if views.size and (views.min() < 0 or views.max() >= plan.m):
+            bad = int(views.min() if views.min() < 0 else views.max())
+            raise CalmkitError(
+                f"stored view ({bad}) of collection {record.collection_id!r} must be in "
+                f"[0, {plan.m})"
+            )
+        for j, oracle in enumerate(plan.view_oracles):
+            idx = np.flatnonzero(views == j)
+            if not idx.size:
+                continue
+            values = [rows[i][1] for i in idx.tolist()]
+            try:
+                arr = _stored_payloads(oracle, values)
+                entry.counts[j] += oracle.support(arr)
+            except (CalmkitError, TypeError, ValueError) as exc:
+                raise CalmkitError(
+                    f"stored payloads of view {j} of collection {record.collection_id!r} "
+                    f"are invalid: {exc}"
+                ) from None
+            entry.n[j] = idx.size
+
+    # -- collections -------------------------------------------------------------------
+    def create_collection(
+        self, collection_id: str, plan: Plan, k: int, submit_token_hash: bytes
+    ) -> CollectionRecord:
+        """Create an open collection; :class:`CollectionExists` if the id is taken."""
+        _check_collection_args(collection_id, plan, k, submit_token_hash)
+        record = CollectionRecord(
+            collection_id, plan, int(k), OPEN, bytes(submit_token_hash), time.time(), None, 0
+        )
+        with self._lock:
+            conn = self._connection()
+            if collection_id in self._entries:
+                raise CollectionExists(f"collection_id ({collection_id!r}) already exists")
+            with _transaction(conn):
+                conn.execute(
+                    "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash,"
+                    " created_at, closed_at) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
+                    (
+                        collection_id,
+                        plan.to_json(),
+                        plan.digest,
+                        record.k,
+                        OPEN,
+                        record.submit_token_hash,
+                        record.created_at,
+                    ),
+                )
+            entry = _Entry.empty(record)
+            self._entries[collection_id] = entry
+            return entry.snapshot()
+
+    def get_collection(self, collection_id: str) -> CollectionRecord:
+        """The collection's record; :class:`CollectionNotFound` if unknown."""
+        with self._lock:
+            self._connection()
+            return self._entry(collection_id).snapshot()
+
+    def list_collections(self) -> list[CollectionRecord]:
+        """Every collection, oldest first."""
+        with self._lock:
+            self._connection()
+            return [entry.snapshot() for entry in self._entries.values()]
+
+    def close_collection(self, collection_id: str) -> CollectionRecord:
+        """Stop accepting reports. Idempotent: closing a closed collection returns it."""
+        with self._lock:
+            conn = self._connection()
+            entry = self._entry(collection_id)
+            if entry.record.state == CLOSED:
+                return entry.snapshot()
+            closed_at = time.time()
+            with _transaction(conn):
+                conn.execute(
+                    "UPDATE collections SET state = ?, closed_at = ? WHERE id = ?",
+                    (CLOSED, closed_at, collection_id),
+                )
+            entry.record = replace(entry.record, state=CLOSED, closed_at=closed_at)
+            return entry.snapshot()
+
+    # -- reports -------------------------------------------------------------------------
+    def add_reports(
+        self, collection_id: str, plan_digest: str, reports: Sequence[StoredReport]
+    ) -> BatchOutcome:
+        """Validate, deduplicate and durably store a batch, then count it.
+
+        The batch is written whole in one committed transaction and only then counted,
+        or nothing of it is written or counted.
+
+        Raises:
+            CollectionNotFound, CollectionClosed, PlanMismatch: collection-level errors.
+            CalmkitError: a malformed report (the message names ``reports[i].field``
+                and its value).
+            ReportConflict: a report id already holds a different report, or a
+                pseudonym already holds another report (also within the batch).
+        """
+        with self._lock:
+            self._connection()
+            plan = self._open_entry(collection_id, plan_digest).record.plan
+        batch = _validate(plan, list(reports))
+        if not batch.ids:
+            return BatchOutcome(0, 0)
+        unique, by_pseudonym = _dedupe_batch(batch)
+        with self._lock:
+            conn = self._connection()
+            entry = self._open_entry(collection_id, plan_digest)
+            with _transaction(conn):
+                new = self._check_stored(conn, collection_id, batch, unique, by_pseudonym)
+                conn.executemany(
+                    "INSERT INTO reports (collection_id, report_id, pseudonym, view, payload) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    _rows(collection_id, batch, new),
+                )
+                deltas = _deltas(plan, batch, new)
+            for j, (n_j, c_j) in enumerate(deltas):
+                entry.n[j] += n_j
+                entry.counts[j] += c_j
+        return BatchOutcome(len(new), len(batch.ids) - len(new))
+
+    def _check_stored(
+        self,
+        conn: sqlite3.Connection,
+        collection_id: str,
+        batch: _Batch,
+        unique: dict[bytes, int],
+        by_pseudonym: dict[bytes, int],
+    ) -> list[int]:
+        """Batch positions of the reports not yet stored; :class:`ReportConflict` if a
+        stored report shares a report id or a pseudonym but not its content."""
+        stored = _lookup(conn, _BY_REPORT_ID, collection_id, list(unique))
+        for report_id, pseudonym, view, payload in stored:
+            i = unique[report_id]
+            if (pseudonym, view, payload) != batch.key(i):
+                raise ReportConflict(
+                    f"reports[{i}].report_id ({_show(report_id)}) already holds a different "
+                    f"report in collection {collection_id!r}"
+                )
+        owners = _lookup(conn, _BY_PSEUDONYM, collection_id, list(by_pseudonym))
+        for report_id, pseudonym in owners:
+            i = by_pseudonym[pseudonym]
+            if report_id != batch.ids[i]:
+                raise ReportConflict(
+                    f"reports[{i}].pseudonym ({_show(pseudonym)}) already holds another report "
+                    f"(report_id {_show(report_id)}) in collection {collection_id!r}"
+                )
+        if not stored:
+            return sorted(unique.values())
+        seen = {row[0] for row in stored}
+        return sorted(i for rid, i in unique.items() if rid not in seen)
+
+    def support(self, collection_id: str) -> SupportCounts:
+        """A copy of the collection's support counts, consistent with committed rows."""
+        with self._lock:
+            self._connection()
+            entry = self._entry(collection_id)
+            n = entry.n.copy()
+            counts = tuple(c.copy() for c in entry.counts)
+            plan = entry.record.plan
+        return SupportCounts(plan, n, counts)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the database (idempotent); later calls raise :class:`CalmkitError`."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Storage:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- helpers (call with the lock held) ----------------------------------------------
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise CalmkitError(f"storage ({self.path!r}) is closed")
+        return self._conn
+
+    def _entry(self, collection_id: str) -> _Entry:
+        entry = self._entries.get(collection_id) if isinstance(collection_id, str) else None
+        if entry is None:
+            raise CollectionNotFound(f"collection_id ({collection_id!r}) not found")
+        return entry
+
+    def _open_entry(self, collection_id: str, plan_digest: str) -> _Entry:
+        """The entry of an open collection whose plan has digest ``plan_digest``."""
+        entry = self._entry(collection_id)
+        if entry.record.state != OPEN:
+            raise CollectionClosed(
+                f"collection_id ({collection_id!r}) is {entry.record.state}: it accepts no reports"
+            )
+        digest = entry.record.plan.digest
+        if plan_digest != digest:
+            raise PlanMismatch(
+                f"plan_digest ({_show(plan_digest)}) must be the collection's ({digest!r})"
+            )
+        return entry
+
+
+# -- transactions and lookups ------------------------------------------------------------
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``; ``ROLLBACK`` if the body or the commit fails."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+_BY_REPORT_ID = (
+    "SELECT report_id, pseudonym, view, payload FROM reports "
+    "WHERE collection_id = ? AND report_id IN ({})"
+)
+# Named: SQLite's planner would otherwise scan the collection through the primary key.
+_BY_PSEUDONYM = (
+    "SELECT report_id, pseudonym FROM reports INDEXED BY reports_pseudonym "
+    "WHERE collection_id = ? AND pseudonym IN ({})"
+)
+
+
+def _lookup(
+    conn: sqlite3.Connection, query: str, collection_id: str, keys: list[bytes]
+) -> list[tuple[Any, ...]]:
+    """Rows of ``query`` (:data:`_BY_REPORT_ID` or :data:`_BY_PSEUDONYM`) for ``keys``,
+    in chunks of IN lookups."""
+    out: list[tuple[Any, ...]] = []
+    for lo in range(0, len(keys), _LOOKUP_CHUNK):
+        chunk = keys[lo : lo + _LOOKUP_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        out.extend(conn.execute(query.format(marks), (collection_id, *chunk)))
+    return out
+
+
+def _rows(
+    collection_id: str, batch: _Batch, positions: list[int]
+) -> Iterator[tuple[str, bytes, bytes, int, int | bytes]]:
+    """Insert tuples of the batch reports at ``positions``."""
+    for i in positions:
+        yield collection_id, batch.ids[i], batch.pseudonyms[i], batch.views[i], batch.payloads[i]
+
+
+def _deltas(plan: Plan, batch: _Batch, positions: list[int]) -> list[tuple[int, np.ndarray]]:
+    """Per view: (reports added, support counts added) by the reports at ``positions``."""
+    new = np.zeros(len(batch.ids), dtype=bool)
+    new[positions] = True
+    out = []
+    for oracle, rows, arr in zip(plan.view_oracles, batch.rows, batch.arrays):
+        keep = new[rows]
+        out.append((int(keep.sum()), oracle.support(arr[keep])))
+    return out
+
+
+# -- validation ----------------------------------------------------------------------------
+def _check_collection_args(collection_id: str, plan: Plan, k: int, token_hash: bytes) -> None:
+    if not isinstance(collection_id, str) or not collection_id:
+        raise CalmkitError(f"collection_id ({collection_id!r}) must be a non-empty string")
+    if not isinstance(plan, Plan):
+        raise CalmkitError(f"plan ({_show(plan)}) must be a Plan")
+    if not _is_int(k) or not 1 <= int(k) <= plan.schema.d:
+        raise CalmkitError(f"k ({k!r}) must be an int in [1, {plan.schema.d}]")
+    if not isinstance(token_hash, bytes) or len(token_hash) != TOKEN_HASH_BYTES:
+        raise CalmkitError(
+            f"submit_token_hash ({_show(token_hash)}) must be {TOKEN_HASH_BYTES} bytes (sha256)"
+        )
+
+
+def _validate(plan: Plan, reports: list[StoredReport]) -> _Batch:
+    """Check every report against ``plan``; the first bad one raises a
+    :class:`CalmkitError` naming ``reports[i].field`` and its value."""
+    bad = next((i for i, r in enumerate(reports) if not isinstance(r, StoredReport)), None)
+    if bad is not None:
+        raise CalmkitError(f"reports[{bad}] ({_show(reports[bad])}) must be a StoredReport")
+    ids = [r.report_id for r in reports]
+    pseudonyms = [r.pseudonym for r in reports]
+    _check_bytes("report_id", ids, REPORT_ID_BYTES)
+    _check_bytes("pseudonym", pseudonyms, PSEUDONYM_BYTES)
+    raw_views = [r.view for r in reports]
+    bad = next((i for i, v in enumerate(raw_views) if not _is_int(v) or not 0 <= v < plan.m), None)
+    if bad is not None:
+        raise CalmkitError(f"reports[{bad}].view ({raw_views[bad]!r}) must be in [0, {plan.m})")
+    views = np.array(raw_views, dtype=np.int64).reshape(-1)
+    payloads: list[int | bytes] = [r.payload for r in reports]
+    order = np.argsort(views, kind="stable")
+    starts = np.searchsorted(views[order], np.arange(plan.m + 1))
+    rows, arrays = [], []
+    for j, oracle in enumerate(plan.view_oracles):
+        rows_j = order[starts[j] : starts[j + 1]]
+        arr = _view_payloads(oracle, j, rows_j, payloads)
+        if oracle.name == "GRR":  # bind Python ints, whatever int type was given
+            for i, p in zip(rows_j.tolist(), arr.tolist()):
+                payloads[i] = p
+        rows.append(rows_j)
+        arrays.append(arr)
+    return _Batch(ids, pseudonyms, views.tolist(), payloads, tuple(rows), tuple(arrays))
+
+
+def _check_bytes(field: str, values: list[Any], size: int) -> None:
+    bad = next(
+        (i for i, v in enumerate(values) if not isinstance(v, bytes) or len(v) != size), None
+    )
+    if bad is not None:
+        raise CalmkitError(f"reports[{bad}].{field} ({_show(values[bad])}) must be {size} bytes")
+
+
+def _view_payloads(
+    oracle: FrequencyOracle, view: int, rows: np.ndarray, payloads: list[int | bytes]
+) -> np.ndarray:
+    """The payloads at batch positions ``rows`` (all of view ``view``) as the oracle's
+    validated array: (n,) int64 (GRR) or (n, ceil(L/8)) uint8 (OUE)."""
+    positions = rows.tolist()
+    values = [payloads[i] for i in positions]
+    if oracle.name == "GRR":
+        bad = next((k for k, p in enumerate(values) if not _is_int(p)), None)
+        what = f"an int cell (view {view} is GRR, L={oracle.L})"
+    else:
+        nbytes = (oracle.L + 7) // 8
+        bad = next(
+            (k for k, p in enumerate(values) if not isinstance(p, bytes) or len(p) != nbytes),
+            None,
+        )
+        what = f"{nbytes} bytes (view {view} is OUE, L={oracle.L})"
+    if bad is not None:
+        raise CalmkitError(
+            f"reports[{positions[bad]}].payload ({_show(values[bad])}) must be {what}"
+        )
+    try:
+        return oracle.check_payloads(_payload_array(oracle, values))
+    except OracleError:
+        k, exc = _first_bad_payload(oracle, values)
+        raise CalmkitError(
+            f"reports[{positions[k]}].payload ({_show(values[k])}) is not a valid view {view} "
+            f"payload: {exc}"
+        ) from None
+
+
+def _payload_array(oracle: FrequencyOracle, values: list[Any]) -> np.ndarray:
+    """Type-checked payloads of one view as an array: ints (n,) or bytes (n, nbytes)."""
+    if oracle.name == "GRR":
+        return np.array(values) if values else np.zeros(0, np.int64)
+    nbytes = (oracle.L + 7) // 8
+    return np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), nbytes)
+
+
+def _first_bad_payload(oracle: FrequencyOracle, values: list[Any]) -> tuple[int, OracleError]:
+    """The first payload the oracle rejects, with its error (error path only)."""
+    for k in range(len(values)):
+        try:
+            oracle.check_payloads(_payload_array(oracle, values[k : k + 1]))
+        except OracleError as exc:
+            return k, exc
+    raise AssertionError("check_payloads rejected the batch but no single row")  # pragma: no cover
+
+
+def _dedupe_batch(batch: _Batch) -> tuple[dict[bytes, int], dict[bytes, int]]:
+    """``report_id -> first position`` and ``pseudonym -> position`` of the batch's
+    distinct reports. Identical repeats collapse; a repeat with other content, or two
+    report ids with one pseudonym, raises :class:`ReportConflict`."""
+    n = len(batch.ids)
+    unique = dict(zip(reversed(batch.ids), range(n - 1, -1, -1)))
+    if len(unique) < n:
+        for i, rid in enumerate(batch.ids):
+            first = unique[rid]
+            if first != i and batch.key(i) != batch.key(first):
+                raise ReportConflict(
+                    f"reports[{i}].report_id ({_show(rid)}) repeats reports[{first}] with "
+                    f"different content"
+                )
+    firsts = sorted(unique.values())
+    by_pseudonym = dict(zip((batch.pseudonyms[i] for i in reversed(firsts)), reversed(firsts)))
+    if len(by_pseudonym) < len(firsts):
+        for i in firsts:
+            first = by_pseudonym[batch.pseudonyms[i]]
+            if first != i:
+                raise ReportConflict(
+                    f"reports[{max(i, first)}].pseudonym ({_show(batch.pseudonyms[i])}) already "
+                    f"holds reports[{min(i, first)}] in this batch"
+                )
+    return unique, by_pseudonym
+
+
+def _stored_payloads(oracle: FrequencyOracle, values: list[Any]) -> np.ndarray:
+    """Stored payload values of one view as the oracle's array (reload path)."""
+    if oracle.name == "GRR":
+        if not all(_is_int(v) for v in values):
+            raise CalmkitError("GRR payloads must be INTEGER cells")
+    else:
+        nbytes = (oracle.L + 7) // 8
+        if not all(isinstance(v, bytes) and len(v) == nbytes for v in values):
+            raise CalmkitError(f"OUE payloads must be BLOBs of {nbytes} bytes")
+    return oracle.check_payloads(_payload_array(oracle, values))

@@ -1,0 +1,182 @@
+"""Server-side conversions between v1 wire messages and calmkit's dataclasses; the
+only aggregator module that touches generated protobuf classes. Every field of an
+incoming message is validated here, with errors naming the field and value."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from calmkit_client import CalmkitError, Plan
+from calmkit_client.report import REPORT_ID_BYTES
+from calmkit_client.wire import plan_to_proto, schema_from_proto
+from calmkit_proto.v1 import calmkit_pb2 as pb
+from calmkit_proto.v1 import calmkit_pb2_grpc as pb_grpc
+
+from .maxent import Answer
+from .storage import CollectionRecord, StoredReport
+
+__all__ = [
+    "MAX_BATCH",
+    "AggregatorServicer",
+    "CreateParams",
+    "ack_to_proto",
+    "add_servicer",
+    "collection_list_to_proto",
+    "collection_to_proto",
+    "create_from_proto",
+    "marginal_to_proto",
+    "reports_from_proto",
+]
+
+MAX_BATCH = 10_000  # reports per SubmitReports call
+PSEUDONYM_BYTES = 16
+AggregatorServicer = pb_grpc.AggregatorServicer
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Aggregator"].full_name
+
+
+def add_servicer(servicer: Any, server: Any) -> None:
+    pb_grpc.add_AggregatorServicer_to_server(servicer, server)
+
+
+@dataclass(frozen=True)
+class CreateParams:
+    """A validated CreateCollection request."""
+
+    collection_id: str
+    schema: Any
+    epsilon: float
+    expected_n: int
+    k: int
+    theta: float | None
+    views: tuple[tuple[int, ...], ...]
+    m: int | None
+    l: int | None  # noqa: E741 (the paper's name)
+    seed: int
+
+
+def create_from_proto(msg: Any) -> CreateParams:
+    if not msg.HasField("schema") or not msg.schema.attributes:
+        raise CalmkitError("schema (empty) must list at least one attribute")
+    schema = schema_from_proto(msg.schema)
+    if not math.isfinite(msg.epsilon) or msg.epsilon <= 0:
+        raise CalmkitError(f"epsilon ({msg.epsilon!r}) must be finite and > 0")
+    views = tuple(tuple(int(a) for a in v.attributes) for v in msg.views)
+    if not views and msg.expected_n < 1:
+        raise CalmkitError(f"expected_n ({msg.expected_n}) must be >= 1 (or give views)")
+    if not 1 <= msg.k <= schema.d:
+        raise CalmkitError(f"k ({msg.k}) must be in [1, {schema.d}]")
+    return CreateParams(
+        collection_id=msg.collection_id,
+        schema=schema,
+        epsilon=float(msg.epsilon),
+        expected_n=int(msg.expected_n),
+        k=int(msg.k),
+        theta=msg.theta if msg.HasField("theta") else None,
+        views=views,
+        m=int(msg.m) if msg.HasField("m") else None,
+        l=int(msg.l) if msg.HasField("l") else None,
+        seed=int(msg.seed),
+    )
+
+
+def reports_from_proto(msg: Any, plan: Plan) -> list[StoredReport]:
+    """Validate a batch field by field against ``plan`` (view range, payload kind and
+    size, GRR cell < L, OUE length and zero padding bits, id lengths); the first bad
+    field raises, naming it, so the batch is refused whole."""
+    n = len(msg.reports)
+    if n > MAX_BATCH:
+        raise CalmkitError(f"reports ({n} in one batch) must be at most {MAX_BATCH}")
+    oracles = plan.view_oracles
+    out = []
+    for i, r in enumerate(msg.reports):
+        if not r.view < plan.m:
+            raise CalmkitError(f"reports[{i}].view ({r.view}) must be in [0, {plan.m})")
+        oracle = oracles[r.view]
+        kind = r.WhichOneof("payload")
+        if oracle.name == "GRR":
+            if kind != "cell":
+                raise CalmkitError(f"reports[{i}].payload ({kind}) must be a cell (GRR view)")
+            if not r.cell < oracle.L:
+                raise CalmkitError(f"reports[{i}].cell ({r.cell}) must be < L = {oracle.L}")
+            payload: int | bytes = int(r.cell)
+        else:
+            if kind != "bits":
+                raise CalmkitError(f"reports[{i}].payload ({kind}) must be bits (OUE view)")
+            nbytes = (oracle.L + 7) // 8
+            if len(r.bits) != nbytes:
+                raise CalmkitError(
+                    f"reports[{i}].bits ({len(r.bits)} bytes) must be {nbytes} bytes (L = "
+                    f"{oracle.L})"
+                )
+            pad = nbytes * 8 - oracle.L
+            if pad and r.bits[-1] & ((1 << pad) - 1):
+                raise CalmkitError(
+                    f"reports[{i}].bits (last byte {r.bits[-1]:#04x}) must have its {pad} "
+                    "padding bits zero"
+                )
+            payload = bytes(r.bits)
+        for name, value, size in (
+            ("report_id", r.report_id, REPORT_ID_BYTES),
+            ("pseudonym", r.pseudonym, PSEUDONYM_BYTES),
+        ):
+            if len(value) != size:
+                raise CalmkitError(f"reports[{i}].{name} ({len(value)} bytes) must be {size}")
+        out.append(StoredReport(bytes(r.report_id), bytes(r.pseudonym), int(r.view), payload))
+    return out
+
+
+def ack_to_proto(accepted: int, duplicates: int) -> Any:
+    return pb.Ack(accepted=accepted, duplicates=duplicates)
+
+
+_STATES = {"open": pb.COLLECTION_STATE_OPEN, "closed": pb.COLLECTION_STATE_CLOSED}
+
+
+def collection_to_proto(
+    record: CollectionRecord, view_reports: Sequence[int], submit_token: str | None = None
+) -> Any:
+    return pb.Collection(
+        collection_id=record.collection_id,
+        state=_STATES[record.state],
+        plan=plan_to_proto(record.plan),
+        k=record.k,
+        reports=int(sum(view_reports)),
+        view_reports=[int(x) for x in view_reports],
+        created_at=record.created_at,
+        closed_at=record.closed_at or 0.0,
+        submit_token=submit_token or "",
+    )
+
+
+def collection_list_to_proto(items: Sequence[Any]) -> Any:
+    return pb.CollectionList(collections=list(items))
+
+
+def plan_message(plan: Plan) -> Any:
+    return plan_to_proto(plan)
+
+
+def marginal_to_proto(
+    answer: Answer, names: Sequence[str], variance: np.ndarray, reports: int, state: str
+) -> Any:
+    return pb.MarginalTable(
+        attributes=list(names),
+        shape=list(answer.values.shape),
+        values=answer.values.reshape(-1).tolist(),
+        variance=np.broadcast_to(variance, answer.values.shape).reshape(-1).tolist(),
+        method=answer.method,
+        residual=answer.residual,
+        reports=reports,
+        state=_STATES[state],
+    )
+
+
+def query_from_proto(msg: Any) -> tuple[str, list[str]]:
+    if not msg.attributes:
+        raise CalmkitError("attributes (empty) must name at least one attribute")
+    return msg.collection_id, list(msg.attributes)

@@ -1,0 +1,231 @@
+"""Client transport: fetch a collection's plan and submit reports over gRPC
+(DESIGN.md "Service"; issue 4).
+
+:class:`Collector` is what an app embeds: ``submit(record)`` makes (or recalls, see
+:class:`~calmkit_client.device.DeviceState`) the user's one report for the collection
+and sends it; ``submit_many`` does the same for many users in batches. Calls are
+retried with exponential backoff and a deadline, on UNAVAILABLE and DEADLINE_EXCEEDED
+only: report ids make a resent batch idempotent on the server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from . import wire
+from .assignment import UserId
+from .device import DeviceState
+from .errors import (
+    AccessDenied,
+    CalmkitError,
+    CollectionClosed,
+    CollectionError,
+    CollectionExists,
+    CollectionNotFound,
+    PlanMismatch,
+    ReportConflict,
+)
+from .plan import Plan
+from .randomness import RngLike
+from .schema import Label
+
+__all__ = ["ERROR_KEY", "RETRYABLE", "Collector", "RetryPolicy", "call_with_retry", "open_channel"]
+
+T = TypeVar("T")
+
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+class RetryPolicy:
+    """Exponential backoff: ``attempts`` tries, waits ``initial * multiplier^i`` capped
+    at ``maximum`` seconds; each call has a ``timeout`` deadline (seconds)."""
+
+    def __init__(
+        self,
+        attempts: int = 6,
+        initial: float = 0.1,
+        multiplier: float = 2.0,
+        maximum: float = 5.0,
+        timeout: float = 30.0,
+    ) -> None:
+        if attempts < 1:
+            raise CalmkitError(f"attempts ({attempts}) must be >= 1")
+        for name, value in (("initial", initial), ("maximum", maximum), ("timeout", timeout)):
+            if not (np.isfinite(value) and value > 0):
+                raise CalmkitError(f"{name} ({value!r}) must be finite and > 0")
+        if not multiplier >= 1:
+            raise CalmkitError(f"multiplier ({multiplier!r}) must be >= 1")
+        self.attempts, self.initial, self.multiplier = attempts, initial, multiplier
+        self.maximum, self.timeout = maximum, timeout
+
+
+_ERRORS: dict[str, type[CalmkitError]] = {
+    cls.__name__: cls
+    for cls in (
+        CalmkitError,
+        CollectionNotFound,
+        CollectionExists,
+        CollectionClosed,
+        PlanMismatch,
+        ReportConflict,
+        AccessDenied,
+    )
+}
+ERROR_KEY = "calmkit-error"  # trailing metadata: the server's error class name
+
+
+def _translate(err: grpc.RpcError) -> Exception:
+    """Map a failed call to calmkit's error type (named by the server in trailing
+    metadata, else by status code), keeping the server's message."""
+    detail = err.details() or ""
+    trailers: Any = err.trailing_metadata() or ()
+    named = [str(item[1]) for item in trailers if item[0] == ERROR_KEY]
+    cls = _ERRORS.get(named[0]) if named else None
+    if cls is not None:
+        return cls(detail)
+    by_code: dict[grpc.StatusCode, type[CalmkitError]] = {
+        grpc.StatusCode.NOT_FOUND: CollectionNotFound,
+        grpc.StatusCode.ALREADY_EXISTS: ReportConflict,
+        grpc.StatusCode.FAILED_PRECONDITION: CollectionClosed,
+        grpc.StatusCode.UNAUTHENTICATED: AccessDenied,
+        grpc.StatusCode.PERMISSION_DENIED: AccessDenied,
+        grpc.StatusCode.INVALID_ARGUMENT: CalmkitError,
+    }
+    return by_code.get(err.code(), CollectionError)(f"{err.code().name}: {detail}")
+
+
+def call_with_retry(
+    fn: Callable[..., T],
+    request: Any,
+    policy: RetryPolicy,
+    metadata: Sequence[tuple[str, str]] = (),
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """``fn(request, timeout=..., metadata=...)``, retried on UNAVAILABLE and
+    DEADLINE_EXCEEDED only; other statuses raise the matching calmkit error at once."""
+    wait = policy.initial
+    for attempt in range(policy.attempts):
+        try:
+            return fn(request, timeout=policy.timeout, metadata=tuple(metadata))
+        except grpc.RpcError as err:
+            if err.code() not in RETRYABLE:
+                raise _translate(err) from None
+            if attempt == policy.attempts - 1:
+                raise CollectionError(
+                    f"server ({err.code().name}: {err.details()}) still failing after "
+                    f"{policy.attempts} attempts"
+                ) from None
+            sleep(wait)
+            wait = min(wait * policy.multiplier, policy.maximum)
+    raise AssertionError("unreachable")
+
+
+def open_channel(address: str) -> grpc.Channel:
+    """An insecure channel (loopback or a trusted network; put TLS in front otherwise)."""
+    options = [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ]
+    return grpc.insecure_channel(address, options=options)
+
+
+class Collector:
+    """Submit one collection's reports to an aggregator at ``address``.
+
+    ``state`` keeps the device secret (pseudonyms) and the reports already made, so a
+    retry or a restart re-sends the same report instead of spending privacy again;
+    without one, an in-memory state lasts as long as this object.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        collection_id: str,
+        submit_token: str | None = None,
+        state: DeviceState | None = None,
+        retry: RetryPolicy | None = None,
+        batch_size: int = 1000,
+        channel: grpc.Channel | None = None,
+    ) -> None:
+        if not isinstance(collection_id, str) or not collection_id:
+            raise CalmkitError(f"collection_id ({collection_id!r}) must be a non-empty string")
+        if not 1 <= batch_size <= 10_000:
+            raise CalmkitError(f"batch_size ({batch_size}) must be in [1, 10000]")
+        self.collection_id = collection_id
+        self.batch_size = batch_size
+        self._channel = channel or open_channel(address)
+        self._owns_channel = channel is None
+        self._stub = wire.aggregator_stub(self._channel)
+        self._metadata = [("authorization", f"Bearer {submit_token}")] if submit_token else []
+        self._state = state if state is not None else DeviceState(None)
+        self._retry = retry or RetryPolicy()
+        self._plan: Plan | None = None
+
+    def plan(self) -> Plan:
+        """The collection's plan, fetched once and cached (its digest verified)."""
+        if self._plan is None:
+            msg = call_with_retry(
+                self._stub.GetPlan, wire.collection_ref(self.collection_id), self._retry
+            )
+            self._plan = wire.plan_from_proto(msg)
+        return self._plan
+
+    def _send(self, items: Sequence[tuple[bytes, Any]]) -> wire.Acknowledgement:
+        plan = self.plan()
+        total = wire.Acknowledgement()
+        for start in range(0, len(items), self.batch_size):
+            batch = wire.batch_to_proto(
+                self.collection_id, plan.digest, items[start : start + self.batch_size]
+            )
+            ack = call_with_retry(self._stub.SubmitReports, batch, self._retry, self._metadata)
+            total = total + wire.ack_from_proto(ack)
+        return total
+
+    def submit(
+        self,
+        record: Sequence[Label] | dict[str, Label],
+        user_id: UserId | None = None,
+        rng: RngLike = None,
+    ) -> wire.Acknowledgement:
+        """Make (or recall) this user's report and send it; returns the server's ack."""
+        plan = self.plan()
+        # user_id None: the device's own user, assigned by its pseudonym
+        pseudonym, report = self._state.report_for(self.collection_id, plan, record, user_id, rng)
+        return self._send([(pseudonym, report)])
+
+    def submit_many(
+        self,
+        codes: npt.ArrayLike,
+        user_ids: Sequence[UserId] | np.ndarray,
+        rng: RngLike = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> wire.Acknowledgement:
+        """Bulk upload for many users: ``codes`` (n, d) encoded records, one id each.
+        Reports are made (or recalled) together, then sent in batches; ``progress``
+        is called with the number of reports each acknowledged batch carried."""
+        plan = self.plan()
+        items = self._state.reports_for(self.collection_id, plan, codes, user_ids, rng)
+        total = wire.Acknowledgement()
+        for start in range(0, len(items), self.batch_size):
+            chunk = items[start : start + self.batch_size]
+            total = total + self._send(chunk)
+            if progress is not None:
+                progress(len(chunk))
+        return total
+
+    def close(self) -> None:
+        if self._owns_channel:
+            self._channel.close()
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,232 @@
+"""Conversions between calmkit's dataclasses and the v1 wire messages
+(protos/calmkit_proto/v1/calmkit.proto). The only client module that touches generated
+protobuf classes; the aggregator's ``wire`` reuses these for plans and schemas."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+
+from calmkit_proto.v1 import calmkit_pb2 as pb
+from calmkit_proto.v1 import calmkit_pb2_grpc as pb_grpc
+
+from .errors import PlanError
+from .plan import Plan
+from .report import Report
+from .schema import Attribute, Schema
+
+__all__ = [
+    "STATES",
+    "Acknowledgement",
+    "CollectionInfo",
+    "MarginalAnswer",
+    "ack_from_proto",
+    "aggregator_stub",
+    "batch_to_proto",
+    "collection_from_proto",
+    "collection_ref",
+    "create_request",
+    "list_request",
+    "marginal_from_proto",
+    "plan_from_proto",
+    "plan_to_proto",
+    "query_request",
+    "schema_from_proto",
+    "schema_to_proto",
+]
+
+STATES = {pb.COLLECTION_STATE_OPEN: "open", pb.COLLECTION_STATE_CLOSED: "closed"}
+
+
+def aggregator_stub(channel: grpc.Channel) -> Any:
+    """The generated client stub of the ``calmkit.v1.Aggregator`` service."""
+    return pb_grpc.AggregatorStub(channel)  # type: ignore[no-untyped-call]
+
+
+def schema_to_proto(schema: Schema) -> Any:
+    return pb.Schema(
+        attributes=[
+            pb.Attribute(name=a.name, categories=list(a.categories), ordered=a.ordered)
+            for a in schema.attributes
+        ]
+    )
+
+
+def schema_from_proto(msg: Any) -> Schema:
+    return Schema(
+        tuple(
+            Attribute(a.name, tuple(a.categories), bool(a.ordered)) for a in msg.attributes
+        )
+    )
+
+
+def plan_to_proto(plan: Plan) -> Any:
+    return pb.Plan(
+        schema=schema_to_proto(plan.schema),
+        epsilon=plan.epsilon,
+        views=[pb.View(attributes=list(v)) for v in plan.views],
+        oracles=list(plan.oracles or ()),
+        shares=list(plan.shares or ()),
+        seed=plan.seed,
+        digest=plan.digest,
+    )
+
+
+def plan_from_proto(msg: Any) -> Plan:
+    """Rebuild the plan from its fields; its digest must equal the one sent."""
+    plan = Plan(
+        schema=schema_from_proto(msg.schema),
+        epsilon=msg.epsilon,
+        views=tuple(tuple(int(a) for a in v.attributes) for v in msg.views),
+        oracles=tuple(msg.oracles) or None,
+        shares=tuple(msg.shares) or None,
+        seed=int(msg.seed),
+    )
+    if plan.digest != msg.digest:
+        raise PlanError(f"plan digest ({msg.digest!r}) must match its content ({plan.digest!r})")
+    return plan
+
+
+def _report_to_proto(report: Report, pseudonym: bytes) -> Any:
+    if isinstance(report.payload, bytes):
+        return pb.Report(
+            view=report.view, bits=report.payload, report_id=report.report_id, pseudonym=pseudonym
+        )
+    return pb.Report(
+        view=report.view, cell=report.payload, report_id=report.report_id, pseudonym=pseudonym
+    )
+
+
+def batch_to_proto(
+    collection_id: str, plan_digest: str, items: Sequence[tuple[bytes, Report]]
+) -> Any:
+    """A ``ReportBatch`` of ``(pseudonym, report)`` pairs made under ``plan_digest``."""
+    for i, (_, report) in enumerate(items):
+        if report.plan_digest != plan_digest:
+            raise PlanError(
+                f"reports[{i}].plan_digest ({report.plan_digest!r}) must be {plan_digest!r}"
+            )
+    return pb.ReportBatch(
+        collection_id=collection_id,
+        plan_digest=plan_digest,
+        reports=[_report_to_proto(r, p) for p, r in items],
+    )
+
+
+@dataclass(frozen=True)
+class Acknowledgement:
+    """Reports the server committed: ``accepted`` new, ``duplicates`` already held."""
+
+    accepted: int = 0
+    duplicates: int = 0
+
+    def __add__(self, other: Acknowledgement) -> Acknowledgement:
+        return Acknowledgement(self.accepted + other.accepted, self.duplicates + other.duplicates)
+
+
+def ack_from_proto(msg: Any) -> Acknowledgement:
+    return Acknowledgement(int(msg.accepted), int(msg.duplicates))
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    """A collection as the server describes it (``submit_token`` only on creation)."""
+
+    collection_id: str
+    state: str
+    plan: Plan
+    k: int
+    reports: int
+    view_reports: tuple[int, ...]
+    created_at: float
+    closed_at: float | None
+    submit_token: str | None
+
+
+def collection_from_proto(msg: Any) -> CollectionInfo:
+    return CollectionInfo(
+        collection_id=msg.collection_id,
+        state=STATES.get(msg.state, "unknown"),
+        plan=plan_from_proto(msg.plan),
+        k=int(msg.k),
+        reports=int(msg.reports),
+        view_reports=tuple(int(x) for x in msg.view_reports),
+        created_at=float(msg.created_at),
+        closed_at=float(msg.closed_at) or None,
+        submit_token=msg.submit_token or None,
+    )
+
+
+def create_request(
+    schema: Schema,
+    epsilon: float,
+    expected_n: int,
+    k: int,
+    *,
+    collection_id: str = "",
+    theta: float | None = None,
+    views: Sequence[Sequence[int]] | None = None,
+    m: int | None = None,
+    l: int | None = None,  # noqa: E741 (the paper's name)
+    seed: int = 0,
+) -> Any:
+    req = pb.CreateCollectionRequest(
+        collection_id=collection_id,
+        schema=schema_to_proto(schema),
+        epsilon=epsilon,
+        expected_n=expected_n,
+        k=k,
+        views=[pb.View(attributes=list(v)) for v in views or ()],
+        seed=seed,
+    )
+    if theta is not None:
+        req.theta = theta
+    if m is not None:
+        req.m = m
+    if l is not None:
+        req.l = l
+    return req
+
+
+@dataclass(frozen=True)
+class MarginalAnswer:
+    """A reconstructed marginal from the server: ``values`` shaped over ``attributes``
+    (schema order), per-cell ``variance`` (NaN where not available), the ``method``,
+    and the collection ``state`` (answers from an open collection are provisional)."""
+
+    attributes: tuple[str, ...]
+    values: np.ndarray
+    variance: np.ndarray
+    method: str
+    residual: float
+    reports: int
+    state: str
+
+
+def marginal_from_proto(msg: Any) -> MarginalAnswer:
+    shape = tuple(int(s) for s in msg.shape)
+    return MarginalAnswer(
+        attributes=tuple(msg.attributes),
+        values=np.asarray(msg.values, dtype=np.float64).reshape(shape),
+        variance=np.asarray(msg.variance, dtype=np.float64).reshape(shape),
+        method=msg.method,
+        residual=float(msg.residual),
+        reports=int(msg.reports),
+        state=STATES.get(msg.state, "unknown"),
+    )
+
+
+def query_request(collection_id: str, attributes: Sequence[str]) -> Any:
+    return pb.QueryRequest(collection_id=collection_id, attributes=list(attributes))
+
+
+def collection_ref(collection_id: str) -> Any:
+    return pb.CollectionRef(collection_id=collection_id)
+
+
+def list_request() -> Any:
+    return pb.ListCollectionsRequest()

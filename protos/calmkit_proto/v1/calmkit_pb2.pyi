@@ -1,0 +1,179 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class CollectionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COLLECTION_STATE_UNSPECIFIED: _ClassVar[CollectionState]
+    COLLECTION_STATE_OPEN: _ClassVar[CollectionState]
+    COLLECTION_STATE_CLOSED: _ClassVar[CollectionState]
+COLLECTION_STATE_UNSPECIFIED: CollectionState
+COLLECTION_STATE_OPEN: CollectionState
+COLLECTION_STATE_CLOSED: CollectionState
+
+class Attribute(_message.Message):
+    __slots__ = ("name", "categories", "ordered")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CATEGORIES_FIELD_NUMBER: _ClassVar[int]
+    ORDERED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    categories: _containers.RepeatedScalarFieldContainer[str]
+    ordered: bool
+    def __init__(self, name: _Optional[str] = ..., categories: _Optional[_Iterable[str]] = ..., ordered: _Optional[bool] = ...) -> None: ...
+
+class Schema(_message.Message):
+    __slots__ = ("attributes",)
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    attributes: _containers.RepeatedCompositeFieldContainer[Attribute]
+    def __init__(self, attributes: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ...) -> None: ...
+
+class View(_message.Message):
+    __slots__ = ("attributes",)
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    attributes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, attributes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Plan(_message.Message):
+    __slots__ = ("schema", "epsilon", "views", "oracles", "shares", "seed", "digest")
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
+    ORACLES_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    schema: Schema
+    epsilon: float
+    views: _containers.RepeatedCompositeFieldContainer[View]
+    oracles: _containers.RepeatedScalarFieldContainer[str]
+    shares: _containers.RepeatedScalarFieldContainer[float]
+    seed: int
+    digest: str
+    def __init__(self, schema: _Optional[_Union[Schema, _Mapping]] = ..., epsilon: _Optional[float] = ..., views: _Optional[_Iterable[_Union[View, _Mapping]]] = ..., oracles: _Optional[_Iterable[str]] = ..., shares: _Optional[_Iterable[float]] = ..., seed: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
+
+class Report(_message.Message):
+    __slots__ = ("view", "cell", "bits", "report_id", "pseudonym")
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    CELL_FIELD_NUMBER: _ClassVar[int]
+    BITS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    PSEUDONYM_FIELD_NUMBER: _ClassVar[int]
+    view: int
+    cell: int
+    bits: bytes
+    report_id: bytes
+    pseudonym: bytes
+    def __init__(self, view: _Optional[int] = ..., cell: _Optional[int] = ..., bits: _Optional[bytes] = ..., report_id: _Optional[bytes] = ..., pseudonym: _Optional[bytes] = ...) -> None: ...
+
+class ReportBatch(_message.Message):
+    __slots__ = ("collection_id", "plan_digest", "reports")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    collection_id: str
+    plan_digest: str
+    reports: _containers.RepeatedCompositeFieldContainer[Report]
+    def __init__(self, collection_id: _Optional[str] = ..., plan_digest: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[Report, _Mapping]]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("accepted", "duplicates")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    duplicates: int
+    def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
+
+class CreateCollectionRequest(_message.Message):
+    __slots__ = ("collection_id", "schema", "epsilon", "expected_n", "k", "theta", "views", "m", "l", "seed")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_N_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    THETA_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
+    M_FIELD_NUMBER: _ClassVar[int]
+    L_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    collection_id: str
+    schema: Schema
+    epsilon: float
+    expected_n: int
+    k: int
+    theta: float
+    views: _containers.RepeatedCompositeFieldContainer[View]
+    m: int
+    l: int
+    seed: int
+    def __init__(self, collection_id: _Optional[str] = ..., schema: _Optional[_Union[Schema, _Mapping]] = ..., epsilon: _Optional[float] = ..., expected_n: _Optional[int] = ..., k: _Optional[int] = ..., theta: _Optional[float] = ..., views: _Optional[_Iterable[_Union[View, _Mapping]]] = ..., m: _Optional[int] = ..., l: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class Collection(_message.Message):
+    __slots__ = ("collection_id", "state", "plan", "k", "reports", "view_reports", "created_at", "closed_at", "submit_token")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    VIEW_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_AT_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    collection_id: str
+    state: CollectionState
+    plan: Plan
+    k: int
+    reports: int
+    view_reports: _containers.RepeatedScalarFieldContainer[int]
+    created_at: float
+    closed_at: float
+    submit_token: str
+    def __init__(self, collection_id: _Optional[str] = ..., state: _Optional[_Union[CollectionState, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., k: _Optional[int] = ..., reports: _Optional[int] = ..., view_reports: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., submit_token: _Optional[str] = ...) -> None: ...
+
+class CollectionRef(_message.Message):
+    __slots__ = ("collection_id",)
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    collection_id: str
+    def __init__(self, collection_id: _Optional[str] = ...) -> None: ...
+
+class ListCollectionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CollectionList(_message.Message):
+    __slots__ = ("collections",)
+    COLLECTIONS_FIELD_NUMBER: _ClassVar[int]
+    collections: _containers.RepeatedCompositeFieldContainer[Collection]
+    def __init__(self, collections: _Optional[_Iterable[_Union[Collection, _Mapping]]] = ...) -> None: ...
+
+class QueryRequest(_message.Message):
+    __slots__ = ("collection_id", "attributes")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    collection_id: str
+    attributes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, collection_id: _Optional[str] = ..., attributes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MarginalTable(_message.Message):
+    __slots__ = ("attributes", "shape", "values", "variance", "method", "residual", "reports", "state")
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    VARIANCE_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    RESIDUAL_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    attributes: _containers.RepeatedScalarFieldContainer[str]
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    variance: _containers.RepeatedScalarFieldContainer[float]
+    method: str
+    residual: float
+    reports: int
+    state: CollectionState
+    def __init__(self, attributes: _Optional[_Iterable[str]] = ..., shape: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., variance: _Optional[_Iterable[float]] = ..., method: _Optional[str] = ..., residual: _Optional[float] = ..., reports: _Optional[int] = ..., state: _Optional[_Union[CollectionState, str]] = ...) -> None: ...
