@@ -5,18 +5,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from calmkit_simulator import synthetic_population
 from calmkit_simulator.cli import main
 
 
-def test_demo_json_reports_every_user_and_a_sane_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--n", "20000", "--d", "5", "--epsilon", "1.0", "--json"]) == 0
+def test_demo_json_counts_every_acknowledged_report(capsys: pytest.CaptureFixture[str]) -> None:
+    from calmkit_simulator.service_cli import DEMO_QUERIES, DEMO_SIZES
+
+    assert main(["demo", "--users", "20000", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["reports"] == 20000 and out["views"] == 10 and out["oracles"] == ["GRR"]
-    # 10 views x 4 cells: the mean SSE is an average of 40 squared errors with the
-    # stated expectation; it cannot be 10x off unless estimation is broken
-    assert 0.1 < out["sse_per_view_mean"] / out["sse_per_view_expected"] < 10
+    assert set(out) == {"acknowledged", "counted", "queries"}
+    assert out["acknowledged"] == out["counted"] == 20000
+    assert [len(q["attrs"]) for q in out["queries"]] == [len(q) for q in DEMO_QUERIES]
+    pop = synthetic_population(n=20000, sizes=DEMO_SIZES, strength=1.5, rng=0)
+    uniform = [((pop.marginal(q) - 1 / pop.marginal(q).size) ** 2).sum() for q in DEMO_QUERIES]
+    assert np.mean([q["sse"] for q in out["queries"]]) < np.mean(uniform)
 
 
 def test_population_describes_own_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

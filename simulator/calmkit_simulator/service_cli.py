@@ -1,0 +1,316 @@
+"""The service commands of ``calmkit``: serve, collection, query, and the demo that
+runs all of it on one machine (issue 4)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calmkit_client import CalmkitError, Schema, SchemaError
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+
+
+def _read_token(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise CalmkitError(f"token_file ({path!r}) must be readable: {exc.strerror}") from None
+    if len(token) < 16:
+        raise CalmkitError(f"token_file ({path!r}) must hold a token of >= 16 characters")
+    return token
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress bars are optional
+        return None
+    return tqdm(total=total, desc=desc, unit="report", file=sys.stderr)
+
+
+# -- serve --------------------------------------------------------------------------------
+def _serve(args: argparse.Namespace) -> int:
+    from calmkit_aggregator.service import create_server, graceful_stop, log_json
+    from calmkit_aggregator.storage import Storage
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    token = _read_token(args.token_file)
+    storage = Storage(args.db)
+    try:
+        server, port = create_server(args.address, storage, admin_token=token)
+    except Exception:
+        storage.close()
+        raise
+    host = args.address.rsplit(":", 1)[0]
+    print(f"calmkit serve: listening on {host}:{port} (db {args.db})", flush=True)
+    if token is None:
+        print("calmkit serve: no --token-file, so admin calls are open; bound to loopback only",
+              flush=True)  # fmt: skip
+    log_json("serving", address=f"{host}:{port}", db=args.db, admin_token=token is not None)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    log_json("stopping", grace_seconds=args.grace)
+    graceful_stop(server, args.grace)
+    storage.close()
+    log_json("stopped")
+    return 0
+
+
+# -- collection ---------------------------------------------------------------------------
+def _schema_from_args(args: argparse.Namespace) -> Schema:
+    if args.schema:
+        try:
+            return Schema.from_dict(json.loads(Path(args.schema).read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError) as exc:
+            msg = f"schema ({args.schema!r}) must be a readable JSON file: {exc}"
+            raise SchemaError(msg) from None
+    if args.domain:
+        try:
+            return Schema.from_sizes([int(x) for x in args.domain.split(",")])
+        except ValueError:
+            raise SchemaError(f"domain ({args.domain!r}) must be comma-separated ints") from None
+    raise SchemaError("schema (none given) must come from --domain or --schema")
+
+
+def _parse_views(text: str | None) -> list[list[int]] | None:
+    if not text:
+        return None
+    try:
+        return [[int(a) for a in part.split(",")] for part in text.split(";")]
+    except ValueError:
+        raise CalmkitError(f"views ({text!r}) must look like '0,1;1,2;0,2'") from None
+
+
+def _info_dict(info: Any) -> dict[str, Any]:
+    return {
+        "collection_id": info.collection_id,
+        "state": info.state,
+        "m": info.plan.m,
+        "l": max(len(v) for v in info.plan.views),
+        "views": [list(v) for v in info.plan.views],
+        "oracles": list(info.plan.oracles or ()),
+        "plan_digest": info.plan.digest,
+        "k": info.k,
+        "reports": info.reports,
+        "view_reports": list(info.view_reports),
+        **({"submit_token": info.submit_token} if info.submit_token else {}),
+    }
+
+
+def _collection(args: argparse.Namespace) -> int:
+    from calmkit_aggregator.admin import AdminClient
+
+    with AdminClient(args.address, _read_token(args.token_file)) as admin:
+        if args.action == "create":
+            info = admin.create_collection(
+                _schema_from_args(args), args.epsilon, args.n, args.k,
+                collection_id=args.id or "", theta=args.theta, views=_parse_views(args.views),
+                m=args.m, l=args.l, seed=args.seed,
+            )  # fmt: skip
+        elif args.action == "close":
+            info = admin.close_collection(args.collection)
+        elif args.action == "list":
+            items = [_info_dict(i) for i in admin.list_collections()]
+            print(json.dumps(items) if args.json else "\n".join(
+                f"{i['collection_id']}  {i['state']:6s}  {i['reports']} reports  m={i['m']}"
+                for i in items))  # fmt: skip
+            return 0
+        else:
+            info = admin.get_collection(args.collection)
+    out = _info_dict(info)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"collection {out['collection_id']}: {out['state']}, {out['reports']} reports")
+    print(f"  plan {out['plan_digest'][:16]}: m = {out['m']} views of l = {out['l']}, "
+          f"k = {out['k']}, oracles {sorted(set(out['oracles']))}")  # fmt: skip
+    if "submit_token" in out:
+        print(f"  submit token (shown once; give it to your apps): {out['submit_token']}")
+    return 0
+
+
+# -- query --------------------------------------------------------------------------------
+def _format_table(answer: Any, fmt: str) -> str:
+    from itertools import product
+
+    values, variance = answer.values, answer.variance
+    cells = list(product(*(range(s) for s in values.shape)))
+    if fmt == "json":
+        return json.dumps({
+            "attributes": list(answer.attributes), "shape": list(values.shape),
+            "values": values.reshape(-1).tolist(),
+            "variance": [None if np.isnan(v) else v for v in variance.reshape(-1).tolist()],
+            "method": answer.method, "reports": answer.reports, "state": answer.state,
+        })  # fmt: skip
+    if fmt == "csv":
+        lines = [",".join([*answer.attributes, "fraction", "std_error"])]
+        for c in cells:
+            se = "" if np.isnan(variance[c]) else f"{np.sqrt(variance[c]):.6g}"
+            lines.append(",".join([*map(str, c), f"{values[c]:.6g}", se]))
+        return "\n".join(lines)
+    header = "  ".join(f"{a:>10s}" for a in answer.attributes) + "    fraction   std.err"
+    lines = [header]
+    for c in cells:
+        se = "       n/a" if np.isnan(variance[c]) else f"{np.sqrt(variance[c]):10.4f}"
+        lines.append("  ".join(f"{x:>10d}" for x in c) + f"  {values[c]:10.4f}{se}")
+    note = "" if answer.state == "closed" else " (collection open: provisional)"
+    lines.append(f"{answer.method}, {answer.reports} reports{note}")
+    return "\n".join(lines)
+
+
+def _query(args: argparse.Namespace) -> int:
+    from calmkit_aggregator.admin import AdminClient
+
+    attrs = [a.strip() for a in args.attrs.split(",") if a.strip()]
+    with AdminClient(args.address, _read_token(args.token_file)) as admin:
+        answer = admin.query(args.collection, attrs)
+    print(_format_table(answer, args.format))
+    return 0
+
+
+# -- demo ---------------------------------------------------------------------------------
+DEMO_SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
+DEMO_QUERIES = [(0, 1), (2, 4), (5, 7), (0, 1, 2), (3, 4, 6), (1, 5, 7)]
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """Everything on one machine: an embedded server on a free loopback port with a
+    temporary SQLite database, a synthetic population reporting through the real
+    client over gRPC, then 2- and 3-way marginals beside the truth."""
+    from calmkit_aggregator.admin import AdminClient
+    from calmkit_aggregator.service import create_server, graceful_stop
+    from calmkit_aggregator.storage import Storage
+    from calmkit_client.collector import Collector
+    from calmkit_client.device import DeviceState
+
+    from .synthetic import synthetic_population
+
+    t0 = time.perf_counter()
+    pop = synthetic_population(n=args.users, sizes=DEMO_SIZES, strength=1.5, rng=args.seed)
+    with tempfile.TemporaryDirectory(prefix="calmkit-demo-") as tmp:
+        storage = Storage(Path(tmp) / "aggregator.db")
+        server, port = create_server("127.0.0.1:0", storage)
+        address = f"127.0.0.1:{port}"
+        try:
+            with AdminClient(address) as admin:
+                info = admin.create_collection(
+                    pop.schema, args.epsilon, pop.n, 3, collection_id="demo", seed=args.seed
+                )
+                bar = _progress(pop.n, "reports", sys.stderr.isatty() and not args.json)
+                state = DeviceState(Path(tmp) / "devices.db")
+                with Collector(address, info.collection_id, info.submit_token, state) as client:
+                    ack = client.submit_many(pop.codes, np.arange(pop.n, dtype=np.uint64),
+                                             progress=bar.update if bar else None)  # fmt: skip
+                state.close()
+                if bar is not None:
+                    bar.close()
+                closed = admin.close_collection(info.collection_id)
+                answers = [
+                    (q, admin.query(info.collection_id, [pop.schema.attributes[a].name for a in q]))
+                    for q in DEMO_QUERIES
+                ]
+        finally:
+            graceful_stop(server, 5.0)
+            storage.close()
+    rows = []
+    for q, answer in answers:
+        truth = pop.marginal(q)
+        rows.append({
+            "attrs": list(answer.attributes), "method": answer.method,
+            "sse": float(((answer.values - truth) ** 2).sum()),
+            "uniform_sse": float(((truth - 1.0 / truth.size) ** 2).sum()),
+            "truth": truth, "estimate": answer.values,
+        })  # fmt: skip
+    out = {
+        "acknowledged": ack.accepted + ack.duplicates,
+        "counted": closed.reports,
+        "queries": [{"attrs": r["attrs"], "sse": r["sse"]} for r in rows],
+    }
+    seconds = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    plan = closed.plan
+    print(f"calmkit demo: {pop.describe().splitlines()[0]}")
+    print(f"  server on {address}, SQLite storage in a temporary directory")
+    print(f"  collection {closed.collection_id}: m = {plan.m} views, epsilon {args.epsilon}, "
+          f"plan {plan.digest[:12]}")  # fmt: skip
+    print(f"  {out['acknowledged']} reports acknowledged, {out['counted']} counted; closed")
+    for r in rows:
+        print(f"  {r['method']:10s} {','.join(r['attrs'])}: SSE {r['sse']:.2e} "
+              f"(Uniform {r['uniform_sse']:.2e})")  # fmt: skip
+        flat_t, flat_e = r["truth"].reshape(-1), r["estimate"].reshape(-1)
+        print("     true " + " ".join(f"{x:.3f}" for x in flat_t[:12]))
+        print("     est. " + " ".join(f"{x:.3f}" for x in flat_e[:12]))
+    print(f"  done in {seconds:.1f} s")
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    """Register serve, collection, query and demo on the ``calmkit`` parser."""
+    demo = sub.add_parser("demo", help="server + client + queries on one machine (no files)")
+    demo.add_argument("--users", type=int, default=100_000, help="synthetic users (100000)")
+    demo.add_argument("--epsilon", type=float, default=1.0, help="LDP budget (default 1)")
+    demo.add_argument("--seed", type=int, default=0, help="population and plan seed")
+    demo.add_argument("--json", action="store_true", help="one JSON object")
+    demo.set_defaults(run=_demo)
+
+    serve = sub.add_parser("serve", help="run the aggregator service")
+    serve.add_argument("--address", default=DEFAULT_ADDRESS, help="HOST:PORT (port 0: any)")
+    serve.add_argument("--db", required=True, help="SQLite database file (created if missing)")
+    serve.add_argument("--token-file", default=None, help="admin bearer token (required "
+                       "to bind a non-loopback address)")  # fmt: skip
+    serve.add_argument("--grace", type=float, default=10.0, help="shutdown grace seconds")
+    serve.set_defaults(run=_serve)
+
+    col = sub.add_parser("collection", help="create, close, list or show collections")
+    col.add_argument("action", choices=["create", "close", "status", "list"])
+    col.add_argument("--address", default=DEFAULT_ADDRESS)
+    col.add_argument("--token-file", default=None)
+    col.add_argument("--collection", help="collection id (close, status)")
+    col.add_argument("--id", default=None, help="create: the new collection's id")
+    col.add_argument("--domain", help="create: category counts, e.g. 2,3,2")
+    col.add_argument("--schema", help="create: schema JSON file (Schema.to_dict)")
+    col.add_argument("--epsilon", type=float)
+    col.add_argument("--n", type=int, default=0, help="create: expected users")
+    col.add_argument("--k", type=int, default=3)
+    col.add_argument("--theta", type=float, default=None)
+    col.add_argument("--m", type=int, default=None)
+    col.add_argument("--l", type=int, default=None)
+    col.add_argument("--views", default=None, help="explicit views, e.g. '0,1;1,2'")
+    col.add_argument("--seed", type=int, default=0)
+    col.add_argument("--json", action="store_true")
+    col.set_defaults(run=_collection_checked)
+
+    query = sub.add_parser("query", help="a marginal table of a collection")
+    query.add_argument("--address", default=DEFAULT_ADDRESS)
+    query.add_argument("--token-file", default=None)
+    query.add_argument("--collection", required=True)
+    query.add_argument("--attrs", required=True, help="attribute names, comma-separated")
+    query.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    query.set_defaults(run=_query)
+
+
+def _collection_checked(args: argparse.Namespace) -> int:
+    if args.action in ("close", "status") and not args.collection:
+        raise CalmkitError(f"collection (none given) must be set for '{args.action}'")
+    if args.action == "create" and args.epsilon is None:
+        raise CalmkitError("epsilon (none given) must be set for 'create'")
+    return _collection(args)

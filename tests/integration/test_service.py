@@ -1,0 +1,259 @@
+"""The aggregator service on port 0 with the real client: counts and answers equal the
+in-process pipeline's for the same reports; every status code; validation naming the
+field; access control; health and reflection; memoised resubmission."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from calmkit_aggregator import SupportCounts, reconstruct
+from calmkit_aggregator.admin import AdminClient
+from calmkit_aggregator.service import create_server, graceful_stop
+from calmkit_aggregator.storage import Storage
+from calmkit_client import CalmkitError, make_reports
+from calmkit_client import wire as client_wire
+from calmkit_client.collector import Collector, RetryPolicy, call_with_retry, open_channel
+from calmkit_client.device import DeviceState
+from calmkit_client.errors import (
+    AccessDenied,
+    CollectionClosed,
+    CollectionExists,
+    CollectionNotFound,
+    PlanMismatch,
+    ReportConflict,
+)
+from calmkit_simulator import synthetic_population
+
+SIZES = (2, 3, 2, 2, 4)
+POP = synthetic_population(n=6000, sizes=SIZES, strength=1.5, rng=3)
+IDS = np.arange(POP.n, dtype=np.uint64)
+
+
+class Server:
+    def __init__(self, tmp: Path, admin_token: str | None = None) -> None:
+        self.storage = Storage(tmp / "agg.db")
+        self.server, self.port = create_server("127.0.0.1:0", self.storage, admin_token)
+        self.address = f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        graceful_stop(self.server, 2.0)
+        self.storage.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    srv = Server(tmp_path)
+    yield srv
+    srv.stop()
+
+
+def _create(address: str, collection_id: str = "c1", **opts: object) -> client_wire.CollectionInfo:
+    with AdminClient(address) as admin:
+        return admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id=collection_id,
+                                       seed=7, **opts)  # fmt: skip
+
+
+def test_counts_and_answers_equal_the_in_process_pipeline(server: Server, tmp_path: Path) -> None:
+    info = _create(server.address)
+    state = DeviceState(tmp_path / "device.db")
+    with Collector(server.address, "c1", info.submit_token, state, batch_size=700) as client:
+        ack = client.submit_many(POP.codes, IDS, rng=np.random.default_rng(11))
+    assert (ack.accepted, ack.duplicates) == (POP.n, 0)
+    # the same reports in process: the device made them with make_reports and this rng
+    expected = SupportCounts.from_reports(
+        info.plan, make_reports(info.plan, POP.codes, IDS, np.random.default_rng(11))
+    )
+    got = server.storage.support("c1")
+    np.testing.assert_array_equal(got.n, expected.n)
+    for a, b in zip(got.counts, expected.counts):
+        np.testing.assert_array_equal(a, b)
+    with AdminClient(server.address) as admin:
+        closed = admin.close_collection("c1")
+        assert closed.state == "closed" and closed.reports == POP.n
+        in_process = reconstruct(expected)
+        for attrs in (["a0", "a1"], ["a1", "a3", "a4"], ["a0", "a2", "a4"]):
+            answer = admin.query("c1", attrs)
+            mine = in_process.answer(attrs)
+            assert answer.method == mine.method and answer.state == "closed"
+            np.testing.assert_allclose(answer.values, mine.values, rtol=0, atol=1e-12)
+            assert answer.values.sum() == pytest.approx(1.0)
+            if answer.method == "projection":
+                assert np.all(answer.variance > 0)
+            else:
+                assert np.all(np.isnan(answer.variance))
+    state.close()
+
+
+def test_resubmission_is_memoised_and_acknowledged_once(server: Server, tmp_path: Path) -> None:
+    info = _create(server.address)
+    record = {"a0": "0", "a1": "2", "a2": "1", "a3": "0", "a4": "3"}
+    with DeviceState(tmp_path / "d.db") as state:
+        with Collector(server.address, "c1", info.submit_token, state) as client:
+            first = client.submit(record)
+            again = client.submit(record)  # same stored report: a duplicate, not a new one
+    with DeviceState(tmp_path / "d.db") as state:  # a restarted app
+        with Collector(server.address, "c1", info.submit_token, state) as client:
+            after_restart = client.submit(record)
+    assert (first.accepted, again.accepted, again.duplicates) == (1, 0, 1)
+    assert (after_restart.accepted, after_restart.duplicates) == (0, 1)
+    assert int(server.storage.support("c1").n.sum()) == 1
+
+
+def _batch(
+    info: client_wire.CollectionInfo, users: slice, seed: int, state: DeviceState | None = None
+) -> object:
+    state = state or DeviceState(None)
+    items = state.reports_for("c1", info.plan, POP.codes[users], IDS[users], seed)
+    return client_wire.batch_to_proto("c1", info.plan.digest, items)
+
+
+def _submit(address: str, batch: object, token: str | None) -> object:
+    stub = client_wire.aggregator_stub(open_channel(address))
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    return call_with_retry(stub.SubmitReports, batch, RetryPolicy(attempts=1), metadata)
+
+
+@pytest.mark.parametrize(
+    "field, mutate, message",
+    [
+        ("view", lambda r, p: setattr(r, "view", p.m + 3), "reports[2].view"),
+        ("report_id", lambda r, p: setattr(r, "report_id", b"x" * 15), "reports[2].report_id"),
+        ("pseudonym", lambda r, p: setattr(r, "pseudonym", b""), "reports[2].pseudonym"),
+        ("payload", lambda r, p: r.ClearField("payload"), "reports[2].payload"),
+    ],
+)
+def test_bad_field_rejects_the_whole_batch_and_names_it(
+    server: Server, field: str, mutate: object, message: str
+) -> None:
+    info = _create(server.address)
+    batch = _batch(info, slice(0, 10), 1)
+    mutate(batch.reports[2], info.plan)  # type: ignore[operator, attr-defined]
+    with pytest.raises(CalmkitError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        _submit(server.address, batch, info.submit_token)
+    assert int(server.storage.support("c1").n.sum()) == 0  # nothing of it counted
+    good = _batch(info, slice(10, 20), 2)
+    assert _submit(server.address, good, info.submit_token).accepted == 10  # still serving
+
+
+def test_payload_values_are_checked_against_the_view_oracle(server: Server) -> None:
+    info = _create(server.address, views=[[0, 1], [0, 1, 2, 3, 4]])
+    assert info.plan.oracles == ("GRR", "OUE")  # 6 cells: GRR; 96 cells: OUE
+    batch = _batch(info, slice(0, 200), 3)
+    grr = next(r for r in batch.reports if r.view == 0)
+    oue = next(r for r in batch.reports if r.view == 1)
+    saved = grr.cell
+    grr.cell = 6
+    with pytest.raises(CalmkitError, match=r"cell \(6\) must be < L = 6"):
+        _submit(server.address, batch, info.submit_token)
+    grr.cell = saved
+    oue.bits = oue.bits[:-1]
+    with pytest.raises(CalmkitError, match=r"bits \(11 bytes\) must be 12 bytes"):
+        _submit(server.address, batch, info.submit_token)
+    assert int(server.storage.support("c1").n.sum()) == 0
+
+
+def test_status_codes(server: Server) -> None:
+    info = _create(server.address)
+    with pytest.raises(CollectionExists):
+        _create(server.address)
+    device = DeviceState(None)
+    batch = _batch(info, slice(0, 5), 4, device)
+    with pytest.raises(AccessDenied):
+        _submit(server.address, batch, "wrong-token-wrong-token")
+    assert _submit(server.address, batch, info.submit_token).accepted == 5
+    assert _submit(server.address, batch, info.submit_token).duplicates == 5  # a retry
+    device.forget("c1")  # a device that forgot its reports makes new ones: refused
+    other = _batch(info, slice(0, 5), 5, device)
+    with pytest.raises(ReportConflict):
+        _submit(server.address, other, info.submit_token)
+    stale = _batch(info, slice(5, 10), 6)
+    stale.plan_digest = "0" * 64
+    with pytest.raises(PlanMismatch):
+        _submit(server.address, stale, info.submit_token)
+    missing = _batch(info, slice(5, 10), 6)
+    missing.collection_id = "nope"
+    with pytest.raises(CollectionNotFound):
+        _submit(server.address, missing, info.submit_token)
+    with AdminClient(server.address) as admin:
+        admin.close_collection("c1")
+        with pytest.raises(CollectionNotFound):
+            admin.query("nope", ["a0"])
+        with pytest.raises(CalmkitError, match="a9"):
+            admin.query("c1", ["a0", "a9"])
+    with pytest.raises(CollectionClosed):
+        _submit(server.address, _batch(info, slice(5, 10), 7), info.submit_token)
+    assert int(server.storage.support("c1").n.sum()) == 5
+
+
+def test_admin_token_is_required_when_configured(tmp_path: Path) -> None:
+    srv = Server(tmp_path, admin_token="s3cret-admin-token-123")
+    try:
+        with AdminClient(srv.address) as anonymous, pytest.raises(AccessDenied):
+            anonymous.create_collection(POP.schema, 1.0, POP.n, 3)
+        with AdminClient(srv.address, "s3cret-admin-token-123") as admin:
+            assert admin.create_collection(POP.schema, 1.0, POP.n, 3).state == "open"
+    finally:
+        srv.stop()
+
+
+def test_without_a_token_only_loopback_binds(tmp_path: Path) -> None:
+    with Storage(tmp_path / "x.db") as storage:
+        with pytest.raises(CalmkitError, match=r"address \('0.0.0.0:0'\) must be loopback"):
+            create_server("0.0.0.0:0", storage)
+
+
+def test_health_and_reflection(server: Server) -> None:
+    channel = open_channel(server.address)
+    health = health_pb2_grpc.HealthStub(channel)
+    for name in ("", "calmkit.v1.Aggregator"):
+        status = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    response = next(iter(stub.ServerReflectionInfo(iter([request]), timeout=5)))
+    names = {s.name for s in response.list_services_response.service}
+    assert {"calmkit.v1.Aggregator", "grpc.health.v1.Health"} <= names
+
+
+class _Unavailable(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return "test"
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+
+def test_retries_back_off_on_unavailable_only() -> None:
+    calls, sleeps = [], []
+
+    def flaky(request: object, timeout: float, metadata: object) -> str:
+        calls.append(timeout)
+        if len(calls) < 3:
+            raise _Unavailable(grpc.StatusCode.UNAVAILABLE)
+        return "ok"
+
+    policy = RetryPolicy(attempts=5, initial=0.1, multiplier=2.0, maximum=0.15, timeout=3.0)
+    assert call_with_retry(flaky, None, policy, sleep=sleeps.append) == "ok"
+    assert calls == [3.0, 3.0, 3.0] and sleeps == [0.1, 0.15]
+
+    def invalid(request: object, timeout: float, metadata: object) -> str:
+        calls.append(timeout)
+        raise _Unavailable(grpc.StatusCode.INVALID_ARGUMENT)
+
+    calls.clear()
+    with pytest.raises(CalmkitError):
+        call_with_retry(invalid, None, policy, sleep=sleeps.append)
+    assert len(calls) == 1
