@@ -257,3 +257,35 @@ def test_retries_back_off_on_unavailable_only() -> None:
     with pytest.raises(CalmkitError):
         call_with_retry(invalid, None, policy, sleep=sleeps.append)
     assert len(calls) == 1
+
+
+def test_cli_collection_and_query_commands(
+    server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from calmkit_simulator.cli import main
+
+    base = ["--address", server.address]
+    assert main(["collection", "create", *base, "--domain", "2,3,2,2,4", "--epsilon", "1",
+                 "--n", str(POP.n), "--k", "3", "--id", "cli", "--json"]) == 0  # fmt: skip
+    created = json.loads(capsys.readouterr().out)
+    assert created["collection_id"] == "cli" and created["state"] == "open"
+    assert len(created["views"]) == created["m"] and "submit_token" in created
+    with Collector(server.address, "cli", created["submit_token"]) as client:
+        client.submit_many(POP.codes, IDS, rng=1)
+    assert main(["collection", "close", *base, "--collection", "cli", "--json"]) == 0
+    closed = json.loads(capsys.readouterr().out)
+    assert closed["state"] == "closed" and closed["reports"] == POP.n
+    assert "submit_token" not in closed  # shown once, at creation
+    assert main(["query", *base, "--collection", "cli", "--attrs", "a3,a0", "--format",
+                 "json"]) == 0  # fmt: skip
+    table = json.loads(capsys.readouterr().out)
+    assert table["attributes"] == ["a0", "a3"] and table["shape"] == [2, 2]
+    assert sum(table["values"]) == pytest.approx(1.0)
+    assert main(["query", *base, "--collection", "cli", "--attrs", "a0,a1", "--format",
+                 "csv"]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "a0,a1,fraction,std_error" and len(lines) == 1 + 2 * 3
+    assert main(["query", *base, "--collection", "nope", "--attrs", "a0"]) == 2
+    assert "collection_id ('nope')" in capsys.readouterr().err
