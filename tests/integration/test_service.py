@@ -289,3 +289,15 @@ def test_cli_collection_and_query_commands(
     assert lines[0] == "a0,a1,fraction,std_error" and len(lines) == 1 + 2 * 3
     assert main(["query", *base, "--collection", "nope", "--attrs", "a0"]) == 2
     assert "collection_id ('nope')" in capsys.readouterr().err
+
+
+def test_oversized_batch_is_refused_whole(server: Server) -> None:
+    from calmkit_aggregator.wire import MAX_BATCH
+
+    info = _create(server.address)
+    batch = _batch(info, slice(0, 1), 8)
+    one = batch.reports[0]
+    batch.reports.extend([one] * MAX_BATCH)  # MAX_BATCH + 1 reports
+    with pytest.raises(CalmkitError, match=rf"reports \({MAX_BATCH + 1} in one batch\)"):
+        _submit(server.address, batch, info.submit_token)
+    assert int(server.storage.support("c1").n.sum()) == 0
