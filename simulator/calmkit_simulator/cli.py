@@ -70,25 +70,16 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from calmkit_aggregator.planner import plan_collection
-
-    from .experiment import run_calm
+    from .experiment import run_mechanism
+    from .mechanisms import make_mechanism
 
     t0 = time.perf_counter()
+    mechanism = make_mechanism(args.mechanism, theta=args.theta, m=args.m, l=args.l,
+                               path=args.path, shrink=not args.no_shrink)  # fmt: skip
     pop = load_dataset(args.dataset, args.data_dir, args.d, args.max_categories, rng=args.seed)
     if args.n and args.n != pop.n:
         pop = pop.resample(args.n, rng=args.seed)
-    plan = plan_collection(
-        pop.schema,
-        args.epsilon,
-        pop.n,
-        args.k,
-        theta=args.theta,
-        l=args.l,
-        m=args.m,
-        rng=args.seed,
-        seed=args.seed,
-    )
+    mechanism.check(pop.schema, pop.n, args.epsilon, args.k)  # fail before any work
     bar = None
     if sys.stderr.isatty() and not args.json:
         try:
@@ -97,33 +88,26 @@ def _simulate(args: argparse.Namespace) -> int:
             bar = tqdm(total=args.reps, desc="reps", file=sys.stderr)
         except ImportError:  # progress bars are optional
             bar = None
-    results = run_calm(
-        pop,
-        plan,
-        args.k,
-        args.queries,
-        args.reps,
-        rng=args.seed,
-        path=args.path,
-        progress=bar.update if bar else None,
-        shrink=not args.no_shrink,
-    )
+    results = run_mechanism(pop, mechanism, args.epsilon, args.k, args.queries, args.reps,
+                            rng=args.seed, progress=bar.update if bar else None)  # fmt: skip
     if bar is not None:
         bar.close()
-    calm = np.array([r.calm_sse for r in results])
-    uniform = np.array([r.uniform_sse for r in results])
+    errors = np.array([r.sse for r in results])
+    chosen = results[0].chosen if results else {}
     out = {
-        "mechanism": "CALM",
+        "mechanism": mechanism.name,
         "dataset": pop.name,
         "n": pop.n,
         "d": pop.d,
         "k": args.k,
         "epsilon": args.epsilon,
-        "m": plan.m,
-        "l": max(len(v) for v in plan.views),
-        "sse_mean": float(calm.mean()),
-        "sse_std": float(calm.std(ddof=1)) if calm.size > 1 else 0.0,
-        "uniform_sse_mean": float(uniform.mean()),
+        "m": chosen.get("m"),
+        "l": chosen.get("l"),
+        "sse_mean": float(errors.mean()),
+        "sse_std": float(errors.std(ddof=1)) if errors.size > 1 else 0.0,
+        "uniform_sse_mean": float(np.mean([r.uniform_sse for r in results])),
+        "seconds_per_rep": float(np.median([r.seconds for r in results])),
+        "privacy_unit": mechanism.privacy_unit,
         "shrink": not args.no_shrink,
         "seconds": round(time.perf_counter() - t0, 3),
     }
@@ -131,15 +115,16 @@ def _simulate(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return 0
     print(pop.describe())
+    chose = ", ".join(f"{k_} = {v}" for k_, v in chosen.items())
     print(
-        f"CALM: m = {out['m']} views of l = {out['l']} attributes, epsilon {args.epsilon}, "
-        f"{args.queries} random {args.k}-way queries x {args.reps} reps ({args.path} path)"
+        f"{out['mechanism']}{' (' + chose + ')' if chose else ''}: epsilon {args.epsilon}, "
+        f"{args.queries} random {args.k}-way queries x {args.reps} reps"
     )
     print(
-        f"  SSE  CALM {out['sse_mean']:.3g} +- {out['sse_std']:.2g}   "
+        f"  SSE  {out['mechanism']} {out['sse_mean']:.3g} +- {out['sse_std']:.2g}   "
         f"Uniform {out['uniform_sse_mean']:.3g}"
     )
-    print(f"  {out['seconds']:.1f} s")
+    print(f"  {out['seconds']:.1f} s ({out['seconds_per_rep']:.2f} s per rep)")
     return 0
 
 
@@ -170,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(run=_plan)
 
-    sim = sub.add_parser("simulate", help="run CALM and Uniform on a population; SSE")
+    sim = sub.add_parser("simulate", help="run a mechanism and Uniform on a population; SSE")
+    sim.add_argument("--mechanism", default="calm", help="calm (default), uni, ...")
     sim.add_argument(
         "--dataset", default="synthetic", help="; ".join(f"{k}: {v}" for k, v in DATASETS.items())
     )

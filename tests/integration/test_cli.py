@@ -93,7 +93,20 @@ def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
         "sse_mean",
         "sse_std",
         "uniform_sse_mean",
+        "seconds_per_rep",
+        "privacy_unit",
         "shrink",
         "seconds",
     }
     assert out["n"] == 20000 and out["d"] == 6 and out["sse_mean"] < out["uniform_sse_mean"]
+
+
+def test_simulate_runs_any_mechanism_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["simulate", "--d", "5", "--n", "5000", "--k", "2", "--epsilon", "1", "--reps", "2",
+            "--queries", "5", "--json"]  # fmt: skip
+    assert main([*base, "--mechanism", "uni"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mechanism"] == "Uni" and out["m"] is None
+    assert out["sse_mean"] == pytest.approx(out["uniform_sse_mean"], rel=1e-12)
+    assert main([*base, "--mechanism", "nope"]) == 2
+    assert "mechanism ('nope') must be one of" in capsys.readouterr().err

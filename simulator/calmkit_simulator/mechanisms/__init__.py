@@ -1,0 +1,29 @@
+"""Mechanisms the harness compares (issue 5): CALM, the paper's LDP baselines and the
+central references, all behind :class:`Mechanism`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from calmkit_client import CalmkitError
+
+from .base import Mechanism, NotScalable, Release
+from .calm import Calm
+from .uniform import Uniform
+
+__all__ = ["MECHANISMS", "Calm", "Mechanism", "NotScalable", "Release", "Uniform", "make_mechanism"]
+
+# command-line name -> (class, the options of ``calmkit simulate`` it takes)
+MECHANISMS: dict[str, tuple[type[Mechanism], tuple[str, ...]]] = {
+    "calm": (Calm, ("theta", "m", "l", "path", "shrink")),
+    "uni": (Uniform, ()),
+}
+
+
+def make_mechanism(name: str, **options: Any) -> Mechanism:
+    """The mechanism called ``name``, given the options it understands."""
+    try:
+        cls, accepted = MECHANISMS[name]
+    except KeyError:
+        raise CalmkitError(f"mechanism ({name!r}) must be one of {sorted(MECHANISMS)}") from None
+    return cls(**{k: v for k, v in options.items() if k in accepted})

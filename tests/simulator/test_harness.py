@@ -1,0 +1,48 @@
+"""The mechanism interface: the harness checks feasibility first, runs any mechanism
+the same way, and records runtime and the mechanism's choices."""
+
+from __future__ import annotations
+
+import pytest
+
+from calmkit_simulator import synthetic_population
+from calmkit_simulator.experiment import run_mechanism
+from calmkit_simulator.mechanisms import Calm, Mechanism, NotScalable, Uniform, make_mechanism
+
+POP = synthetic_population(n=8000, sizes=(2, 3, 2, 2), strength=1.5, rng=1)
+
+
+class _Refuses(Mechanism):
+    name = "refuses"
+    ran = False
+
+    def check(self, schema, n, epsilon, k):  # type: ignore[no-untyped-def]
+        raise NotScalable(f"n ({n}) is too small for this test mechanism")
+
+    def run(self, population, epsilon, k, rng=None):  # type: ignore[no-untyped-def]
+        self.ran = True
+        raise AssertionError("run must not start after check refused")
+
+
+def test_infeasible_setting_fails_before_any_work() -> None:
+    mech = _Refuses()
+    with pytest.raises(NotScalable, match=r"n \(8000\)"):
+        run_mechanism(POP, mech, 1.0, 2, queries=3, reps=1)
+    assert not mech.ran
+
+
+def test_uniform_through_the_harness_is_the_uniform_reference() -> None:
+    for rep in run_mechanism(POP, Uniform(), 1.0, 2, queries=5, reps=2, rng=0):
+        assert rep.sse == pytest.approx(rep.uniform_sse, rel=1e-12)
+
+
+def test_calm_records_its_choice_and_time() -> None:
+    reps = run_mechanism(POP, Calm(), 1.0, 2, queries=5, reps=2, rng=0)
+    assert all(r.seconds > 0 and set(r.chosen) == {"m", "l"} for r in reps)
+    assert all(r.sse < r.uniform_sse for r in reps)
+
+
+def test_make_mechanism_passes_only_understood_options() -> None:
+    calm = make_mechanism("calm", theta=0.01, m=3, l=2, path="fast", shrink=False)
+    assert isinstance(calm, Calm) and (calm.m, calm.l, calm.shrink) == (3, 2, False)
+    assert isinstance(make_mechanism("uni", theta=0.01), Uniform)
