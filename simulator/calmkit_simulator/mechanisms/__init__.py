@@ -9,14 +9,25 @@ from calmkit_client import CalmkitError
 
 from .base import Mechanism, NotScalable, Release
 from .calm import Calm
+from .priview import PriView
 from .uniform import Uniform
 
-__all__ = ["MECHANISMS", "Calm", "Mechanism", "NotScalable", "Release", "Uniform", "make_mechanism"]
+__all__ = [
+    "MECHANISMS",
+    "Calm",
+    "Mechanism",
+    "NotScalable",
+    "PriView",
+    "Release",
+    "Uniform",
+    "make_mechanism",
+]
 
 # command-line name -> (class, the options of ``calmkit simulate`` it takes)
 MECHANISMS: dict[str, tuple[type[Mechanism], tuple[str, ...]]] = {
     "calm": (Calm, ("theta", "m", "l", "path", "shrink")),
     "uni": (Uniform, ()),
+    "priview": (PriView, ("theta", "m", "l", "shrink")),
 }
 
 
