@@ -8,12 +8,14 @@ from typing import Any
 from calmkit_client import CalmkitError
 
 from .base import Mechanism, NotScalable, Release
+from .binary import BinaryEncoded
 from .calm import Calm
 from .priview import PriView
 from .uniform import Uniform
 
 __all__ = [
     "MECHANISMS",
+    "BinaryEncoded",
     "Calm",
     "Mechanism",
     "NotScalable",
@@ -27,6 +29,7 @@ __all__ = [
 MECHANISMS: dict[str, tuple[type[Mechanism], tuple[str, ...]]] = {
     "calm": (Calm, ("theta", "m", "l", "path", "shrink")),
     "uni": (Uniform, ()),
+    "be": (BinaryEncoded, ("theta", "m", "l", "path", "shrink")),
     "priview": (PriView, ("theta", "m", "l", "shrink")),
 }
 
