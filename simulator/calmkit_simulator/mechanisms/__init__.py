@@ -7,16 +7,20 @@ from typing import Any
 
 from calmkit_client import CalmkitError
 
+from .am import AllMarginals
 from .base import Mechanism, NotScalable, Release
 from .binary import BinaryEncoded
 from .calm import Calm
+from .fc import FullContingency
 from .priview import PriView
 from .uniform import Uniform
 
 __all__ = [
     "MECHANISMS",
+    "AllMarginals",
     "BinaryEncoded",
     "Calm",
+    "FullContingency",
     "Mechanism",
     "NotScalable",
     "PriView",
@@ -29,6 +33,8 @@ __all__ = [
 MECHANISMS: dict[str, tuple[type[Mechanism], tuple[str, ...]]] = {
     "calm": (Calm, ("theta", "m", "l", "path", "shrink")),
     "uni": (Uniform, ()),
+    "fc": (FullContingency, ("path",)),
+    "am": (AllMarginals, ("path",)),
     "be": (BinaryEncoded, ("theta", "m", "l", "path", "shrink")),
     "priview": (PriView, ("theta", "m", "l", "shrink")),
 }
