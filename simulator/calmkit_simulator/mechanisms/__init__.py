@@ -11,7 +11,9 @@ from .am import AllMarginals
 from .base import Mechanism, NotScalable, Release
 from .binary import BinaryEncoded
 from .calm import Calm
+from .em import ExpectationMaximization
 from .fc import FullContingency
+from .ft import Fourier
 from .priview import PriView
 from .uniform import Uniform
 
@@ -20,6 +22,8 @@ __all__ = [
     "AllMarginals",
     "BinaryEncoded",
     "Calm",
+    "ExpectationMaximization",
+    "Fourier",
     "FullContingency",
     "Mechanism",
     "NotScalable",
@@ -35,6 +39,8 @@ MECHANISMS: dict[str, tuple[type[Mechanism], tuple[str, ...]]] = {
     "uni": (Uniform, ()),
     "fc": (FullContingency, ("path",)),
     "am": (AllMarginals, ("path",)),
+    "ft": (Fourier, ()),
+    "em": (ExpectationMaximization, ()),
     "be": (BinaryEncoded, ("theta", "m", "l", "path", "shrink")),
     "priview": (PriView, ("theta", "m", "l", "shrink")),
 }
