@@ -182,7 +182,9 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
         return wire.ack_to_proto(outcome.accepted, outcome.duplicates)
 
     # -- queries -----------------------------------------------------------------------
-    def _estimator(self, collection_id: str) -> MarginalEstimator:
+    def _estimator(self, collection_id: str) -> tuple[MarginalEstimator, int]:
+        """The reconstruction for the reports counted now (cached until more arrive)
+        and how many reports it rests on."""
         support = self.storage.support(collection_id)
         total = int(support.n.sum())
         if total == 0:
@@ -192,14 +194,14 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
             if cached is None or cached[0] != total:
                 cached = (total, reconstruct(support))
                 self._estimates[collection_id] = cached
-        return cached[1]
+        return cached[1], total
 
     @_rpc
     def Query(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._require_admin(context)
         collection_id, names = wire.query_from_proto(request)
         record = self.storage.get_collection(collection_id)
-        estimator = self._estimator(collection_id)
+        estimator, total = self._estimator(collection_id)
         schema = record.plan.schema
         attrs = tuple(sorted(schema.resolve(names)))
         answer = estimator.answer(attrs)
@@ -212,7 +214,6 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
                 if set(attrs) <= set(t.attrs)
             )
         ordered = [schema.attributes[a].name for a in attrs]
-        total = int(self.storage.support(collection_id).n.sum())
         log_json("query", collection=collection_id, attrs=ordered, method=answer.method)
         return wire.marginal_to_proto(answer, ordered, np.asarray(variance), total, record.state)
 
