@@ -27,13 +27,13 @@ from itertools import combinations
 
 import numpy as np
 
-from calmkit_aggregator import MarginalTable, estimate_views, norm_sub
+from calmkit_aggregator import MarginalTable
 from calmkit_client import MAX_VIEW_CELLS, CalmkitError, Plan, Schema, validate_epsilon
 from calmkit_client.randomness import RngLike
 
-from ..collect import PATHS, collect_support
 from ..population import Population
 from .base import Mechanism, NotScalable, Release
+from .direct import check_path, collect_views
 from .fc import _as_sizes, check_query, fo_variance, kset_cells, table_sse
 
 __all__ = ["MAX_VIEWS", "AllMarginals", "am_variance"]
@@ -120,9 +120,7 @@ class AllMarginals(Mechanism):
     name = "AM"
 
     def __init__(self, nonnegative: bool = True, path: str = "fast") -> None:
-        if path not in PATHS:
-            raise CalmkitError(f"path ({path!r}) must be one of {list(PATHS)}")
-        self.nonnegative, self.path = bool(nonnegative), path
+        self.nonnegative, self.path = bool(nonnegative), check_path(path)
 
     def check(self, schema: Schema, n: int, epsilon: float, k: int) -> None:
         validate_epsilon(epsilon)
@@ -156,8 +154,5 @@ class AllMarginals(Mechanism):
         schema = population.schema
         views = tuple(combinations(range(schema.d), int(k)))
         plan = Plan(schema, validate_epsilon(epsilon), views, seed=seed)
-        support = collect_support(population, plan, gen, path=self.path)  # type: ignore[arg-type]
-        tables = estimate_views(support)
-        if self.nonnegative:
-            tables = [MarginalTable(t.attrs, norm_sub(t.values), t.variance, t.n) for t in tables]
+        tables = collect_views(population, plan, gen, self.path, self.nonnegative)
         return _AllMarginalsRelease(schema, int(k), tables, [o.name for o in plan.view_oracles])

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from calmkit_aggregator import MarginalTable, estimate_views, norm_sub
+from calmkit_aggregator import MarginalTable
 from calmkit_client import (
     MAX_VIEW_CELLS,
     CalmkitError,
@@ -38,9 +38,9 @@ from calmkit_client import (
 )
 from calmkit_client.randomness import RngLike
 
-from ..collect import PATHS, collect_support
 from ..population import Population
 from .base import Mechanism, NotScalable, Release
+from .direct import check_path, collect_views
 
 __all__ = ["FullContingency", "fc_variance", "fo_variance"]
 
@@ -155,9 +155,7 @@ class FullContingency(Mechanism):
     name = "FC"
 
     def __init__(self, nonnegative: bool = True, path: str = "fast") -> None:
-        if path not in PATHS:
-            raise CalmkitError(f"path ({path!r}) must be one of {list(PATHS)}")
-        self.nonnegative, self.path = bool(nonnegative), path
+        self.nonnegative, self.path = bool(nonnegative), check_path(path)
 
     def check(self, schema: Schema, n: int, epsilon: float, k: int) -> None:
         validate_epsilon(epsilon)
@@ -176,8 +174,5 @@ class FullContingency(Mechanism):
         gen = np.random.default_rng(rng)  # type: ignore[arg-type]
         schema = population.schema
         plan = Plan(schema, validate_epsilon(epsilon), (tuple(range(schema.d)),))
-        support = collect_support(population, plan, gen, path=self.path)  # type: ignore[arg-type]
-        (table,) = estimate_views(support)
-        if self.nonnegative:
-            table = MarginalTable(table.attrs, norm_sub(table.values), table.variance, table.n)
+        (table,) = collect_views(population, plan, gen, self.path, self.nonnegative)
         return _FullRelease(schema, table, plan.view_oracles[0].name)
