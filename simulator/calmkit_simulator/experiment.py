@@ -116,9 +116,10 @@ def run_mechanism(
         t0 = time.perf_counter()
         release = mechanism.run(population, epsilon, k, gen)
         errors, uniform = [], []
-        for q in random_queries(population.d, k, queries, gen):
+        qs = random_queries(population.d, k, queries, gen)
+        for q, answer in zip(qs, release.answer_many(qs)):
             truth = population.marginal(q)
-            errors.append(sse(truth, release.answer(q)))
+            errors.append(sse(truth, answer))
             uniform.append(sse(truth, np.full(truth.shape, 1.0 / truth.size)))
         seconds = time.perf_counter() - t0
         rep = MechanismRep(

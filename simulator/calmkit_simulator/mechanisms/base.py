@@ -35,6 +35,11 @@ class Release(ABC):
         """The marginal over sorted attribute positions ``attrs`` as fractions,
         shape ``schema.shape(attrs)``, float64, summing to 1."""
 
+    def answer_many(self, queries: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """:meth:`answer` for each query; mechanisms override it where answering a
+        batch together is faster (e.g. EM's iterations over all queries at once)."""
+        return [self.answer(q) for q in queries]
+
     def describe(self) -> dict[str, object]:
         """Parameters the mechanism chose (e.g. CALM's m and l), for reports."""
         return {}
