@@ -128,6 +128,56 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _experiment(args: argparse.Namespace) -> int:
+    import os
+    import shlex
+    from pathlib import Path
+
+    from .figures import build_figure
+    from .grid import ResultCache, run_tasks
+    from .report import write_outputs
+
+    figure = build_figure(args.figure, quick=args.quick, seed=args.seed, reps=args.reps,
+                          queries=args.queries, n=args.n, dataset=args.dataset)  # fmt: skip
+    out = Path(args.out)
+    cache = ResultCache(out / ".cache" / "results.sqlite")
+    tasks = figure.tasks()
+    bar = None
+    if sys.stderr.isatty():
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len({t.key() for t in tasks}), desc=figure.name, file=sys.stderr)
+        except ImportError:  # progress bars are optional
+            bar = None
+    jobs = args.jobs or os.cpu_count() or 1
+    t0 = time.perf_counter()
+    try:
+        results = run_tasks(tasks, cache, args.data_dir, jobs=jobs,
+                            progress=bar.update if bar else None)  # fmt: skip
+    finally:
+        if bar is not None:
+            bar.close()
+        cache.close()
+    elapsed = time.perf_counter() - t0
+    command = "calmkit experiment " + shlex.join(sys.argv[2:] if args.argv is None else args.argv)
+    paths = write_outputs(figure, results, out, command, elapsed, plot=not args.no_plot)
+    counts: dict[str, int] = {}
+    for r in results.values():
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary = {
+        "figure": figure.name,
+        "tasks": len(results),
+        "status": counts,
+        "seconds": round(elapsed, 1),
+        "outputs": {k: str(v) for k, v in paths.items()},
+    }
+    print(json.dumps(summary) if args.json else
+          f"{figure.name}: {len(results)} tasks {counts} in {elapsed:.0f} s; "
+          f"report {paths['results']}")  # fmt: skip
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="calmkit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -180,11 +230,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--json", action="store_true")
     sim.set_defaults(run=_simulate)
+
+    from .figures import FIGURES
+
+    exp = sub.add_parser("experiment", help="a figure of the paper: grid, CSV, PNG, results.md")
+    exp.add_argument("figure", choices=sorted(FIGURES))
+    exp.add_argument("--quick", action="store_true", help="a reduced grid (seconds)")
+    exp.add_argument("--out", default="results", help="output folder (default ./results)")
+    exp.add_argument("--seed", type=int, default=0)
+    exp.add_argument("--reps", type=int, default=None, help="repetitions (paper: 20)")
+    exp.add_argument("--queries", type=int, default=50, help="random queries per repetition")
+    exp.add_argument("--n", type=int, default=None, help="only the panels with this n")
+    exp.add_argument("--dataset", default=None, help="run every panel on this dataset instead")
+    exp.add_argument("--data-dir", default=None, help="default $CALMKIT_DATA, ../shared/datasets")
+    exp.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
+    exp.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib)")
+    exp.add_argument("--json", action="store_true")
+    exp.set_defaults(run=_experiment)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = None if argv is None else list(argv)[1:]
     try:
         return int(args.run(args))
     except CalmkitError as exc:

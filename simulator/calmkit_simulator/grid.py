@@ -1,0 +1,311 @@
+"""Experiment grids: tasks, the on-disk result cache, and the runner (issue 5).
+
+A :class:`Task` is one point of a figure: one mechanism at one setting, run for
+``reps`` repetitions of the evaluation protocol (papers/calm-ccs18.txt §5.1: 50 random
+k-way queries, SSE against the truth). Its result depends only on the task itself:
+
+* the population: ``load_dataset(dataset, d, max_categories)`` resampled to ``n`` users
+  with replacement, seed ``seed``;
+* the queries of repetition r: :func:`random_queries` seeded ``[seed, d, query_k, r]``,
+  shared by every mechanism and epsilon of the same population (paired comparisons;
+  the truth is computed once per repetition);
+* the mechanism's randomness in repetition r: seeded ``[seed, task hash, r]``.
+
+So results are reproducible whatever the order, the number of worker processes or an
+interruption: the :class:`ResultCache` (SQLite, one row per finished task, committed at
+once) lets an interrupted grid resume where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calmkit_client import CalmkitError
+
+from .datasets import DatasetError, load_dataset
+from .experiment import random_queries, sse
+from .mechanisms import NotScalable, make_mechanism
+from .population import Population
+
+__all__ = ["ResultCache", "Task", "run_tasks"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One mechanism at one setting; ``k`` is the workload size the mechanism plans
+    for (CALM's k'), ``query_k`` the size of the queries it is scored on.
+
+    ``kind``: ``"sse"`` (the §5 protocol) or ``"classify"`` (§5.4: misclassification
+    of an SVM trained on records sampled from the released marginal; then
+    ``classify`` names the :data:`~calmkit_simulator.classify` preset and
+    ``duplicate`` how many copies of the training records report)."""
+
+    dataset: str
+    mechanism: str
+    epsilon: float
+    k: int
+    query_k: int
+    d: int | None = None
+    n: int | None = None
+    max_categories: int | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+    reps: int = 20
+    queries: int = 50
+    seed: int = 0
+    kind: str = "sse"
+    classify: str = ""
+    duplicate: int = 1
+
+    def key(self) -> str:
+        """Stable identity: the SHA-256 of the task's fields (hex, 24 chars)."""
+        blob = json.dumps(asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+    def population_key(self) -> tuple[Any, ...]:
+        return (self.dataset, self.d, self.n, self.max_categories, self.seed)
+
+    def mechanism_seed(self) -> int:
+        """The task's own seed for the mechanism's randomness (recorded in results)."""
+        return int(self.key()[:15], 16)
+
+
+class ResultCache:
+    """Finished tasks on disk: ``key -> (task, result)`` in SQLite, committed per task."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path)
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS results "
+            "(key TEXT PRIMARY KEY, task TEXT NOT NULL, result TEXT NOT NULL)"
+        )
+        self._db.commit()
+
+    def get(self, task: Task) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT result FROM results WHERE key = ?", (task.key(),)).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    def put(self, task: Task, result: dict[str, Any]) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO results VALUES (?, ?, ?)",
+            (task.key(), json.dumps(asdict(task), default=str), json.dumps(result)),
+        )
+        self._db.commit()
+
+    def close(self) -> None:
+        self._db.close()
+
+
+# -- running one task (in this process or a worker) -----------------------------------
+@dataclass
+class _Memo:
+    """Per-process caches: populations, and each repetition's queries and truths."""
+
+    populations: dict[tuple[Any, ...], Population] = field(default_factory=dict)
+    truths: dict[tuple[Any, ...], tuple[list[tuple[int, ...]], list[np.ndarray]]] = field(
+        default_factory=dict
+    )
+
+
+_MEMO = _Memo()
+
+
+def _population(task: Task, data_dir: str | None) -> Population:
+    key = task.population_key()
+    if key not in _MEMO.populations:
+        if len(_MEMO.populations) >= 4:  # keep memory bounded on long grids
+            _MEMO.populations.clear()
+            _MEMO.truths.clear()
+        pop = load_dataset(task.dataset, data_dir, task.d, task.max_categories, rng=task.seed)
+        if task.n is not None and task.n != pop.n:
+            pop = pop.resample(task.n, rng=task.seed)
+        _MEMO.populations[key] = pop
+    return _MEMO.populations[key]
+
+
+def _queries(
+    task: Task, pop: Population, rep: int
+) -> tuple[list[tuple[int, ...]], list[np.ndarray]]:
+    key = (task.population_key(), task.query_k, task.queries, rep)
+    if key not in _MEMO.truths:
+        qs = random_queries(
+            pop.d, task.query_k, task.queries, [task.seed, pop.d, task.query_k, rep]
+        )
+        _MEMO.truths[key] = (qs, [pop.marginal(q) for q in qs])
+    return _MEMO.truths[key]
+
+
+def run_task(task: Task, data_dir: str | None = None) -> dict[str, Any]:
+    """Run ``task``: ``{"status": "ok", "sse": [...], ...}`` per repetition, or
+    ``{"status": "not_scalable" | "missing_data", "message": ...}``."""
+    try:
+        pop = _population(task, data_dir)
+    except DatasetError as exc:
+        return {"status": "missing_data", "message": str(exc)}
+    mechanism = make_mechanism(task.mechanism, **dict(task.options))
+    try:
+        if task.kind == "classify":  # checked on the training attributes, inside
+            return _run_classify(task, pop, mechanism)
+        mechanism.check(pop.schema, pop.n, task.epsilon, task.k)
+    except NotScalable as exc:
+        return {"status": "not_scalable", "message": str(exc), "mechanism": mechanism.name}
+    out: dict[str, Any] = {
+        "status": "ok",
+        "mechanism": mechanism.name,
+        "sse": [],
+        "uniform": [],
+        "seconds": [],
+        "chosen": {},
+        "privacy_unit": mechanism.privacy_unit,
+        "mechanism_seed": task.mechanism_seed(),
+    }
+    for rep in range(task.reps):
+        queries, truths = _queries(task, pop, rep)
+        rng = np.random.default_rng([task.seed, task.mechanism_seed(), rep])
+        t0 = time.perf_counter()
+        try:
+            release = mechanism.run(pop, task.epsilon, task.k, rng)
+        except NotScalable as exc:
+            return {"status": "not_scalable", "message": str(exc), "mechanism": mechanism.name}
+        except CalmkitError as exc:  # a setting the mechanism refuses (e.g. m > C(d, l))
+            return {"status": "invalid", "message": str(exc), "mechanism": mechanism.name}
+        answers = release.answer_many(queries)
+        out["seconds"].append(time.perf_counter() - t0)
+        out["sse"].append(float(np.mean([sse(t, a) for t, a in zip(truths, answers)])))
+        out["uniform"].append(
+            float(np.mean([sse(t, np.full(t.shape, 1.0 / t.size)) for t in truths]))
+        )
+        out["chosen"] = release.describe()
+    out["chosen"] = json.loads(json.dumps(out["chosen"], default=str))
+    return out
+
+
+def _run_classify(task: Task, pop: Population, mechanism: Any) -> dict[str, Any]:
+    from .classify import CLASSIFICATION_SETTINGS, run_classification
+
+    setting = CLASSIFICATION_SETTINGS[task.classify](pop)
+    out: dict[str, Any] = {
+        "status": "ok",
+        "mechanism": mechanism.name,
+        "error": [],
+        "nonoise": [],
+        "majority": [],
+        "seconds": [],
+        "chosen": {},
+        "privacy_unit": mechanism.privacy_unit,
+        "mechanism_seed": task.mechanism_seed(),
+    }
+    for rep in range(task.reps):
+        rng = np.random.default_rng([task.seed, task.mechanism_seed(), rep])
+        r = run_classification(pop, setting, mechanism, task.epsilon, rng, duplicate=task.duplicate)
+        out["error"].append(r.error)
+        out["nonoise"].append(r.nonoise)
+        out["majority"].append(r.majority)
+        out["seconds"].append(r.seconds)
+        out["chosen"] = json.loads(json.dumps(r.chosen, default=str))
+    return out
+
+
+def _run_in_worker(task: Task, data_dir: str | None) -> dict[str, Any]:
+    return run_task(task, data_dir)
+
+
+# -- the runner -----------------------------------------------------------------------
+def run_tasks(
+    tasks: Iterable[Task],
+    cache: ResultCache,
+    data_dir: Path | str | None = None,
+    jobs: int = 1,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Every task's result, from ``cache`` or computed (and cached at once).
+
+    ``jobs > 1`` runs tasks in that many worker processes; results are the same as
+    with one. An interruption loses at most the tasks in flight.
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise CalmkitError(f"jobs ({jobs!r}) must be an int >= 1")
+    unique = {t.key(): t for t in tasks}
+    results: dict[str, dict[str, Any]] = {}
+    todo: list[Task] = []
+    for key, task in unique.items():
+        hit = cache.get(task)
+        if hit is not None:
+            results[key] = hit
+            if progress is not None:
+                progress(1)
+        else:
+            todo.append(task)
+    # populations together, so each worker's memo is reused
+    todo.sort(key=lambda t: (str(t.population_key()), t.query_k, t.mechanism, t.epsilon))
+    where = None if data_dir is None else str(data_dir)
+    if jobs == 1 or len(todo) <= 1:
+        for task in todo:
+            results[task.key()] = _finish(cache, task, run_task(task, where), progress)
+        return results
+    with ProcessPoolExecutor(max_workers=min(jobs, os.cpu_count() or 1, len(todo))) as pool:
+        pending: dict[Future[dict[str, Any]], Task] = {}
+        queue = list(reversed(todo))
+        while queue or pending:
+            while queue and len(pending) < 2 * jobs:  # bounded queue: stop fast on ^C
+                task = queue.pop()
+                pending[pool.submit(_run_in_worker, task, where)] = task
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                task = pending.pop(fut)
+                results[task.key()] = _finish(cache, task, fut.result(), progress)
+    return results
+
+
+def _finish(
+    cache: ResultCache,
+    task: Task,
+    result: dict[str, Any],
+    progress: Callable[[int], None] | None,
+) -> dict[str, Any]:
+    if result["status"] != "missing_data":  # a dataset may appear later: do not cache
+        cache.put(task, result)
+    if progress is not None:
+        progress(1)
+    return result
+
+
+def summarize(task: Task, result: dict[str, Any]) -> dict[str, Any]:
+    """One CSV row: the task's fields, mean/sd of the metric, runtime, status."""
+    row: dict[str, Any] = {k: v for k, v in asdict(task).items() if k != "options"}
+    row["options"] = ";".join(f"{k}={v}" for k, v in task.options)
+    row["status"] = result["status"]
+    row["message"] = result.get("message", "")
+    row["label"] = result.get("mechanism", task.mechanism)
+    metric = "error" if task.kind == "classify" else "sse"
+    values = np.asarray(result.get(metric, []), dtype=float)
+    row["mean"] = float(values.mean()) if values.size else float("nan")
+    row["std"] = (
+        float(values.std(ddof=1)) if values.size > 1 else 0.0 if values.size else float("nan")
+    )
+    for extra in ("uniform", "nonoise", "majority"):
+        vals = result.get(extra)
+        row[extra] = float(np.mean(vals)) if vals else float("nan")
+    secs = result.get("seconds") or []
+    row["seconds_per_rep"] = float(np.median(secs)) if secs else float("nan")
+    chosen = result.get("chosen") or {}
+    row["m"], row["l"] = chosen.get("m", ""), chosen.get("l", "")
+    row["mechanism_seed"] = result.get("mechanism_seed", task.mechanism_seed())
+    row["privacy_unit"] = result.get("privacy_unit", "")
+    return row
+
+
+def task_rows(tasks: Sequence[Task], results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [summarize(t, results[t.key()]) for t in tasks if t.key() in results]

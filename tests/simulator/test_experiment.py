@@ -1,0 +1,180 @@
+"""The experiment harness (issue 5): figure grids, the resumable cache, parallel
+runs equal serial ones, and the CSV/PNG/markdown outputs of ``calmkit experiment``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calmkit_client import CalmkitError
+from calmkit_simulator import cli
+from calmkit_simulator.figures import build_figure
+from calmkit_simulator.grid import ResultCache, Task, run_task, run_tasks
+from calmkit_simulator.paper_values import PAPER_VALUES
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    assert cli.main(argv) == 0
+    return dict(json.loads(capsys.readouterr().out))
+
+
+def test_quick_grid_writes_csv_png_and_markdown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "res"
+    argv = ["experiment", "fig4", "--quick", "--dataset", "synthetic", "--out", str(out)]
+    summary = _run([*argv, "--jobs", "1", "--json"], capsys)
+    figure = build_figure("fig4", quick=True, dataset="synthetic")
+    # 2 panels x 6 mechanisms x 2 epsilons; both panels on the one dataset: 12 to run
+    assert len(figure.tasks()) == 24 and summary["tasks"] == 12
+    assert summary["status"] == {"ok": 12}
+    with (out / "data" / "fig4.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 24
+    assert {r["series"] for r in rows} == {"CALM", "FC", "AM", "FT", "EM", "Uni"}
+    for r in rows:
+        assert r["status"] == "ok" and float(r["mean"]) >= 0 and float(r["seconds_per_rep"]) > 0
+        assert int(r["mechanism_seed"]) > 0 and r["seed"] == "0" and r["reps"] == "2"
+    png = (out / "figures" / "fig4.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    report = (out / "results.md").read_text()
+    assert "## Fig. 4: binary datasets" in report and "figures/fig4.png" in report
+    assert "| CALM |" in report and "Runtime (median seconds per repetition" in report
+    # CALM beats Uniform on every quick setting (a loose sanity check of the wiring)
+    calm = [float(r["mean"]) for r in rows if r["series"] == "CALM"]
+    assert max(calm) < min(float(r["uniform"]) for r in rows)
+
+    # a second run finds every task in the cache: nothing is recomputed
+    again = _run([*argv, "--jobs", "1", "--json"], capsys)
+    assert again["status"] == {"ok": 12} and float(str(again["seconds"])) < 1.0
+
+
+def test_interrupted_grid_resumes_with_identical_results(tmp_path: Path) -> None:
+    figure = build_figure("fig8", quick=True, dataset="synthetic")
+    tasks = figure.tasks()
+    cache = ResultCache(tmp_path / "c.sqlite")
+    first = run_tasks(tasks, cache)
+    cache.close()
+    # "interrupt": drop half the finished tasks, as if the run had stopped midway
+    db = sqlite3.connect(tmp_path / "c.sqlite")
+    keys = sorted(first)
+    db.executemany("DELETE FROM results WHERE key = ?", [(k,) for k in keys[::2]])
+    db.commit()
+    db.close()
+    cache = ResultCache(tmp_path / "c.sqlite")
+    ran: list[int] = []
+    resumed = run_tasks(tasks, cache, progress=ran.append)
+    cache.close()
+    assert len(ran) == len(keys)  # every task reported, cached or not
+    assert resumed.keys() == first.keys()
+    for key in first:  # the recomputed half is bit-for-bit the same (but for timings)
+        a, b = (dict(r, seconds=None) for r in (first[key], resumed[key]))
+        assert a == b
+
+
+def test_parallel_workers_give_the_serial_results(tmp_path: Path) -> None:
+    tasks = build_figure("fig9", quick=True, dataset="synthetic").tasks()
+    serial = run_tasks(tasks, ResultCache(tmp_path / "a.sqlite"), jobs=1)
+    parallel = run_tasks(tasks, ResultCache(tmp_path / "b.sqlite"), jobs=2)
+    assert serial.keys() == parallel.keys()
+    for key in serial:
+        assert serial[key]["sse"] == parallel[key]["sse"]
+
+
+def test_not_scalable_and_invalid_settings_are_reported_not_run() -> None:
+    fc32 = Task(dataset="synthetic", mechanism="fc", epsilon=1.0, k=3, query_k=3, d=32, reps=1)
+    res = run_task(fc32)
+    assert res["status"] == "not_scalable" and "FC" in res["message"]
+    # CALM with more 1-attribute views than attributes: refused with the reason
+    many = Task(dataset="synthetic", mechanism="calm", epsilon=1.0, k=3, query_k=3, d=8,
+                options=(("l", 1), ("m", 16)), reps=1)  # fmt: skip
+    res = run_task(many)
+    assert res["status"] == "invalid" and "m (16)" in res["message"]
+    missing = Task(dataset="kosarak", mechanism="calm", epsilon=1.0, k=3, query_k=3)
+    assert run_task(missing, "/nonexistent/folder")["status"] == "missing_data"
+
+
+def test_queries_are_shared_across_mechanisms_and_epsilons() -> None:
+    # paired comparisons: the same population and repetition give the same queries,
+    # so Uniform's SSE is identical for every task of a panel
+    tasks = [
+        Task(
+            dataset="synthetic",
+            mechanism=m,
+            epsilon=e,
+            k=3,
+            query_k=3,
+            d=8,
+            n=4096,
+            reps=2,
+            queries=5,
+        )
+        for m in ("uni", "calm")
+        for e in (0.5, 2.0)
+    ]
+    uniform = {tuple(run_task(t)["uniform"]) for t in tasks}
+    assert len(uniform) == 1
+    # and the mechanism's own randomness differs between tasks
+    a, b = (run_task(t)["sse"] for t in tasks[2:])
+    assert a != b
+
+
+def test_full_figure_grids_match_the_paper_settings() -> None:
+    fig4 = build_figure("fig4")
+    assert [p.label for p in fig4.panels] == list("abcdefghijkl")
+    tasks = fig4.tasks()
+    assert {t.epsilon for t in tasks} == {round(0.2 * i, 1) for i in range(1, 11)}
+    assert all(t.reps == 20 and t.queries == 50 for t in tasks)
+    assert {(t.n, t.d, t.k) for t in tasks} == {
+        (1 << 16, 8, 3), (1 << 16, 16, 3), (1 << 16, 32, 3),
+        (1 << 18, 16, 6), (1 << 18, 32, 6), (1 << 18, 32, 8),
+    }  # fmt: skip
+    assert all(t.k == 3 for t in tasks if t.mechanism == "em")
+    assert fig4.panels[1].paper == {("CALM", 0.2): 0.0055, ("FT", 0.2): 0.2266}
+    only16 = build_figure("fig4", n=1 << 16)
+    assert {t.n for t in only16.tasks()} == {1 << 16} and len(only16.panels) == 6
+    fig8 = build_figure("fig8")
+    assert {t.query_k for t in fig8.tasks()} == {3, 6, 8}
+    assert {t.k for t in fig8.tasks() if t.query_k == 3} >= {2, 3, 6, 8, 16}
+    fig7 = build_figure("fig7")
+    assert len(fig7.panels) == 6 and all(p.kind == "heatmap" for p in fig7.panels)
+    assert len(fig7.panels[0].points) == 8 * 16  # l = 1..8 x m = 31, 29, ..., 1
+
+
+def test_paper_heatmap_values_parse_as_printed() -> None:
+    # spot values from papers/calm-ccs18.txt Fig. 7 (first and last printed cells)
+    assert PAPER_VALUES[("fig7", "a")][(31, 1)] == 0.0058
+    assert PAPER_VALUES[("fig7", "a")][(9, 8)] == 0.0143
+    assert PAPER_VALUES[("fig7", "b")][(0.2, 8)] == 0.0770
+    assert PAPER_VALUES[("fig7", "f")][(2.0, 8)] == 0.0054
+    assert len(PAPER_VALUES[("fig7", "e")]) == 80
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(CalmkitError, match="figure"):
+        build_figure("fig99")
+    with pytest.raises(CalmkitError, match=r"reps \(0\)"):
+        build_figure("fig4", reps=0)
+    with pytest.raises(CalmkitError, match=r"jobs \(0\)"):
+        run_tasks([], ResultCache(":memory:"), jobs=0)
+
+
+def test_quick_fig4_on_the_real_datasets(
+    datasets_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["experiment", "fig4", "--quick", "--out", str(tmp_path), "--data-dir",
+            str(datasets_dir), "--no-plot", "--json"]  # fmt: skip
+    summary = _run(argv, capsys)
+    assert summary["status"] == {"ok": 24}
+    report = (tmp_path / "results.md").read_text()
+    assert "Kosarak" in report and "retail (POS stand-in)" in report
+    rows = list(csv.DictReader((tmp_path / "data" / "fig4.csv").open()))
+    mean = {(r["dataset"], r["series"], r["x"]): float(r["mean"]) for r in rows}
+    for ds in ("kosarak", "retail"):  # the paper's ordering at eps = 2: CALM below FC, AM
+        assert mean[(ds, "CALM", "2.0")] < min(mean[(ds, "FC", "2.0")], mean[(ds, "AM", "2.0")])
+    assert np.isfinite(list(mean.values())).all()
