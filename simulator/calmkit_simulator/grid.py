@@ -117,6 +117,7 @@ class _Memo:
     truths: dict[tuple[Any, ...], tuple[list[tuple[int, ...]], list[np.ndarray]]] = field(
         default_factory=dict
     )
+    settings: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
 
 _MEMO = _Memo()
@@ -150,14 +151,14 @@ def _queries(
 def run_task(task: Task, data_dir: str | None = None) -> dict[str, Any]:
     """Run ``task``: ``{"status": "ok", "sse": [...], ...}`` per repetition, or
     ``{"status": "not_scalable" | "missing_data", "message": ...}``."""
-    try:
-        pop = _population(task, data_dir)
-    except DatasetError as exc:
-        return {"status": "missing_data", "message": str(exc)}
     mechanism = make_mechanism(task.mechanism, **dict(task.options))
     try:
         if task.kind == "classify":  # checked on the training attributes, inside
-            return _run_classify(task, pop, mechanism)
+            return _run_classify(task, data_dir, mechanism)
+        pop = _population(task, data_dir)
+    except DatasetError as exc:
+        return {"status": "missing_data", "message": str(exc)}
+    try:
         mechanism.check(pop.schema, pop.n, task.epsilon, task.k)
     except NotScalable as exc:
         return {"status": "not_scalable", "message": str(exc), "mechanism": mechanism.name}
@@ -192,10 +193,14 @@ def run_task(task: Task, data_dir: str | None = None) -> dict[str, Any]:
     return out
 
 
-def _run_classify(task: Task, pop: Population, mechanism: Any) -> dict[str, Any]:
-    from .classify import CLASSIFICATION_SETTINGS, run_classification
+def _run_classify(task: Task, data_dir: str | None, mechanism: Any) -> dict[str, Any]:
+    from .classify import load_setting, run_classification
 
-    setting = CLASSIFICATION_SETTINGS[task.classify](pop)
+    key = ("classify", task.classify, data_dir)
+    if key not in _MEMO.settings:
+        _MEMO.settings[key] = load_setting(task.classify, data_dir)
+    setting = _MEMO.settings[key]
+    pop = setting.population
     out: dict[str, Any] = {
         "status": "ok",
         "mechanism": mechanism.name,
@@ -209,7 +214,10 @@ def _run_classify(task: Task, pop: Population, mechanism: Any) -> dict[str, Any]
     }
     for rep in range(task.reps):
         rng = np.random.default_rng([task.seed, task.mechanism_seed(), rep])
-        r = run_classification(pop, setting, mechanism, task.epsilon, rng, duplicate=task.duplicate)
+        try:
+            r = run_classification(pop, setting, mechanism, task.epsilon, rng, task.duplicate)
+        except NotScalable as exc:
+            return {"status": "not_scalable", "message": str(exc), "mechanism": mechanism.name}
         out["error"].append(r.error)
         out["nonoise"].append(r.nonoise)
         out["majority"].append(r.majority)

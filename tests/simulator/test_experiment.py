@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -178,3 +179,14 @@ def test_quick_fig4_on_the_real_datasets(
     for ds in ("kosarak", "retail"):  # the paper's ordering at eps = 2: CALM below FC, AM
         assert mean[(ds, "CALM", "2.0")] < min(mean[(ds, "FC", "2.0")], mean[(ds, "AM", "2.0")])
     assert np.isfinite(list(mean.values())).all()
+
+
+def test_classification_task_runs_on_adult(datasets_dir: Path) -> None:
+    task = Task(dataset="adult", mechanism="calm", epsilon=2.0, k=6, query_k=6,
+                max_categories=3, reps=1, queries=0, kind="classify", classify="adult")  # fmt: skip
+    res = run_task(task, str(datasets_dir))
+    assert res["status"] == "ok" and res["mechanism"] == "CALM"
+    assert 0 < res["nonoise"][0] < res["majority"][0] < 0.5
+    assert 0 < res["error"][0] < 0.5 and res["chosen"]["m"] >= 1
+    fc = run_task(replace(task, mechanism="fc"), str(datasets_dir))
+    assert fc["status"] == "ok"  # six attributes capped at 3: FC's 729 cells fit
