@@ -48,12 +48,28 @@ def plot_figure(figure: Figure, results: dict[str, dict[str, Any]], path: Path |
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle(figure.title)
-    fig.tight_layout()
+    units = _privacy_units(figure, results)
+    if len(set(units.values())) > 1:  # say what epsilon protects for each mechanism
+        footer = "\n".join(f"{name}: {unit}" for name, unit in units.items())
+        fig.text(0.01, 0.005, footer, fontsize=7, va="bottom")
+        fig.tight_layout(rect=(0, 0.03 * (len(units) + 1) / rows, 1, 1))
+    else:
+        fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _privacy_units(figure: Figure, results: dict[str, dict[str, Any]]) -> dict[str, str]:
+    units: dict[str, str] = {}
+    for panel in figure.panels:
+        for p in panel.points:
+            res = results.get(p.task.key()) or {}
+            if res.get("privacy_unit"):
+                units.setdefault(str(res.get("mechanism", p.series)), res["privacy_unit"])
+    return units
 
 
 def _series(panel: Panel, results: dict[str, dict[str, Any]], metric: str) -> dict[str, Any]:
