@@ -75,7 +75,10 @@ def _simulate(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     mechanism = make_mechanism(args.mechanism, theta=args.theta, m=args.m, l=args.l,
-                               path=args.path, shrink=not args.no_shrink)  # fmt: skip
+                               path=args.path, shrink=not args.no_shrink,
+                               rounds=args.rounds, strategy=args.strategy,
+                               budgets=args.budgets, noise=args.noise, delta=args.delta,
+                               workload=args.workload)  # fmt: skip
     pop = load_dataset(args.dataset, args.data_dir, args.d, args.max_categories, rng=args.seed)
     if args.n and args.n != pop.n:
         pop = pop.resample(args.n, rng=args.seed)
@@ -206,7 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.set_defaults(run=_plan)
 
     sim = sub.add_parser("simulate", help="run a mechanism and Uniform on a population; SSE")
-    sim.add_argument("--mechanism", default="calm", help="calm (default), uni, ...")
+    sim.add_argument(
+        "--mechanism",
+        default="calm",
+        help="calm (default); LDP baselines uni, fc, am, ft, em, be; central references "
+        "priview, mwem, datacube, wff",
+    )
     sim.add_argument(
         "--dataset", default="synthetic", help="; ".join(f"{k}: {v}" for k, v in DATASETS.items())
     )
@@ -228,6 +236,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip interaction shrinkage: the paper's CALM pipeline exactly",
     )
+    central = sim.add_argument_group("central references (issue 6)")
+    central.add_argument("--rounds", type=int, default=None, help="MWEM rounds T")
+    central.add_argument("--strategy", choices=("fourier", "marginals"), default=None,
+                         help="datacube strategy (default fourier)")  # fmt: skip
+    central.add_argument("--budgets", choices=("optimal", "uniform"), default=None,
+                         help="datacube budgets (default optimal)")  # fmt: skip
+    central.add_argument("--noise", choices=("laplace", "gaussian"), default=None,
+                         help="datacube noise (default laplace)")  # fmt: skip
+    central.add_argument("--delta", type=float, default=None,
+                         help="WFF delta (default 1e-6); datacube with Gaussian noise")  # fmt: skip
+    central.add_argument("--workload", choices=("k", "upto-k"), default=None,
+                         help="WFF workload (default k: all k-way marginals)")  # fmt: skip
     sim.add_argument("--json", action="store_true")
     sim.set_defaults(run=_simulate)
 

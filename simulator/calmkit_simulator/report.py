@@ -176,6 +176,8 @@ def _panel(panel: Panel, results: dict[str, dict[str, Any]]) -> list[str]:
                 + " | ".join("" if v is None else f"*{v}*" for v in paper)
                 + " |"
             )
+    if panel.ratio is not None:
+        out.append(_ratio_row(panel, results, xs))
     for name, vals in extras.items():
         if vals:
             out.append(
@@ -197,3 +199,22 @@ def _panel(panel: Panel, results: dict[str, dict[str, Any]]) -> list[str]:
         )
         out.append("")
     return out
+
+
+def _ratio_row(panel: Panel, results: dict[str, dict[str, Any]], xs: list[Any]) -> str:
+    """``series / best of the others`` per x, from the mean SSEs (ok results only)."""
+    assert panel.ratio is not None
+    mine, others = panel.ratio
+    mean: dict[tuple[str, Any], float] = {}
+    for p in panel.points:
+        res = results.get(p.task.key())
+        if res and res["status"] == "ok":
+            mean[(p.series, p.x)] = float(np.mean(res["sse"]))
+    cells = []
+    for x in xs:
+        best = [mean[(o, x)] for o in others if (o, x) in mean]
+        if (mine, x) in mean and best and min(best) > 0:
+            cells.append(f"**{mean[(mine, x)] / min(best):.3g}**")
+        else:
+            cells.append("—")
+    return f"| {mine} / best of {', '.join(others)} | " + " | ".join(cells) + " |"

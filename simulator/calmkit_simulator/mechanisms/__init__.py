@@ -11,25 +11,31 @@ from .am import AllMarginals
 from .base import Mechanism, NotScalable, Release
 from .binary import BinaryEncoded
 from .calm import Calm
+from .datacube import Datacube
 from .em import ExpectationMaximization
 from .fc import FullContingency
 from .ft import Fourier
+from .mwem import Mwem
 from .priview import PriView
 from .uniform import Uniform
+from .wff import WeightedFourier
 
 __all__ = [
     "MECHANISMS",
     "AllMarginals",
     "BinaryEncoded",
     "Calm",
+    "Datacube",
     "ExpectationMaximization",
     "Fourier",
     "FullContingency",
     "Mechanism",
+    "Mwem",
     "NotScalable",
     "PriView",
     "Release",
     "Uniform",
+    "WeightedFourier",
     "make_mechanism",
 ]
 
@@ -43,6 +49,10 @@ MECHANISMS: dict[str, tuple[type[Mechanism], tuple[str, ...]]] = {
     "em": (ExpectationMaximization, ()),
     "be": (BinaryEncoded, ("theta", "m", "l", "path", "shrink")),
     "priview": (PriView, ("theta", "m", "l", "shrink")),
+    # central references (issue 6)
+    "mwem": (Mwem, ("rounds",)),
+    "datacube": (Datacube, ("strategy", "budgets", "noise", "delta")),
+    "wff": (WeightedFourier, ("delta", "workload")),
 }
 
 
@@ -52,4 +62,4 @@ def make_mechanism(name: str, **options: Any) -> Mechanism:
         cls, accepted = MECHANISMS[name]
     except KeyError:
         raise CalmkitError(f"mechanism ({name!r}) must be one of {sorted(MECHANISMS)}") from None
-    return cls(**{k: v for k, v in options.items() if k in accepted})
+    return cls(**{k: v for k, v in options.items() if k in accepted and v is not None})
