@@ -32,6 +32,7 @@ from calmkit_simulator.classify import (
     top_features,
 )
 from calmkit_simulator.mechanisms import Calm, Mechanism, NotScalable, Release
+from tests.simulator.mechs import Refuses
 from tests.stats import assert_chisquare, z_bound
 
 FLIP = 0.1  # label noise: the Bayes classifier's error on the labelled populations
@@ -77,18 +78,6 @@ class _Oracle(Mechanism):
     def run(self, population: Population, epsilon: float, k: int, rng: RngLike = None) -> Release:
         self.seen.append(population)
         return _Exact(population)
-
-
-class _Refuses(Mechanism):
-    name = "refuses"
-    ran = False
-
-    def check(self, schema, n, epsilon, k):  # type: ignore[no-untyped-def]
-        raise NotScalable(f"n ({n}) is too small for this test mechanism")
-
-    def run(self, population, epsilon, k, rng=None):  # type: ignore[no-untyped-def]
-        self.ran = True
-        raise AssertionError("run must not start after check refused")
 
 
 # -- sample_records ----------------------------------------------------------------------------
@@ -248,7 +237,7 @@ def test_calm_at_epsilon_4_is_well_below_majority() -> None:
 
 
 def test_not_scalable_propagates_before_any_work() -> None:
-    mech = _Refuses()
+    mech = Refuses()
     with pytest.raises(NotScalable, match=r"n \(64000\)"):  # 4 x the 16,000 training users
         run_classification(SETTING.population, SETTING, mech, 1.0, duplicate=4)
     assert not mech.ran

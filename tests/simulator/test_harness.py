@@ -7,25 +7,14 @@ import pytest
 
 from calmkit_simulator import synthetic_population
 from calmkit_simulator.experiment import run_mechanism
-from calmkit_simulator.mechanisms import Calm, Mechanism, NotScalable, Uniform, make_mechanism
+from calmkit_simulator.mechanisms import Calm, NotScalable, Uniform, make_mechanism
+from tests.simulator.mechs import Refuses
 
 POP = synthetic_population(n=8000, sizes=(2, 3, 2, 2), strength=1.5, rng=1)
 
 
-class _Refuses(Mechanism):
-    name = "refuses"
-    ran = False
-
-    def check(self, schema, n, epsilon, k):  # type: ignore[no-untyped-def]
-        raise NotScalable(f"n ({n}) is too small for this test mechanism")
-
-    def run(self, population, epsilon, k, rng=None):  # type: ignore[no-untyped-def]
-        self.ran = True
-        raise AssertionError("run must not start after check refused")
-
-
 def test_infeasible_setting_fails_before_any_work() -> None:
-    mech = _Refuses()
+    mech = Refuses()
     with pytest.raises(NotScalable, match=r"n \(8000\)"):
         run_mechanism(POP, mech, 1.0, 2, queries=3, reps=1)
     assert not mech.ran
