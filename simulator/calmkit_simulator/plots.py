@@ -40,21 +40,35 @@ def plot_figure(figure: Figure, results: dict[str, dict[str, Any]], path: Path |
     cols = min(3, len(panels)) or 1
     rows = math.ceil(len(panels) / cols) or 1
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.0 * rows), squeeze=False)
+    # one colour per series across the figure, so a skipped series shifts nothing
+    names = list(dict.fromkeys(p.series for panel in panels for p in panel.points))
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = {name: cycle[i % len(cycle)] for i, name in enumerate(names)}
     for ax, panel in zip(axes.flat, panels):
         {"lines": _lines, "heatmap": _heatmap, "classify": _classify}[panel.kind](
-            ax, panel, results
+            ax, panel, results, colors
         )
         ax.set_title(f"({panel.label}) {panel.title}", fontsize=9)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
-    fig.suptitle(figure.title)
+    height = 4.0 * rows
+    fig.suptitle(figure.title, y=1 - 0.1 / height)
+    handles: dict[str, Any] = {}  # one legend for the figure, above the panels
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="upper center", fontsize=8,
+                   ncol=min(8, len(handles)), bbox_to_anchor=(0.5, 1 - 0.35 / height),
+                   frameon=False)  # fmt: skip
     units = _privacy_units(figure, results)
+    bottom = 0.0
     if len(set(units.values())) > 1:  # say what epsilon protects for each mechanism
         footer = "\n".join(f"{name}: {unit}" for name, unit in units.items())
         fig.text(0.01, 0.005, footer, fontsize=7, va="bottom")
-        fig.tight_layout(rect=(0, 0.03 * (len(units) + 1) / rows, 1, 1))
-    else:
-        fig.tight_layout()
+        bottom = (0.13 * len(units) + 0.1) / height
+    top = 1 - (0.5 + 0.2 * math.ceil(len(handles) / 8)) / height
+    fig.tight_layout(rect=(0, bottom, 1, top))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -67,7 +81,7 @@ def _privacy_units(figure: Figure, results: dict[str, dict[str, Any]]) -> dict[s
     for panel in figure.panels:
         for p in panel.points:
             res = results.get(p.task.key()) or {}
-            if res.get("privacy_unit"):
+            if res.get("privacy_unit") and res.get("mechanism") != "Uni":  # Uni uses no data
                 units.setdefault(str(res.get("mechanism", p.series)), res["privacy_unit"])
     return units
 
@@ -90,14 +104,17 @@ def _series(panel: Panel, results: dict[str, dict[str, Any]], metric: str) -> di
     return out
 
 
-def _lines(ax: Any, panel: Panel, results: dict[str, dict[str, Any]]) -> None:
+def _lines(
+    ax: Any, panel: Panel, results: dict[str, dict[str, Any]], colors: dict[str, str]
+) -> None:
     skipped = []
     for name, s in _series(panel, results, "sse").items():
         if not s["x"]:
             if s["status"]:
                 skipped.append(f"{name}: {'/'.join(sorted(s['status'])).replace('_', ' ')}")
             continue
-        ax.errorbar(s["x"], s["mean"], yerr=s["sd"], marker="o", ms=3, capsize=2, label=name)
+        ax.errorbar(s["x"], s["mean"], yerr=s["sd"], marker="o", ms=3, capsize=2, label=name,
+                    color=colors.get(name))  # fmt: skip
     for (series, x), value in panel.paper.items():
         ax.scatter([x], [value], marker="*", s=80, color="black", zorder=5)
         ax.annotate(
@@ -108,19 +125,21 @@ def _lines(ax: Any, panel: Panel, results: dict[str, dict[str, Any]]) -> None:
     ax.set_ylabel(panel.ylabel)
     ax.grid(True, which="both", alpha=0.3)
     if skipped:
-        ax.text(0.02, 0.02, "\n".join(skipped), transform=ax.transAxes, fontsize=7, va="bottom")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+        ax.text(0.98, 0.98, "\n".join(skipped), transform=ax.transAxes, fontsize=7,
+                va="top", ha="right", bbox={"facecolor": "white", "alpha": 0.8})  # fmt: skip
 
 
-def _classify(ax: Any, panel: Panel, results: dict[str, dict[str, Any]]) -> None:
+def _classify(
+    ax: Any, panel: Panel, results: dict[str, dict[str, Any]], colors: dict[str, str]
+) -> None:
     skipped, nonoise, majority = [], [], []
     for name, s in _series(panel, results, "error").items():
         if not s["x"]:
             if s["status"]:
                 skipped.append(f"{name}: {'/'.join(sorted(s['status'])).replace('_', ' ')}")
             continue
-        ax.errorbar(s["x"], s["mean"], yerr=s["sd"], marker="o", ms=3, capsize=2, label=name)
+        ax.errorbar(s["x"], s["mean"], yerr=s["sd"], marker="o", ms=3, capsize=2, label=name,
+                    color=colors.get(name))  # fmt: skip
     for p in panel.points:
         res = results.get(p.task.key())
         if res and res["status"] == "ok":
@@ -133,12 +152,13 @@ def _classify(ax: Any, panel: Panel, results: dict[str, dict[str, Any]]) -> None
     ax.set_ylabel(panel.ylabel)
     ax.grid(True, alpha=0.3)
     if skipped:
-        ax.text(0.02, 0.02, "\n".join(skipped), transform=ax.transAxes, fontsize=7, va="bottom")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+        ax.text(0.98, 0.98, "\n".join(skipped), transform=ax.transAxes, fontsize=7,
+                va="top", ha="right", bbox={"facecolor": "white", "alpha": 0.8})  # fmt: skip
 
 
-def _heatmap(ax: Any, panel: Panel, results: dict[str, dict[str, Any]]) -> None:
+def _heatmap(
+    ax: Any, panel: Panel, results: dict[str, dict[str, Any]], colors: dict[str, str]
+) -> None:
     xs = sorted({p.x for p in panel.points})
     rows = list(dict.fromkeys(p.row for p in panel.points))
     grid = np.full((len(rows), len(xs)), np.nan)

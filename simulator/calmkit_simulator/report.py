@@ -186,7 +186,7 @@ def _panel(panel: Panel, results: dict[str, dict[str, Any]]) -> list[str]:
     uniform = [
         v for p in panel.points for v in (results.get(p.task.key()) or {}).get("uniform", [])
     ]
-    if uniform and len({p.task.query_k for p in panel.points}) == 1:
+    if uniform and len({p.task.query_k for p in panel.points}) == 1 and "Uni" not in series:
         out.append(
             f"| Uniform (same queries) | {_fmt(float(np.mean(uniform)))} |" + " |" * (len(xs) - 1)
         )
