@@ -154,17 +154,21 @@ def _experiment(args: argparse.Namespace) -> int:
         except ImportError:  # progress bars are optional
             bar = None
     jobs = args.jobs or os.cpu_count() or 1
+    command = "calmkit experiment " + shlex.join(sys.argv[2:] if args.argv is None else args.argv)
+    unique = {t.key(): t for t in tasks}
+    cached = sum(cache.get(t) is not None for t in unique.values())
     t0 = time.perf_counter()
     try:
         results = run_tasks(tasks, cache, args.data_dir, jobs=jobs,
                             progress=bar.update if bar else None)  # fmt: skip
+        elapsed = time.perf_counter() - t0
+        cache.log_run(figure.name, command, len(unique) - cached, elapsed, jobs)
+        runs = cache.runs(figure.name)
     finally:
         if bar is not None:
             bar.close()
         cache.close()
-    elapsed = time.perf_counter() - t0
-    command = "calmkit experiment " + shlex.join(sys.argv[2:] if args.argv is None else args.argv)
-    paths = write_outputs(figure, results, out, command, elapsed, plot=not args.no_plot)
+    paths = write_outputs(figure, results, out, runs, plot=not args.no_plot)
     counts: dict[str, int] = {}
     for r in results.values():
         counts[r["status"]] = counts.get(r["status"], 0) + 1

@@ -91,6 +91,11 @@ class ResultCache:
             "CREATE TABLE IF NOT EXISTS results "
             "(key TEXT PRIMARY KEY, task TEXT NOT NULL, result TEXT NOT NULL)"
         )
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS runs (figure TEXT NOT NULL, command TEXT NOT NULL, "
+            "computed INTEGER NOT NULL, seconds REAL NOT NULL, jobs INTEGER NOT NULL, "
+            "at TEXT NOT NULL)"
+        )
         self._db.commit()
 
     def get(self, task: Task) -> dict[str, Any] | None:
@@ -103,6 +108,25 @@ class ResultCache:
             (task.key(), json.dumps(asdict(task), default=str), json.dumps(result)),
         )
         self._db.commit()
+
+    def log_run(self, figure: str, command: str, computed: int, seconds: float, jobs: int) -> None:
+        """Record one run's wall time and how many tasks it computed (not cached)."""
+        at = time.strftime("%Y-%m-%d %H:%M:%S")
+        self._db.execute(
+            "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?)",
+            (figure, command, computed, seconds, jobs, at),
+        )
+        self._db.commit()
+
+    def runs(self, figure: str) -> list[dict[str, Any]]:
+        """The runs of ``figure`` that computed at least one task, oldest first."""
+        rows = self._db.execute(
+            "SELECT command, computed, seconds, jobs, at FROM runs "
+            "WHERE figure = ? AND computed > 0 ORDER BY rowid",
+            (figure,),
+        ).fetchall()
+        keys = ("command", "computed", "seconds", "jobs", "at")
+        return [dict(zip(keys, row)) for row in rows]
 
     def close(self) -> None:
         self._db.close()

@@ -24,11 +24,11 @@ def write_outputs(
     figure: Figure,
     results: dict[str, dict[str, Any]],
     out: Path | str,
-    command: str,
-    elapsed: float,
+    runs: list[dict[str, Any]],
     plot: bool = True,
 ) -> dict[str, Path]:
-    """CSV, PNG (unless ``plot=False``), the markdown section and ``results.md``."""
+    """CSV, PNG (unless ``plot=False``), the markdown section and ``results.md``;
+    ``runs``: the runs that computed this figure's tasks (:meth:`ResultCache.runs`)."""
     root = Path(out)
     (root / "data").mkdir(parents=True, exist_ok=True)
     paths = {"csv": root / "data" / f"{figure.name}.csv"}
@@ -58,7 +58,7 @@ def write_outputs(
         from .plots import plot_figure
 
         paths["png"] = plot_figure(figure, results, root / "figures" / f"{figure.name}.png")
-    section = _section(figure, results, command, elapsed, plot, len(rows))
+    section = _section(figure, results, runs, plot, len(rows))
     paths["md"] = root / "data" / f"{figure.name}.md"
     paths["md"].write_text(section)
     paths["results"] = root / "results.md"
@@ -105,8 +105,7 @@ def _cell(res: dict[str, Any] | None, metric: str) -> str:
 def _section(
     figure: Figure,
     results: dict[str, dict[str, Any]],
-    command: str,
-    elapsed: float,
+    runs: list[dict[str, Any]],
     plot: bool,
     done: int,
 ) -> str:
@@ -116,13 +115,21 @@ def _section(
     lines = [f"## {figure.title}", ""]
     if plot:
         lines += [f"![{figure.name}](figures/{figure.name}.png)", ""]
+    compute = sum(sum(r.get("seconds", [])) for r in results.values())
     lines += [
-        f"`{command}`: {done} of {len({t.key() for t in tasks})} tasks done, "
-        f"{'/'.join(map(str, reps))} repetitions, seed {'/'.join(map(str, seeds))}, "
-        f"{elapsed:.0f} s of wall time in this run (cached tasks excluded). "
-        f"Data: [`data/{figure.name}.csv`](data/{figure.name}.csv).",
+        f"{done} of {len({t.key() for t in tasks})} tasks done, "
+        f"{'/'.join(map(str, reps))} repetitions, seed {'/'.join(map(str, seeds))}; "
+        f"mechanism time summed over all repetitions {compute:.0f} s. "
+        f"Data: [`data/{figure.name}.csv`](data/{figure.name}.csv). Runs that computed "
+        "tasks (wall time; cached tasks cost nothing):",
         "",
     ]
+    lines += [
+        f"- `{r['command']}`: {r['computed']} tasks in {r['seconds']:.0f} s with "
+        f"{r['jobs']} worker(s) ({r['at']})"
+        for r in runs
+    ]
+    lines.append("")
     lines += [f"- {note}" for note in figure.notes]
     if figure.notes:
         lines.append("")
