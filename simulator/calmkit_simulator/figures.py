@@ -56,8 +56,8 @@ class Panel:
     rowlabel: str = ""
     # (series, x) or (row, x) -> the paper's printed value
     paper: dict[tuple[Any, Any], float] = field(default_factory=dict)
-    # report a row "series / best of others" per x (e.g. CALM against the central ones)
-    ratio: tuple[str, tuple[str, ...]] | None = None
+    # rows "series / best of others" per x (e.g. CALM against the central ones)
+    ratios: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -408,8 +408,16 @@ def _central(o: _Opts) -> Figure:
                 cat = f", capped at {cap}, d = {d}" if cap else ""
                 title = f"{_label(o, dataset)}{cat}, {size}, k = {k}"
                 central = tuple(x for x in names if x not in ("CALM", "Uni"))
+                pure = tuple(x for x in central if x != "WFF")  # WFF is (eps, delta)-DP
                 panels.append(
-                    Panel(label, title, "lines", "epsilon", tuple(points), ratio=("CALM", central))
+                    Panel(
+                        label,
+                        title,
+                        "lines",
+                        "epsilon",
+                        tuple(points),
+                        ratios=(("CALM", central), ("CALM", pure)),
+                    )
                 )
     notes = (
         "CALM is epsilon-LDP (each user's record, on the device); PriView, MWEM, the "

@@ -183,8 +183,8 @@ def _panel(panel: Panel, results: dict[str, dict[str, Any]]) -> list[str]:
                 + " | ".join("" if v is None else f"*{v}*" for v in paper)
                 + " |"
             )
-    if panel.ratio is not None:
-        out.append(_ratio_row(panel, results, xs))
+    for mine, others in panel.ratios:
+        out.append(_ratio_row(panel, results, xs, mine, others))
     for name, vals in extras.items():
         if vals:
             out.append(
@@ -208,10 +208,14 @@ def _panel(panel: Panel, results: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-def _ratio_row(panel: Panel, results: dict[str, dict[str, Any]], xs: list[Any]) -> str:
-    """``series / best of the others`` per x, from the mean SSEs (ok results only)."""
-    assert panel.ratio is not None
-    mine, others = panel.ratio
+def _ratio_row(
+    panel: Panel,
+    results: dict[str, dict[str, Any]],
+    xs: list[Any],
+    mine: str,
+    others: tuple[str, ...],
+) -> str:
+    """``mine / best of others`` per x, from the mean SSEs (ok results only)."""
     mean: dict[tuple[str, Any], float] = {}
     for p in panel.points:
         res = results.get(p.task.key())

@@ -70,6 +70,7 @@ def test_quick_central_figure_reports_the_local_central_ratio(
     mean = {(r["series"], r["x"]): float(r["mean"]) for r in rows if r["panel"] == "a"}
     best = min(mean[(s, "0.5")] for s in ("PriView", "MWEM", "DC-F+", "WFF"))
     assert f"**{mean[('CALM', '0.5')] / best:.3g}**" in report
+    assert "| CALM / best of PriView, MWEM, DC-F+ |" in report  # pure epsilon-DP ones
     fig = build_figure("central")
     assert len(fig.panels) == 8 and {t.k for t in fig.tasks()} == {2, 3}
     adult_dc = {
