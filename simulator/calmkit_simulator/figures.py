@@ -310,7 +310,16 @@ def _fig7(o: _Opts) -> Figure:
                     paper=PAPER_VALUES.get(("fig7", label), {}),
                 )
             )
-    return Figure("fig7", "Fig. 7: view size l, number of views m and epsilon", tuple(panels))
+    notes = (
+        "CALM with m and l fixed (Algorithm 1 bypassed). `invalid` cells ask for more views "
+        "than there are distinct l-subsets (m > C(d, l), e.g. l = 1 or l >= 7 at d = 8): "
+        "calmkit's plans hold distinct views, while the paper repeats views there.",
+        "Paper values (in italics) are read from the PDF's heatmaps; rows m <= 7 of (a) and "
+        "(d) lost cells in the text extraction and are not shown.",
+    )
+    return Figure(
+        "fig7", "Fig. 7: view size l, number of views m and epsilon", tuple(panels), notes
+    )
 
 
 # -- Fig. 8: planning for k' != k, and PriView; Fig. 9: k-way error for k' = 3 vs k' = k ---
