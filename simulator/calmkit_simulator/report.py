@@ -32,7 +32,6 @@ def write_outputs(
     root = Path(out)
     (root / "data").mkdir(parents=True, exist_ok=True)
     paths = {"csv": root / "data" / f"{figure.name}.csv"}
-    rows = task_rows(figure.tasks(), results)
     seen: set[tuple[Any, ...]] = set()
     with paths["csv"].open("w", newline="") as fh:
         writer = None
@@ -58,7 +57,8 @@ def write_outputs(
         from .plots import plot_figure
 
         paths["png"] = plot_figure(figure, results, root / "figures" / f"{figure.name}.png")
-    section = _section(figure, results, runs, plot, len(rows))
+    done = len({t.key() for t in figure.tasks() if t.key() in results})
+    section = _section(figure, results, runs, plot, done)
     paths["md"] = root / "data" / f"{figure.name}.md"
     paths["md"].write_text(section)
     paths["results"] = root / "results.md"

@@ -56,6 +56,7 @@ def test_quick_grid_writes_csv_png_and_markdown(
     # the report keeps the run that computed the tasks, with its wall time
     report = (out / "results.md").read_text()
     assert report.count("12 tasks in") == 1 and "0 tasks in" not in report
+    assert "12 of 12 tasks done" in report  # distinct tasks, not panel points
 
 
 def test_interrupted_grid_resumes_with_identical_results(tmp_path: Path) -> None:
