@@ -166,8 +166,14 @@ def _heatmap(
         res = results.get(p.task.key())
         if res and res["status"] == "ok":
             grid[rows.index(p.row), xs.index(p.x)] = float(np.mean(res["sse"]))
+    from matplotlib.colors import LogNorm
+
     masked = np.ma.masked_invalid(grid)
-    im = ax.imshow(masked, aspect="auto", cmap="viridis_r")
+    positive = grid[np.isfinite(grid) & (grid > 0)]
+    norm = (
+        LogNorm(positive.min(), positive.max()) if positive.size > 1 else None
+    )  # SSE spans decades
+    im = ax.imshow(masked, aspect="auto", cmap="viridis_r", norm=norm)
     for (i, j), v in np.ndenumerate(grid):
         if np.isfinite(v):
             ax.text(j, i, f"{v:.4f}", ha="center", va="center", fontsize=5, color="white")
