@@ -126,7 +126,7 @@ def _section(
     ]
     lines += [
         f"- `{r['command']}`: {r['computed']} tasks in {r['seconds']:.0f} s with "
-        f"{r['jobs']} worker(s) ({r['at']})"
+        f"{r['jobs']} worker(s), finished {r['at']}"
         for r in runs
     ]
     lines.append("")
