@@ -174,7 +174,7 @@ def _queries(
 
 def run_task(task: Task, data_dir: str | None = None) -> dict[str, Any]:
     """Run ``task``: ``{"status": "ok", "sse": [...], ...}`` per repetition, or
-    ``{"status": "not_scalable" | "missing_data", "message": ...}``."""
+    ``{"status": "not_scalable" | "invalid" | "missing_data", "message": ...}``."""
     mechanism = make_mechanism(task.mechanism, **dict(task.options))
     try:
         if task.kind == "classify":  # checked on the training attributes, inside
