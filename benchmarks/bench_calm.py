@@ -15,25 +15,15 @@ Prints the median of ``--runs`` runs and budget / median (above 1 = faster than 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
+from timing import median_seconds
 
 from calmkit_aggregator import plan_collection, reconstruct
 from calmkit_simulator.collect import collect_support
 from calmkit_simulator.datasets import DatasetError, load_dataset
 from calmkit_simulator.experiment import random_queries, run_calm
 from calmkit_simulator.synthetic import synthetic_population
-
-
-def _median_seconds(fn, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def bench_reconstruct(runs: int) -> None:
@@ -52,8 +42,8 @@ def bench_reconstruct(runs: int) -> None:
         for q in queries:
             state["est"].answer(q)
 
-    t_cons = _median_seconds(consistency, runs)
-    t_ans = _median_seconds(answers, runs)
+    t_cons = median_seconds(consistency, runs)
+    t_ans = median_seconds(answers, runs)
     total = t_cons + t_ans
     print(f"reconstruct: n=2^18 d={d} eps={eps} m={plan.m} l={size}, 50 random {k}-way queries")
     print(f"  consistency + Norm-Sub  {t_cons:8.3f} s (median of {runs})")
@@ -72,7 +62,7 @@ def bench_simulate(runs: int) -> None:
     def one_rep() -> None:
         run_calm(pop, plan, k, queries=50, reps=1, rng=np.random.default_rng(3))
 
-    t = _median_seconds(one_rep, runs)
+    t = median_seconds(one_rep, runs)
     size = max(len(v) for v in plan.views)
     print(f"simulate: {pop.name} n=2^16 d=16 k={k} eps={eps} m={plan.m} l={size}, 50 queries")
     print(f"  one repetition          {t:8.3f} s (median of {runs})   budget 10 s: {10.0 / t:.1f}x")

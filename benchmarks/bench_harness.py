@@ -16,25 +16,15 @@ Prints medians of ``--runs`` runs and baseline / median (above 1 = faster).
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
+
+from timing import median_seconds
 
 from calmkit_simulator.datasets import DatasetError, load_dataset
 from calmkit_simulator.experiment import random_queries, run_mechanism
 from calmkit_simulator.grid import ResultCache, Task, run_tasks
 from calmkit_simulator.mechanisms import ExpectationMaximization, make_mechanism
-
-
-def _median(fn: Callable[[], object], runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _population(d: int):  # type: ignore[no-untyped-def]
@@ -48,8 +38,8 @@ def bench_em(runs: int) -> None:
     name, pop = _population(16)
     release = ExpectationMaximization().run(pop, 1.0, 3, 0)
     queries = random_queries(pop.d, 3, 50, 1)
-    base = _median(lambda: [release.answer(q) for q in queries], runs)
-    fast = _median(lambda: release.answer_many(queries), runs)
+    base = median_seconds(lambda: [release.answer(q) for q in queries], runs)
+    fast = median_seconds(lambda: release.answer_many(queries), runs)
     print(f"EM, 50 3-way queries ({name}, d = 16, n = 2^16, eps = 1)")
     print(f"  baseline answer() one at a time  {base:8.3f} s")
     print(f"  answer_many (batched EM)         {fast:8.3f} s   x{base / fast:.1f}")
@@ -69,8 +59,8 @@ def bench_panel(runs: int) -> None:
         for m in mechanisms:
             run_mechanism(pop, make_mechanism(m), 1.0, 3, 50, 5, rng=0)
 
-    base = _median(one_by_one, runs)
-    fast = _median(grid, runs)
+    base = median_seconds(one_by_one, runs)
+    fast = median_seconds(grid, runs)
     print(f"one Fig. 4 point: CALM, FC, AM, FT, Uni x 5 reps ({name}, d = 16, k = 3, eps = 1)")
     print(f"  baseline run_mechanism per method {base:8.3f} s")
     print(f"  grid runner (truth shared)        {fast:8.3f} s   x{base / fast:.2f}")

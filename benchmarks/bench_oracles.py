@@ -18,10 +18,7 @@ a peer is installed, else calmkit's own ``perturb_one``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -29,21 +26,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers import available_peers, peer_client, peer_server
+from timing import median_seconds
 
 from calmkit_client import GRR, OUE, OsEntropy, Plan, Schema, make_report
 
 EPSILON = 1.0
 SIZES = (8, 64, 256)
-
-
-def median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _cells(L: int, n: int) -> np.ndarray:
@@ -72,9 +60,13 @@ def bench(repeats: int, quick: bool) -> list[dict[str, object]]:
             small = _cells(L, n_one).tolist()
             rng = np.random.default_rng(1)
             row: dict[str, object] = {"oracle": name, "L": L}
-            t = median_seconds(lambda o=oracle, c=cells, g=rng: o.perturb(c, g), repeats)
+            t = median_seconds(
+                lambda o=oracle, c=cells, g=rng: o.perturb(c, g), repeats, warmup=True
+            )
             row["batch_seeded"] = n_batch / t
-            t = median_seconds(lambda o=oracle, c=cells: o.perturb(c, OsEntropy()), repeats)
+            t = median_seconds(
+                lambda o=oracle, c=cells: o.perturb(c, OsEntropy()), repeats, warmup=True
+            )
             row["batch_os"] = n_batch / t
 
             def one_at_a_time(o=oracle, s=small) -> None:  # type: ignore[no-untyped-def]
@@ -82,29 +74,29 @@ def bench(repeats: int, quick: bool) -> list[dict[str, object]]:
                 for c in s:
                     o.perturb_one(c, src)
 
-            row["one_os"] = n_one / median_seconds(one_at_a_time, repeats)
+            row["one_os"] = n_one / median_seconds(one_at_a_time, repeats, warmup=True)
             plan, record = _plan_for(L, name)
 
             def reports(p=plan, r=record, k=n_one) -> None:  # type: ignore[no-untyped-def]
                 for i in range(k):
                     make_report(p, r, i)
 
-            row["make_report_us"] = 1e6 * median_seconds(reports, repeats) / n_one
+            row["make_report_us"] = 1e6 * median_seconds(reports, repeats, warmup=True) / n_one
             payloads = oracle.perturb(cells, rng)
             row["server"] = n_batch / median_seconds(
-                lambda o=oracle, p=payloads: o.estimate(o.support(p), len(p)), repeats
+                lambda o=oracle, p=payloads: o.estimate(o.support(p), len(p)), repeats, warmup=True
             )
             for peer in peers:
                 client = peer_client(peer, name, L, EPSILON)
                 n_peer = min(n_one, 5000 if name == "OUE" else n_one)
                 peer_cells = cells[:n_peer]
                 row[f"{peer}_client"] = n_peer / median_seconds(
-                    lambda cl=client, c=peer_cells: cl(c), max(1, repeats // 2)
+                    lambda cl=client, c=peer_cells: cl(c), max(1, repeats // 2), warmup=True
                 )
                 server = peer_server(peer, name, L, EPSILON)
                 peer_reports = client(peer_cells)
                 row[f"{peer}_server"] = n_peer / median_seconds(
-                    lambda sv=server, r=peer_reports: sv(r), max(1, repeats // 2)
+                    lambda sv=server, r=peer_reports: sv(r), max(1, repeats // 2), warmup=True
                 )
             rows.append(row)
     return rows
