@@ -259,62 +259,64 @@ def _fig6(o: _Opts) -> Figure:
 
 
 # -- Fig. 7: heatmaps of l x m and l x epsilon (CALM with fixed m, l) ---------------------
+def _fig7_panel(
+    o: _Opts,
+    label: str,
+    dataset: str,
+    d: int,
+    rows: Sequence[tuple[Any, float, int]],
+    rowlabel: str,
+    title: str,
+) -> Panel:
+    """One heatmap: CALM with fixed (l, m) at each (row, l); ``rows`` holds
+    ``(row value, epsilon, m)``."""
+    ls = (1, 2, 3) if o.quick else tuple(range(1, 9))
+    points = tuple(
+        Point(
+            "CALM",
+            l_,
+            _task(o, dataset, "calm", eps, 3, d=d, n=1 << 16, options=(("l", l_), ("m", m))),
+            row=row,
+        )
+        for row, eps, m in rows
+        for l_ in ls
+    )
+    return Panel(
+        label,
+        f"{_label(o, dataset)}: {title}",
+        "heatmap",
+        "view size l",
+        points,
+        rowlabel=rowlabel,
+        paper=PAPER_VALUES.get(("fig7", label), {}),
+    )
+
+
 def _fig7(o: _Opts) -> Figure:
     panels = []
-    ls = (1, 2, 3) if o.quick else tuple(range(1, 9))
     ms = (4, 8) if o.quick else tuple(range(31, 0, -2))
-    eps_rows = o.eps()
     for offset, dataset in ((0, "retail"), (3, "kosarak")):
         if o.quick and dataset == "retail":
             continue
-        n = 1 << 16
-        label = "abcdef"[offset]
-        points = tuple(
-            Point(
-                "CALM",
-                l_,
-                _task(o, dataset, "calm", 0.6, 3, d=8, n=n, options=(("l", l_), ("m", m))),
-                row=m,
-            )
-            for m in ms
-            for l_ in ls
-        )
-        title = f"{_label(o, dataset)}: l vs m, d = 8, k = 3, eps = 0.6"
+        by_m = [(m, 0.6, m) for m in ms]
         panels.append(
-            Panel(
-                label,
-                title,
-                "heatmap",
-                "view size l",
-                points,
-                rowlabel="m",
-                paper=PAPER_VALUES.get(("fig7", label), {}),
+            _fig7_panel(
+                o, "abcdef"[offset], dataset, 8, by_m, "m", "l vs m, d = 8, k = 3, eps = 0.6"
             )
         )
         for j, d in enumerate((8, 16)):
             if o.quick and d == 16:
                 continue
-            label = "abcdef"[offset + 1 + j]
-            points = tuple(
-                Point(
-                    "CALM",
-                    l_,
-                    _task(o, dataset, "calm", eps, 3, d=d, n=n, options=(("l", l_), ("m", 16))),
-                    row=eps,
-                )
-                for eps in eps_rows
-                for l_ in ls
-            )
-            title = f"{_label(o, dataset)}: l vs eps, d = {d}, k = 3, m = 16"
+            by_eps = [(eps, eps, 16) for eps in o.eps()]
             panels.append(
-                Panel(
-                    label,
-                    title,
-                    "heatmap",
-                    "view size l",
-                    points,
-                    rowlabel="epsilon",
-                    paper=PAPER_VALUES.get(("fig7", label), {}),
+                _fig7_panel(
+                    o,
+                    "abcdef"[offset + 1 + j],
+                    dataset,
+                    d,
+                    by_eps,
+                    "epsilon",
+                    f"l vs eps, d = {d}, k = 3, m = 16",
                 )
             )
     notes = (
