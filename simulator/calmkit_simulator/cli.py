@@ -156,7 +156,7 @@ def _experiment(args: argparse.Namespace) -> int:
     jobs = args.jobs or os.cpu_count() or 1
     command = "calmkit experiment " + shlex.join(sys.argv[2:] if args.argv is None else args.argv)
     unique = {t.key(): t for t in tasks}
-    cached = sum(cache.get(t) is not None for t in unique.values())
+    cached = len(cache.keys() & unique.keys())
     t0 = time.perf_counter()
     try:
         results = run_tasks(tasks, cache, args.data_dir, jobs=jobs,

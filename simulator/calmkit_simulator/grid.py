@@ -102,6 +102,10 @@ class ResultCache:
         row = self._db.execute("SELECT result FROM results WHERE key = ?", (task.key(),)).fetchone()
         return None if row is None else dict(json.loads(row[0]))
 
+    def keys(self) -> set[str]:
+        """The keys of every finished task (one query)."""
+        return {row[0] for row in self._db.execute("SELECT key FROM results")}
+
     def put(self, task: Task, result: dict[str, Any]) -> None:
         self._db.execute(
             "INSERT OR REPLACE INTO results VALUES (?, ?, ?)",
