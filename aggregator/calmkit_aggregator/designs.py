@@ -1,0 +1,166 @@
+"""Fast view designs for the planner: m distinct l-sets over chosen attributes that
+hold every attribute as evenly as possible and spread the attribute pairs, and the
+pilot's pairs.
+
+:func:`spread_views` deals the attributes out in rounds: each round is a partition
+of the attributes into blocks of l (a short last block is filled with attributes of
+the round), so after r full rounds every attribute has been dealt r times; a block
+grows by the attribute whose pairs with it were used least so far, so as many
+distinct pairs as possible are held (what max-ent cannot fill is the pairs no view
+holds); a block already chosen is skipped. When rounds stop finding new blocks (m
+close to C(d, l)), the remaining blocks are the unused l-sets with the least-used
+attributes. O(m l d) per view set, against the O(m C(d, l)) balancing of
+:func:`~.choose.balanced_views` that Algorithm 1 uses.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from calmkit_client import PlanError
+
+__all__ = ["SpreadStream", "pilot_views", "spread_views"]
+
+RngLike = int | np.random.Generator | np.random.SeedSequence | None
+# Random rounds that add no new block before falling back to enumeration.
+_STALL_ROUNDS = 8
+
+
+def spread_views(
+    attrs: Sequence[int],
+    l: int,  # noqa: E741 (the paper's name)
+    m: int,
+    rng: RngLike = 0,
+    start: Sequence[Sequence[int]] = (),
+) -> tuple[tuple[int, ...], ...]:
+    """m new distinct sorted l-sets of ``attrs`` (none in ``start``), each attribute
+    in ``floor(m l / d)`` or ``ceil(m l / d)`` of them while random rounds find new
+    sets (module docstring)."""
+    return SpreadStream(attrs, l, rng, start).first(m)
+
+
+class SpreadStream:
+    """The views of :func:`spread_views` as a stream: ``first(m)`` is the design of m
+    views, and the first m views of a larger design (so a search over m deals the
+    rounds once)."""
+
+    def __init__(
+        self,
+        attrs: Sequence[int],
+        l: int,  # noqa: E741
+        rng: RngLike = 0,
+        start: Sequence[Sequence[int]] = (),
+    ) -> None:
+        self.pool = sorted({int(a) for a in attrs})
+        d = len(self.pool)
+        if isinstance(l, bool) or not isinstance(l, (int, np.integer)) or not 1 <= l <= d:
+            raise PlanError(f"l ({l!r}) must be an int in [1, {d}] ({d} attributes)")
+        self.l = int(l)
+        self.used = {tuple(sorted(int(a) for a in v)) for v in start}
+        inside = set(self.pool)
+        self.room = math.comb(d, self.l) - sum(
+            1 for v in self.used if len(v) == self.l and set(v) <= inside
+        )
+        self.gen = np.random.default_rng(rng)
+        self.out: list[tuple[int, ...]] = []
+        self.arr = np.array(self.pool, dtype=np.int64)
+        index = {a: i for i, a in enumerate(self.pool)}
+        self.pairs = np.zeros((d, d), dtype=np.int64)  # how often two attributes meet
+        for v in self.used:
+            pos = np.array([index[a] for a in v if a in index], dtype=np.int64)
+            self.pairs[pos[:, None], pos] += 1
+        self.stall = 0
+
+    def first(self, m: int) -> tuple[tuple[int, ...], ...]:
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not 0 <= m <= self.room:
+            raise PlanError(f"m ({m!r}) must be an int in [0, {self.room}] (new distinct "
+                            f"{self.l}-sets)")  # fmt: skip
+        d = len(self.pool)
+        while len(self.out) < m and self.stall < _STALL_ROUNDS:
+            before = len(self.out)
+            for block in _round(d, self.l, self.pairs, self.gen):
+                view = tuple(sorted(int(self.arr[i]) for i in block))
+                if view not in self.used:
+                    self.used.add(view)
+                    self.out.append(view)
+                    idx = np.array(block)
+                    self.pairs[idx[:, None], idx] += 1
+            self.stall = self.stall + 1 if len(self.out) == before else 0
+        if len(self.out) < m:
+            self.out.extend(_least_used(self.pool, self.l, m - len(self.out), self.used,
+                                        self.out))  # fmt: skip
+            self.used.update(self.out)
+        return tuple(self.out[:m])
+
+
+def _round(d: int, l: int, pairs: np.ndarray, gen: np.random.Generator) -> list[list[int]]:  # noqa: E741
+    """One round: blocks of l positions covering every position once (a short last
+    block is filled with positions of the round not in it); each block grows by the
+    position whose pairs with the block were used least (ties at random)."""
+    order = gen.permutation(d)
+    free = np.ones(d, dtype=bool)
+    jitter = gen.random(((d + l - 1) // l * l, d)) * 0.5
+    blocks = []
+    left = d
+    for start in order:
+        if not free[start]:
+            continue
+        free[start] = False
+        left -= 1
+        block = [int(start)]
+        load = pairs[start].astype(np.float64)
+        while len(block) < l:
+            if left:
+                pool = free
+            else:  # the round is dealt: fill from the attributes not in the block
+                pool = np.ones(d, dtype=bool)
+                pool[block] = False
+            score = np.where(pool, load + jitter[len(blocks) * l + len(block)], np.inf)
+            pick = int(np.argmin(score))
+            if free[pick]:
+                free[pick] = False
+                left -= 1
+            block.append(pick)
+            load += pairs[pick]
+        blocks.append(block)
+    return blocks
+
+
+def _least_used(
+    pool: list[int],
+    l: int,  # noqa: E741
+    count: int,
+    used: set[tuple[int, ...]],
+    chosen: list[tuple[int, ...]],
+) -> list[tuple[int, ...]]:
+    """``count`` unused l-sets of ``pool``, least-used attributes first."""
+    uses = {a: 0 for a in pool}
+    for v in chosen:
+        for a in v:
+            uses[a] += 1
+    free = [v for v in itertools.combinations(pool, l) if v not in used]
+    free.sort(key=lambda v: (sum(uses[a] for a in v), v))
+    return free[:count]
+
+
+def pilot_views(attrs: Sequence[int], rng: RngLike = 0) -> tuple[tuple[int, ...], ...]:
+    """Disjoint pairs holding every attribute once (a random perfect matching; with an
+    odd count the last attribute pairs with a random other one). One attribute alone
+    is its own view."""
+    pool = sorted({int(a) for a in attrs})
+    if not pool:
+        raise PlanError("attrs ([]) must hold at least one attribute with >= 2 categories")
+    if len(pool) == 1:
+        return ((pool[0],),)
+    gen = np.random.default_rng(rng)
+    perm = [int(a) for a in gen.permutation(pool)]
+    views = [tuple(sorted(perm[i : i + 2])) for i in range(0, len(perm) - 1, 2)]
+    if len(perm) % 2:
+        last = perm[-1]
+        partner = int(gen.choice([a for a in pool if a != last]))
+        views.append(tuple(sorted((last, partner))))
+    return tuple(views)

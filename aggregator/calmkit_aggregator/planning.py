@@ -1,0 +1,302 @@
+"""The default planner: view size l, view count m and the views chosen by predicting
+the whole pipeline's error for the workload (:mod:`.error_model`) under a
+:class:`~.profile.DataProfile`, instead of Algorithm 1's one-view noise bound
+(papers/calm-ccs18.txt §4.3, kept as ``planner="paper"``).
+
+Search. Only attributes with >= 2 categories are collected (one category: nothing to
+report, the marginal is exact). For each view size l = 1, 2, ... it scores designs of
+m = ceil(d/l) (every attribute held once), 4x, 16x, ... views up to
+``min(C(d, l), users, 4096)``, plus a covering design for l >= k whenever its size fits
+(every k-set then lies in a view), then refines m by factors of 2 and sqrt(2) around the
+best. Along m (and along l past k) the search stops after two steps that do not
+improve the prediction. Every design is predicted at the five quantiles of the
+profile's pair dependence (``DataProfile.dependence_quantiles``, equally likely
+values); the chosen design has the smallest mean log ratio to the best design at
+each quantile, so an uncertain profile gives a design that is good across what the
+data cannot rule out rather than at one guess.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from calmkit_client import MAX_VIEW_CELLS, PlanError, validate_epsilon
+from calmkit_client.errors import CalmkitError
+
+from .covering import construct_cover, cover_lower_bound
+from .designs import SpreadStream, spread_views
+from .error_model import ErrorPrediction, Workload, predict_errors
+from .profile import DataProfile
+
+__all__ = ["MAX_VIEWS", "Candidate", "PlannedViews", "choose_plan"]
+
+MAX_VIEWS = 4096
+_MAX_L = 8
+# Stop doubling m (or growing l) after this many steps that do not improve.
+_PATIENCE = 2
+# A covering design is built only if a spread design of its size is this close to the best.
+_RISE = 1.25
+# Covering designs are built for at most this many attributes (cost of construction).
+_COVER_MAX_D = 64
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One design the planner scored: its view size, count, kind (``"spread"``:
+    :func:`~.designs.spread_views`; ``"cover"``: a covering design, every k-set in a
+    view; ``"queries"``: the workload's own queries) and predicted SSE parts."""
+
+    l: int  # noqa: E741 (the paper's name)
+    m: int
+    design: str
+    sse: float
+    noise: float
+    bias: float
+    range: tuple[float, ...] = ()  # predicted SSE at each dependence quantile
+
+    @property
+    def typical(self) -> float:
+        """Geometric mean of the predictions over the dependence range."""
+        vals = self.range or (self.sse,)
+        return float(np.exp(np.mean(np.log(np.maximum(vals, 1e-300)))))
+
+    def to_dict(self) -> dict[str, object]:
+        return {"l": self.l, "m": self.m, "design": self.design, "predicted_sse": self.sse,
+                "noise": self.noise, "bias": self.bias,
+                "predicted_sse_range": list(self.range)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PlannedViews:
+    """The planner's choice.
+
+    Attributes:
+        views: the chosen views (sorted position tuples), ``fixed_views`` excluded.
+        l, m, design: the chosen candidate's view size, count and kind.
+        predicted: the predicted error of the whole design (fixed views included).
+        candidates: every candidate scored, in the order scored.
+        fixed_views: views that were part of the design (a pilot's).
+        profile: what the prediction assumed about the data.
+        single: attributes with one category (nothing to collect).
+    """
+
+    views: tuple[tuple[int, ...], ...]
+    l: int  # noqa: E741
+    m: int
+    design: str
+    predicted: ErrorPrediction
+    candidates: tuple[Candidate, ...]
+    fixed_views: tuple[tuple[int, ...], ...]
+    profile: DataProfile
+    single: tuple[int, ...] = field(default=())
+
+    def notes(self, names: Sequence[str]) -> list[str]:
+        """Plain-language notes: skipped and uncollected attributes."""
+        out = []
+        if self.single:
+            listed = ", ".join(repr(names[a]) for a in self.single)
+            out.append(
+                f"{len(self.single)} attribute(s) with one category, not collected (their "
+                f"marginal is known exactly): {listed}"
+            )
+        if self.predicted.uncollected:
+            listed = ", ".join(repr(names[a]) for a in self.predicted.uncollected)
+            out.append(
+                f"{len(self.predicted.uncollected)} attribute(s) in no view (too few users "
+                f"to hold them all; answered as uniform): {listed}"
+            )
+        return out
+
+
+@lru_cache(maxsize=64)
+def _cover(d: int, k: int, l: int, covering_dir: str | None) -> tuple[tuple[int, ...], ...]:  # noqa: E741
+    return tuple(construct_cover(d, k, l, rng=0, covering_dir=covering_dir))
+
+
+def choose_plan(
+    sizes: Sequence[int],
+    epsilon: float,
+    n: int,
+    workload: Workload,
+    profile: DataProfile | None = None,
+    fixed_views: Sequence[Sequence[int]] = (),
+    fixed_users: Sequence[float] = (),
+    l: int | None = None,  # noqa: E741
+    m: int | None = None,
+    rng: int = 0,
+    shrink: bool = True,
+    covering_dir: Path | str | None = None,
+) -> PlannedViews:
+    """The views for ``n`` users (module docstring).
+
+    Args:
+        sizes: category count per attribute.
+        epsilon: each user's LDP budget.
+        n: users who will report on the new views (not counting ``fixed_users``).
+        workload: the queries to be answered (:class:`~.error_model.Workload`).
+        profile: assumptions about the data (default: :meth:`DataProfile.prior`).
+        fixed_views, fixed_users: views already in the design and their reports.
+        l, m: restrict the search to this view size and/or count.
+        rng: seed of the designs (the choice is deterministic given it).
+        shrink: whether reconstruction shrinks interactions.
+        covering_dir: optional covering folder for covering designs.
+    """
+    sizes_t = tuple(int(s) for s in sizes)
+    d = len(sizes_t)
+    if d == 0:
+        raise PlanError("sizes (()) must name at least one attribute")
+    bad = next((s for s in sizes_t if s < 1), None)
+    if bad is not None:
+        raise PlanError(f"sizes ({list(sizes_t)}) must be category counts >= 1")
+    eps = _epsilon(epsilon)
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise PlanError(f"n ({n!r}) must be an int >= 1")
+    workload.check(d)
+    if profile is None:
+        from calmkit_client import Schema
+
+        profile = DataProfile.prior(Schema.from_sizes(sizes_t))
+    if profile.sizes != sizes_t:
+        raise PlanError(f"profile (sizes {list(profile.sizes)}) must match sizes {list(sizes_t)}")
+    fixed = tuple(tuple(sorted(int(a) for a in v)) for v in fixed_views)
+    users_fixed = [float(u) for u in fixed_users]
+    if len(users_fixed) != len(fixed):
+        raise PlanError(f"fixed_users ({len(users_fixed)}) must give one count per fixed view")
+    collect = [a for a in range(d) if sizes_t[a] > 1]
+    single = tuple(a for a in range(d) if sizes_t[a] == 1)
+    if not collect:
+        raise PlanError(
+            f"every attribute ({d}) has one category: there is nothing to collect "
+            "(each marginal is known exactly)"
+        )
+    dc = len(collect)
+    if l is not None and (isinstance(l, bool) or not isinstance(l, (int, np.integer))
+                          or not 1 <= l <= dc):  # fmt: skip
+        raise PlanError(
+            f"l ({l!r}) must be an int in [1, {dc}] ({dc} attributes with >= 2 categories)"
+        )
+    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1):
+        raise PlanError(f"m ({m!r}) must be an int >= 1")
+    total = float(n) + sum(users_fixed)
+    order = workload.order
+    cover_dir = None if covering_dir is None else str(covering_dir)
+    arr = np.array(sizes_t, dtype=np.int64)
+    scored: list[tuple[Candidate, tuple[tuple[int, ...], ...], ErrorPrediction]] = []
+    seen: set[tuple[int, int, str]] = set()
+
+    deps = tuple(profile.dependence_quantiles or (profile.dependence,))
+    middle = len(deps) // 2
+
+    def score(lv: int, views: tuple[tuple[int, ...], ...], design: str) -> float:
+        """Predict a design at every dependence quantile; returns the geometric mean
+        of the predictions (what the search follows)."""
+        key = (lv, len(views), design)
+        if key in seen:
+            cand = next(c for c, _, _ in scored if (c.l, c.m, c.design) == key)
+            return cand.typical
+        seen.add(key)
+        all_views = fixed + views
+        users = users_fixed + [n / len(views)] * len(views)
+        preds = predict_errors(arr, all_views, users, eps, workload, profile, deps, n=total,
+                               shrink=shrink, seed=rng)  # fmt: skip
+        mid = next(p for i, p in enumerate(preds) if deps[i] == profile.dependence) if (
+            profile.dependence in deps) else preds[middle]
+        cand = Candidate(lv, len(views), design, mid.sse, mid.noise, mid.bias,
+                         tuple(p.sse for p in preds))  # fmt: skip
+        scored.append((cand, views, mid))
+        return cand.typical
+
+    streams: dict[int, SpreadStream] = {}
+
+    def spread(lv: int, mv: int) -> float:
+        if lv not in streams:
+            streams[lv] = SpreadStream(collect, lv, rng=[rng, lv], start=fixed)
+        return score(lv, streams[lv].first(mv), "spread")
+
+    lmax = min(dc, _MAX_L) if l is None else int(l)
+    lmin = 1 if l is None else int(l)
+    best_overall = math.inf
+    worse = 0
+    lows: dict[int, int] = {}
+    for lv in range(lmin, lmax + 1):
+        if _smallest_cells(arr[collect], lv) > MAX_VIEW_CELLS:
+            break
+        room = math.comb(dc, lv) - sum(1 for v in fixed if len(v) == lv)
+        hi = min(room, n, MAX_VIEWS)
+        if hi < 1:
+            continue
+        if m is not None:
+            if m > room:
+                raise PlanError(f"m ({m}) must be <= {room} new distinct views of size {lv}")
+            best_l = spread(lv, int(m))
+        else:
+            mv = lows[lv] = min(hi, math.ceil(dc / lv))
+            best_l = last = spread(lv, mv)
+            rises = 0
+            while mv < hi and rises < _PATIENCE:  # m x4 until it stops paying
+                mv = min(hi, 4 * mv)
+                value = spread(lv, mv)
+                rises = rises + 1 if value > last else 0
+                best_l, last = min(best_l, value), value
+        if workload.k is not None and order <= lv <= order + 2 and dc <= _COVER_MAX_D:
+            need = cover_lower_bound(dc, order, lv)
+            limit = hi if m is None else int(m)
+            near = min(best_l, best_overall)
+            if need <= limit and (m is not None or spread(lv, need) <= _RISE * near):
+                base = tuple(tuple(collect[i] for i in b) for b in _cover(dc, order, lv, cover_dir))
+                base = tuple(v for v in base if v not in set(fixed))
+                size = len(base) if m is None else int(m)
+                if len(base) <= size <= room:
+                    extra = spread_views(collect, lv, size - len(base), rng=[rng, lv, size],
+                                         start=fixed + base)  # fmt: skip
+                    best_l = min(best_l, score(lv, base + extra, "cover"))
+        if workload.queries is not None and l is None and m is None:
+            qs = tuple(sorted({tuple(a for a in q if sizes_t[a] > 1) for q in workload.queries}
+                              - {()}))  # fmt: skip
+            if qs and len(qs) <= n and len({len(q) for q in qs}) == 1 and len(qs[0]) == lv:
+                best_l = min(best_l, score(lv, tuple(q for q in qs if q not in set(fixed)),
+                                           "queries"))  # fmt: skip
+        worse = worse + 1 if best_l > best_overall else 0
+        best_overall = min(best_overall, best_l)
+        if l is None and lv >= order and worse >= _PATIENCE:
+            break
+    if not scored:
+        raise PlanError(f"n ({n}) users cannot hold a view of the requested size")
+    if m is None:  # refine m around the best spread design, never below full coverage
+        top = min((c for c, _, _ in scored if c.design == "spread"), key=lambda c: c.sse,
+                  default=None)  # fmt: skip
+        if top is not None:
+            room = math.comb(dc, top.l) - sum(1 for v in fixed if len(v) == top.l)
+            hi = min(room, n, MAX_VIEWS)
+            for factor in (0.5, 2**-0.5, 2**0.5, 2.0):
+                mv = round(top.m * factor)
+                if lows.get(top.l, 1) <= mv <= hi:
+                    spread(top.l, mv)
+    # the smallest mean log ratio to the best design, over the dependence quantiles
+    best = np.min(np.array([c.range for c, _, _ in scored]), axis=0)
+    def regret(c: Candidate) -> float:
+        return float(np.mean(np.log(np.array(c.range) / best)))
+
+    cand, views, pred = min(scored, key=lambda x: (regret(x[0]), x[0].sse, x[0].m))
+    return PlannedViews(
+        views, cand.l, cand.m, cand.design, pred, tuple(c for c, _, _ in scored), fixed,
+        profile, single,
+    )  # fmt: skip
+
+
+def _epsilon(epsilon: object) -> float:
+    try:
+        return validate_epsilon(epsilon)
+    except CalmkitError as exc:
+        raise PlanError(str(exc)) from None
+
+
+def _smallest_cells(sizes: np.ndarray, l: int) -> int:  # noqa: E741
+    """Cells of the smallest l-way view over ``sizes``."""
+    return int(np.prod(np.sort(sizes)[:l], dtype=np.int64))

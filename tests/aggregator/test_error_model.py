@@ -1,0 +1,137 @@
+"""The pipeline error model against the real pipeline where the model is exact, and its
+workload sum against brute force.
+
+Where the model is exact (no Norm-Sub activity, no shrinkage, answers by projection
+or by the product of independent 1-way marginals, uniform or independent data), its
+prediction is the expected SSE; the measured mean over R repetitions of fixed queries
+must lie within 4 standard errors of it (the standard error measured from the
+repetitions, a fixed seed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from calmkit_aggregator import reconstruct
+from calmkit_aggregator.error_model import Workload, _js_table, predict_error
+from calmkit_aggregator.profile import DataProfile
+from calmkit_client import CalmkitError, Plan, Schema
+from calmkit_simulator import Population, collect_support
+
+MARGIN = 4.0  # standard errors
+
+
+def _measure(pop: Population, plan: Plan, queries: list[tuple[int, ...]], reps: int,
+             shrink: bool) -> tuple[float, float]:  # fmt: skip
+    """Mean SSE over fixed queries per repetition: (mean, standard error). Each
+    repetition draws new reports and a new assignment of users to views (the plan's
+    hash seed), as the model's sampling term assumes."""
+    gen = np.random.default_rng(2024)
+    truths = [pop.marginal(q) for q in queries]
+    per_rep = []
+    for rep in range(reps):
+        fresh = Plan(plan.schema, plan.epsilon, plan.views, seed=rep + 1)
+        est = reconstruct(collect_support(pop, fresh, gen), shrink=shrink)
+        per_rep.append(np.mean([((est.answer(q).values - t) ** 2).sum()
+                                for q, t in zip(queries, truths)]))  # fmt: skip
+    arr = np.array(per_rep)
+    return float(arr.mean()), float(arr.std(ddof=1) / math.sqrt(reps))
+
+
+def _independent(sizes: tuple[int, ...], probs: list[np.ndarray], n: int, seed: int) -> Population:
+    gen = np.random.default_rng(seed)
+    codes = np.stack([gen.choice(s, size=n, p=p) for s, p in zip(sizes, probs)], axis=1)
+    return Population(Schema.from_sizes(sizes), codes.astype(np.uint8))
+
+
+@pytest.mark.parametrize("eps", [1.0, 3.0])  # at 3 the users' sampling dominates the noise
+def test_projection_answers_match_the_prediction_where_it_is_exact(eps: float) -> None:
+    # uniform independent data (no component carries signal), views overlapping on
+    # single attributes and on a pair, so consistency pools both
+    sizes = (2, 2, 2, 2, 2, 2)
+    pop = _independent(sizes, [np.full(2, 0.5)] * 6, 1 << 15, seed=1)
+    views = [(0, 1, 2), (1, 2, 3), (3, 4, 5), (0, 4, 5)]
+    plan = Plan(pop.schema, eps, views)
+    queries = [(0, 1, 2), (1, 2, 3), (3, 4, 5), (0, 4, 5)]
+    profile = DataProfile.from_marginals([np.full(2, 0.5)] * 6, 0.0)
+    users = np.bincount(plan.assign_many(np.arange(pop.n, dtype=np.uint64)), minlength=4)
+    pred = predict_error(sizes, views, users, eps, Workload(queries=queries), profile,
+                         shrink=False)  # fmt: skip
+    mean, se = _measure(pop, plan, queries, reps=60, shrink=False)
+    assert abs(mean - pred.sse) <= MARGIN * se, (mean, pred.sse, se)
+    assert pred.bias == 0.0 and pred.noise == pred.sse
+    # without pooling (each view alone) the prediction would be far off: pooling matters
+    alone = [predict_error(sizes, [v], [u], eps, Workload(queries=[v]), profile,
+                           shrink=False).sse for v, u in zip(views, users)]  # fmt: skip
+    assert abs(mean - float(np.mean(alone))) > MARGIN * se
+
+
+@pytest.mark.parametrize("eps", [1.0, 3.0])
+def test_max_ent_products_match_the_amplified_prediction(eps: float) -> None:
+    # each attribute alone in a view: every 3-way answer is the product of noisy
+    # 1-way marginals; the noise of one is spread along the others' distributions
+    sizes = (2, 2, 3, 2, 3)
+    probs = [np.array([0.8, 0.2]), np.array([0.3, 0.7]), np.array([0.6, 0.3, 0.1]),
+             np.array([0.5, 0.5]), np.array([0.2, 0.2, 0.6])]  # fmt: skip
+    pop = _independent(sizes, probs, 1 << 16, seed=4)
+    views = [(a,) for a in range(5)]
+    plan = Plan(pop.schema, eps, views)
+    queries = list(itertools.combinations(range(5), 3))
+    profile = DataProfile.from_marginals([pop.marginal([a]) for a in range(5)], 0.0)
+    users = np.bincount(plan.assign_many(np.arange(pop.n, dtype=np.uint64)), minlength=5)
+    pred = predict_error(sizes, views, users, eps, Workload(queries=queries), profile)
+    uniform = DataProfile.from_marginals([np.full(s, 1 / s) for s in sizes], 0.0)
+    flat = predict_error(sizes, views, users, eps, Workload(queries=queries), uniform)
+    mean, se = _measure(pop, plan, queries, reps=60, shrink=True)
+    assert abs(mean - pred.sse) <= MARGIN * se, (mean, pred.sse, se)
+    # the same model with uniform spreading (no amplification) misses by far
+    assert abs(mean - flat.sse) > MARGIN * se
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_the_workload_sum_equals_brute_force_over_all_queries(k: int) -> None:
+    sizes = (2, 3, 1, 2, 4, 2, 2)  # one attribute with a single category
+    views = [(0, 1), (1, 3, 4), (0, 5, 6), (3, 5), (4, 6), (0, 1, 3), (2, 4)]
+    users = [900.0, 500, 700, 1200, 300, 800, 400]
+    gen = np.random.default_rng(7)
+    profile = DataProfile.from_marginals([gen.dirichlet(np.ones(s)) for s in sizes], 0.03)
+    every = list(itertools.combinations(range(len(sizes)), k))
+    for eps in (0.3, 2.0):  # Norm-Sub simulated at 0.3, linear at 2
+        by_k = predict_error(sizes, views, users, eps, Workload(k=k), profile)
+        brute = predict_error(sizes, views, users, eps, Workload(queries=every), profile)
+        assert by_k.sse == pytest.approx(brute.sse, rel=1e-9)
+        assert by_k.noise == pytest.approx(brute.noise, rel=1e-9)
+        assert by_k.bias == pytest.approx(brute.bias, rel=1e-9, abs=1e-15)
+
+
+def test_uncollected_attributes_are_named_and_cost_their_skew() -> None:
+    sizes = (2, 2, 2)
+    marg = [np.array([0.9, 0.1]), np.array([0.5, 0.5]), np.array([0.7, 0.3])]
+    profile = DataProfile.from_marginals(marg, 0.0)
+    pred = predict_error(sizes, [(1, 2)], [1e12], 1.0, Workload(queries=[(0,)]), profile)
+    assert pred.uncollected == (0,)
+    assert pred.sse == pytest.approx(((marg[0] - 0.5) ** 2).sum(), rel=1e-6)
+
+
+def test_james_stein_risk_approaches_the_oracle_for_many_dimensions() -> None:
+    taus, ratio = _js_table(200)
+    for tau in (0.1, 1.0, 10.0):
+        oracle = tau / (1 + tau)
+        assert abs(float(np.interp(tau, taus, ratio)) - oracle) < 4 / 200
+    assert ratio[0] < 0.02  # no signal: nearly everything is shrunk away
+
+
+def test_bad_input_names_the_field() -> None:
+    profile = DataProfile.from_marginals([np.full(2, 0.5)] * 3, 0.0)
+    with pytest.raises(CalmkitError, match=r"views\[0\] \(\[1, 0\]\) must be sorted"):
+        predict_error((2, 2, 2), [(1, 0)], [10.0], 1.0, Workload(k=2), profile)
+    with pytest.raises(CalmkitError, match="users"):
+        predict_error((2, 2, 2), [(0, 1)], [0.0], 1.0, Workload(k=2), profile)
+    with pytest.raises(CalmkitError, match="profile"):
+        predict_error((2, 2), [(0, 1)], [10.0], 1.0, Workload(k=2), profile)
+    with pytest.raises(CalmkitError, match="k"):
+        Workload(k=0)
