@@ -37,7 +37,8 @@ class AdminClient:
         k: int,
         **options: Any,
     ) -> CollectionInfo:
-        """Create a collection (options: collection_id, theta, views, m, l, seed);
+        """Create a collection (options: collection_id, theta, views, m, l, seed,
+        planner ("pipeline" or "paper"), pilot (share of users in the pilot phase));
         the result carries the submit token, shown only this once."""
         req = client_wire.create_request(schema, epsilon, expected_n, k, **options)
         return client_wire.collection_from_proto(self._call("CreateCollection", req))

@@ -1,33 +1,74 @@
-"""Planning a collection (DESIGN.md data flow step 1): Algorithm 1's views, the
-adaptive oracle per view, equal shares."""
+"""Planning a collection (DESIGN.md data flow step 1): the views, the adaptive oracle
+per view, equal shares.
+
+Two planners:
+
+- ``"pipeline"`` (the default): :func:`~.planning.choose_plan`, which predicts the
+  whole pipeline's error for the workload under a data profile. With a pilot
+  (:mod:`.pilot`) the profile comes from the first users' reports.
+- ``"paper"``: CALM's Algorithm 1 (papers/calm-ccs18.txt §4.3; :func:`~.choose.choose_views`),
+  as the paper's evaluation and the figure reproduction use it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from calmkit_client import Plan, Schema
+from calmkit_client import Plan, PlanError, Schema
 
-from .choose import choose_views
+from .choose import DEFAULT_THETA, choose_views
+from .error_model import Workload
+from .planning import choose_plan
+from .profile import DataProfile
 
-__all__ = ["plan_collection"]
+__all__ = ["PLANNERS", "plan_collection", "workload_of"]
+
+PLANNERS = ("pipeline", "paper")
+
+
+def workload_of(
+    schema: Schema, k: int | None, queries: Sequence[Sequence[object]] | None
+) -> Workload:
+    """The workload of ``k``-way marginals or of explicit queries (names or positions)."""
+    if queries is not None:
+        return Workload(queries=tuple(tuple(schema.resolve(q)) for q in queries))
+    if k is None:
+        raise PlanError("k (None) must be given when no queries are")
+    return Workload(k=k)
 
 
 def plan_collection(
     schema: Schema,
     epsilon: float,
     n: int,
-    k: int,
-    theta: float = 0.001,
+    k: int | None,
+    theta: float = DEFAULT_THETA,
     l: int | None = None,  # noqa: E741 (the paper's name)
     m: int | None = None,
     rng: int = 0,
     seed: int = 0,
     covering_dir: Path | str | None = None,
+    planner: str = "pipeline",
+    profile: DataProfile | None = None,
+    queries: Sequence[Sequence[object]] | None = None,
 ) -> Plan:
-    """The plan CALM would run for ``n`` users answering k-way queries: views chosen
-    by Algorithm 1 (§4.3; ``l`` and ``m`` may be fixed), each view's oracle by the
-    smaller variance (§2.2.3), users split equally, assignment hash ``seed``."""
-    choice = choose_views(
-        schema.sizes, epsilon, n, k, theta=theta, rng=rng, covering_dir=covering_dir, l=l, m=m
-    )
-    return Plan(schema, epsilon, choice.views, seed=seed)
+    """The plan for ``n`` users answering k-way queries (or ``queries``).
+
+    ``planner="pipeline"``: views chosen by the pipeline's predicted error under
+    ``profile`` (default: the prior, :meth:`DataProfile.prior`); ``"paper"``:
+    Algorithm 1 with threshold ``theta``. ``l`` and ``m`` may be fixed in both. Each
+    view's oracle is the one with the smaller variance (§2.2.3), users are split
+    equally, and ``seed`` is the assignment hash seed.
+    """
+    if planner == "paper":
+        if k is None:
+            raise PlanError("k (None) must be given to the paper's planner (Algorithm 1)")
+        choice = choose_views(schema.sizes, epsilon, n, k, theta=theta, rng=rng,
+                              covering_dir=covering_dir, l=l, m=m)  # fmt: skip
+        return Plan(schema, epsilon, choice.views, seed=seed)
+    if planner != "pipeline":
+        raise PlanError(f"planner ({planner!r}) must be one of {list(PLANNERS)}")
+    chosen = choose_plan(schema.sizes, epsilon, n, workload_of(schema, k, queries), profile,
+                         l=l, m=m, rng=rng, covering_dir=covering_dir)  # fmt: skip
+    return Plan(schema, epsilon, chosen.views, seed=seed)

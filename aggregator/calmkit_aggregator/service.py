@@ -42,6 +42,7 @@ from calmkit_client.errors import (
 
 from . import wire
 from .calm import MarginalEstimator, reconstruct
+from .pilot import PhasedDesign, pilot_plan, pilot_size
 from .planner import plan_collection
 from .storage import Storage
 
@@ -103,6 +104,7 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
         self._admin_hash = _hash_token(admin_token) if admin_token else None
         self._estimates: dict[str, tuple[int, MarginalEstimator]] = {}
         self._estimate_lock = threading.Lock()
+        self._advance_lock = threading.Lock()
 
     # -- access ------------------------------------------------------------------------
     def _require_admin(self, context: grpc.ServicerContext) -> None:
@@ -119,7 +121,7 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
 
     def _collection(self, collection_id: str, submit_token: str | None = None) -> Any:
         record = self.storage.get_collection(collection_id)
-        counts = self.storage.support(collection_id).n
+        counts = self.storage.phase_support(collection_id, record.phase).n
         return wire.collection_to_proto(record, counts.tolist(), submit_token)
 
     # -- admin -------------------------------------------------------------------------
@@ -127,18 +129,26 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
     def CreateCollection(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._require_admin(context)
         params = wire.create_from_proto(request)
+        design = None
         if params.views:
             plan = Plan(params.schema, params.epsilon, params.views, seed=params.seed)
+        elif (params.planner == "pipeline" and params.pilot > 0 and params.expected_n >= 2
+              and (params.l is None or params.m is None)):  # fmt: skip
+            plan = pilot_plan(params.schema, params.epsilon, seed=params.seed)
+            design = PhasedDesign(params.expected_n, pilot_size(params.expected_n, params.pilot),
+                                  params.k, params.seed, params.l, params.m)  # fmt: skip
         else:
             plan = plan_collection(
                 params.schema, params.epsilon, params.expected_n, params.k,
                 theta=params.theta if params.theta is not None else 0.001,
                 l=params.l, m=params.m, rng=params.seed, seed=params.seed,
+                planner=params.planner,
             )  # fmt: skip
         collection_id = params.collection_id or f"c-{secrets.token_hex(6)}"
         token = secrets.token_urlsafe(24)
-        self.storage.create_collection(collection_id, plan, params.k, _hash_token(token))
-        log_json("created", collection=collection_id, m=plan.m, digest=plan.digest)
+        self.storage.create_collection(collection_id, plan, params.k, _hash_token(token), design)
+        log_json("created", collection=collection_id, m=plan.m, digest=plan.digest,
+                 pilot_target=None if design is None else design.pilot_reports)  # fmt: skip
         return self._collection(collection_id, submit_token=token)
 
     @_rpc
@@ -168,18 +178,39 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
         t0 = time.perf_counter()
         record = self.storage.get_collection(request.collection_id)
         self._require_submit(context, record.submit_token_hash)
-        if request.plan_digest != record.plan.digest:
-            raise PlanMismatch(
-                f"plan_digest ({request.plan_digest!r}) must be the collection's "
-                f"({record.plan.digest!r})"
-            )
-        reports = wire.reports_from_proto(request, record.plan)
+        phase = record.phase_of(request.plan_digest)  # any phase's plan is still valid
+        reports = wire.reports_from_proto(request, record.plans[phase])
         outcome = self.storage.add_reports(request.collection_id, request.plan_digest, reports)
         log_json(
             "submitted", collection=request.collection_id, accepted=outcome.accepted,
-            duplicates=outcome.duplicates, ms=round(1e3 * (time.perf_counter() - t0), 2),
+            duplicates=outcome.duplicates, phase=phase,
+            ms=round(1e3 * (time.perf_counter() - t0), 2),
         )  # fmt: skip
+        self._maybe_advance(request.collection_id)
         return wire.ack_to_proto(outcome.accepted, outcome.duplicates)
+
+    def _maybe_advance(self, collection_id: str) -> None:
+        """Start the second phase once the pilot has its reports: plan it from the
+        pilot's counts (committed before the next GetPlan can serve it). Threads that
+        race here plan once: the storage keeps the first phase 1 stored."""
+        record = self.storage.get_collection(collection_id)
+        design = record.design
+        if design is None or record.phase != 0 or record.state != "open":
+            return
+        if record.reports < design.pilot_reports:
+            return
+        with self._advance_lock:
+            record = self.storage.get_collection(collection_id)
+            if record.phase != 0:
+                return
+            t0 = time.perf_counter()
+            main = design.next_plan(self.storage.phase_support(collection_id, 0))
+            self.storage.add_phase(collection_id, 1, main.plan)
+            log_json("phase", collection=collection_id, phase=1, m=main.plan.m,
+                     l=main.choice.l, digest=main.plan.digest, pilot_reports=record.reports,
+                     predicted_sse=round(main.choice.predicted.sse, 6),
+                     dependence=round(main.choice.profile.dependence, 5),
+                     ms=round(1e3 * (time.perf_counter() - t0), 1))  # fmt: skip
 
     # -- queries -----------------------------------------------------------------------
     def _estimator(self, collection_id: str) -> tuple[MarginalEstimator, int]:

@@ -11,12 +11,20 @@ a rejected batch leaves neither rows nor counts behind.
 Tables (schema version :data:`SCHEMA_VERSION` in ``PRAGMA user_version``):
 
 - ``collections(id, plan_json, digest, k, state, submit_token_hash, created_at,
-  closed_at)``: the plan is stored as :meth:`Plan.to_json` and reloaded with
-  :meth:`Plan.from_json`, which checks its digest.
-- ``reports(collection_id, report_id, pseudonym, view, payload)``, keyed by
+  closed_at, design_json)``: the first phase's plan is stored as
+  :meth:`Plan.to_json` and reloaded with :meth:`Plan.from_json`, which checks its
+  digest; ``design_json`` (:class:`~.pilot.PhasedDesign`, or NULL for one phase)
+  says how the next phase is planned.
+- ``phases(collection_id, phase, plan_json, digest, created_at)``: the plans of the
+  phases after the first (phase 1, 2, ...).
+- ``reports(collection_id, report_id, pseudonym, view, payload, phase)``, keyed by
   ``(collection_id, report_id)`` (retries are idempotent) with one report per
-  ``(collection_id, pseudonym)`` (the unique index ``reports_pseudonym``). A GRR
-  payload is an INTEGER cell, an OUE payload a BLOB of ``ceil(L/8)`` packed bytes.
+  ``(collection_id, pseudonym)`` over all phases (the unique index
+  ``reports_pseudonym``): a user reports once. ``view`` indexes the plan of
+  ``phase``. A GRR payload is an INTEGER cell, an OUE payload a BLOB of
+  ``ceil(L/8)`` packed bytes.
+
+A version 1 file (one phase, no ``phases`` table) is migrated in place on open.
 
 Thread safety: one connection shared by the gRPC server's worker threads, every use of
 it and every count update guarded by one lock. Validation runs outside the lock.
@@ -47,6 +55,7 @@ from calmkit_client.errors import (
     ReportConflict,
 )
 
+from .pilot import PhasedDesign, combine_phases
 from .support import SupportCounts
 
 __all__ = [
@@ -58,7 +67,7 @@ __all__ = [
     "StoredReport",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PSEUDONYM_BYTES = 16
 TOKEN_HASH_BYTES = 32  # sha256
 OPEN, CLOSED = "open", "closed"
@@ -69,6 +78,14 @@ _CACHE_KIB = -64 * 1024
 # Longest value repr an error message shows.
 _SHOW_CHARS = 80
 
+_PHASES = """CREATE TABLE phases (
+    collection_id TEXT NOT NULL REFERENCES collections (id),
+    phase INTEGER NOT NULL CHECK (phase >= 1),
+    plan_json TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (collection_id, phase)
+);"""
 _SCHEMA = f"""
 CREATE TABLE collections (
     id TEXT PRIMARY KEY,
@@ -78,7 +95,8 @@ CREATE TABLE collections (
     state TEXT NOT NULL CHECK (state IN ('{OPEN}', '{CLOSED}')),
     submit_token_hash BLOB NOT NULL,
     created_at REAL NOT NULL,
-    closed_at REAL
+    closed_at REAL,
+    design_json TEXT
 );
 CREATE TABLE reports (
     collection_id TEXT NOT NULL REFERENCES collections (id),
@@ -86,11 +104,20 @@ CREATE TABLE reports (
     pseudonym BLOB NOT NULL,
     view INTEGER NOT NULL,
     payload BLOB NOT NULL,  -- no conversion: GRR stores an INTEGER, OUE a BLOB
+    phase INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (collection_id, report_id)
 ) WITHOUT ROWID;
 -- UNIQUE (collection_id, pseudonym) as a named index, so lookups can name it
 CREATE UNIQUE INDEX reports_pseudonym ON reports (collection_id, pseudonym);
+{_PHASES}
 PRAGMA user_version = {SCHEMA_VERSION};
+"""
+# Version 1 -> 2: phases.
+_MIGRATE_1 = f"""
+ALTER TABLE collections ADD COLUMN design_json TEXT;
+ALTER TABLE reports ADD COLUMN phase INTEGER NOT NULL DEFAULT 0;
+{_PHASES}
+PRAGMA user_version = 2;
 """
 
 
@@ -108,16 +135,41 @@ class StoredReport:
 
 @dataclass(frozen=True)
 class CollectionRecord:
-    """A collection's metadata and its number of counted reports."""
+    """A collection's metadata and its number of counted reports.
+
+    ``plans``: the plan of each phase so far (the last is the current one);
+    ``design``: how the next phase is planned (None: one phase)."""
 
     collection_id: str
-    plan: Plan
+    plans: tuple[Plan, ...]
     k: int
     state: str
     submit_token_hash: bytes
     created_at: float
     closed_at: float | None
     reports: int
+    design: PhasedDesign | None = None
+    phase_reports: tuple[int, ...] = ()
+
+    @property
+    def plan(self) -> Plan:
+        """The current phase's plan: what new reports use."""
+        return self.plans[-1]
+
+    @property
+    def phase(self) -> int:
+        """The current phase (0-based)."""
+        return len(self.plans) - 1
+
+    def phase_of(self, plan_digest: str) -> int:
+        """The phase whose plan has ``plan_digest``; :class:`PlanMismatch` if none."""
+        for i, plan in enumerate(self.plans):
+            if plan.digest == plan_digest:
+                return i
+        known = ", ".join(repr(p.digest) for p in self.plans)
+        raise PlanMismatch(
+            f"plan_digest ({_show(plan_digest)}) must be one of the collection's plans ({known})"
+        )
 
 
 @dataclass(frozen=True)
@@ -131,21 +183,34 @@ class BatchOutcome:
 
 @dataclass
 class _Entry:
-    """In-memory state of one collection: metadata and its live support counts."""
+    """In-memory state of one collection: metadata and, per phase, its live support
+    counts (reports per view ``n[phase]`` and ``counts[phase][view]``)."""
 
     record: CollectionRecord
-    n: np.ndarray
-    counts: list[np.ndarray]
+    n: list[np.ndarray]
+    counts: list[list[np.ndarray]]
 
     @classmethod
     def empty(cls, record: CollectionRecord) -> _Entry:
         """An entry with zero counts."""
-        zeros = SupportCounts.zeros(record.plan)
-        return cls(record, zeros.n, list(zeros.counts))
+        entry = cls(record, [], [])
+        for plan in record.plans:
+            entry.add_phase(plan)
+        return entry
+
+    def add_phase(self, plan: Plan) -> None:
+        zeros = SupportCounts.zeros(plan)
+        self.n.append(zeros.n)
+        self.counts.append(list(zeros.counts))
 
     def snapshot(self) -> CollectionRecord:
-        """The record with the current report total."""
-        return replace(self.record, reports=int(self.n.sum()))
+        """The record with the current report totals."""
+        per_phase = tuple(int(n.sum()) for n in self.n)
+        return replace(self.record, reports=sum(per_phase), phase_reports=per_phase)
+
+    def support(self, phase: int) -> SupportCounts:
+        return SupportCounts(self.record.plans[phase], self.n[phase].copy(),
+                             tuple(c.copy() for c in self.counts[phase]))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -214,72 +279,99 @@ class Storage:
             if tables:
                 raise CalmkitError(f"database ({self.path!r}) is not a calmkit store")
             conn.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")
+        elif version == 1:
+            conn.executescript(f"BEGIN IMMEDIATE; {_MIGRATE_1} COMMIT;")
         elif version != SCHEMA_VERSION:
             raise CalmkitError(
-                f"schema version ({version}) of {self.path!r} must be {SCHEMA_VERSION}"
+                f"schema version ({version}) of {self.path!r} must be {SCHEMA_VERSION} (or 1, "
+                "which is migrated)"
             )
 
     def _load(self, conn: sqlite3.Connection) -> None:
         """Read every collection and rebuild its support counts from its reports."""
         rows = conn.execute(
-            "SELECT id, plan_json, digest, k, state, submit_token_hash, created_at, closed_at "
-            "FROM collections ORDER BY created_at, id"
+            "SELECT id, plan_json, digest, k, state, submit_token_hash, created_at, closed_at, "
+            "design_json FROM collections ORDER BY created_at, id"
         ).fetchall()
-        for cid, plan_json, digest, k, state, token_hash, created, closed in rows:
-            try:
-                plan = Plan.from_json(plan_json)
-            except CalmkitError as exc:
-                raise CalmkitError(f"plan_json of collection {cid!r} is invalid: {exc}") from None
-            if plan.digest != digest:
-                raise CalmkitError(
-                    f"digest ({digest!r}) of collection {cid!r} must match its plan "
-                    f"({plan.digest!r})"
-                )
+        later: dict[str, list[tuple[str, str]]] = {}
+        for cid, _phase, plan_json, digest in conn.execute(
+            "SELECT collection_id, phase, plan_json, digest FROM phases "
+            "ORDER BY collection_id, phase"
+        ):
+            later.setdefault(cid, []).append((plan_json, digest))
+        for cid, plan_json, digest, k, state, token_hash, created, closed, design_json in rows:
+            plans = tuple(
+                _stored_plan(cid, i, text, d)
+                for i, (text, d) in enumerate([(plan_json, digest), *later.get(cid, [])])
+            )
+            design = None if design_json is None else PhasedDesign.from_json(design_json)
             entry = _Entry.empty(
-                CollectionRecord(cid, plan, k, state, token_hash, created, closed, 0)
+                CollectionRecord(cid, plans, k, state, token_hash, created, closed, 0, design)
             )
             self._recount(conn, entry)
             self._entries[cid] = entry
 
     @staticmethod
     def _recount(conn: sqlite3.Connection, entry: _Entry) -> None:
-        """Support counts of one collection from its stored reports, per view in bulk."""
+        """Support counts of one collection from its stored reports, per phase and
+        view in bulk."""
         record = entry.record
-        plan = record.plan
         rows = conn.execute(
-            "SELECT view, payload FROM reports WHERE collection_id = ?", (record.collection_id,)
+            "SELECT phase, view, payload FROM reports WHERE collection_id = ?",
+            (record.collection_id,),
         ).fetchall()
-        views = np.fromiter((v for v, _ in rows), np.int64, count=len(rows))
-        if views.size and (views.min() < 0 or views.max() >= plan.m):
-            bad = int(views.min() if views.min() < 0 else views.max())
+        phases = np.fromiter((p for p, _, _ in rows), np.int64, count=len(rows))
+        views = np.fromiter((v for _, v, _ in rows), np.int64, count=len(rows))
+        if phases.size and (phases.min() < 0 or phases.max() > record.phase):
+            bad = int(phases.min() if phases.min() < 0 else phases.max())
             raise CalmkitError(
-                f"stored view ({bad}) of collection {record.collection_id!r} must be in "
-                f"[0, {plan.m})"
+                f"stored phase ({bad}) of collection {record.collection_id!r} must be in "
+                f"[0, {record.phase}]"
             )
-        for j, oracle in enumerate(plan.view_oracles):
-            idx = np.flatnonzero(views == j)
-            if not idx.size:
-                continue
-            values = [rows[i][1] for i in idx.tolist()]
-            try:
-                arr = _stored_payloads(oracle, values)
-                entry.counts[j] += oracle.support(arr)
-            except (CalmkitError, TypeError, ValueError) as exc:
+        for phase, plan in enumerate(record.plans):
+            in_phase = phases == phase
+            v = views[in_phase]
+            if v.size and (v.min() < 0 or v.max() >= plan.m):
+                bad = int(v.min() if v.min() < 0 else v.max())
                 raise CalmkitError(
-                    f"stored payloads of view {j} of collection {record.collection_id!r} "
-                    f"are invalid: {exc}"
-                ) from None
-            entry.n[j] = idx.size
+                    f"stored view ({bad}) of collection {record.collection_id!r} must be in "
+                    f"[0, {plan.m})"
+                )
+            positions = np.flatnonzero(in_phase)
+            for j, oracle in enumerate(plan.view_oracles):
+                idx = positions[v == j]
+                if not idx.size:
+                    continue
+                values = [rows[i][2] for i in idx.tolist()]
+                try:
+                    arr = _stored_payloads(oracle, values)
+                    entry.counts[phase][j] += oracle.support(arr)
+                except (CalmkitError, TypeError, ValueError) as exc:
+                    raise CalmkitError(
+                        f"stored payloads of view {j} (phase {phase}) of collection "
+                        f"{record.collection_id!r} are invalid: {exc}"
+                    ) from None
+                entry.n[phase][j] = idx.size
 
     # -- collections -------------------------------------------------------------------
     def create_collection(
-        self, collection_id: str, plan: Plan, k: int, submit_token_hash: bytes
+        self,
+        collection_id: str,
+        plan: Plan,
+        k: int,
+        submit_token_hash: bytes,
+        design: PhasedDesign | None = None,
     ) -> CollectionRecord:
-        """Create an open collection; :class:`CollectionExists` if the id is taken."""
+        """Create an open collection whose first phase uses ``plan`` (``design``: how
+        the next phase is planned, None for one phase); :class:`CollectionExists` if
+        the id is taken."""
         _check_collection_args(collection_id, plan, k, submit_token_hash)
+        if design is not None and not isinstance(design, PhasedDesign):
+            raise CalmkitError(f"design ({_show(design)}) must be a PhasedDesign or None")
         record = CollectionRecord(
-            collection_id, plan, int(k), OPEN, bytes(submit_token_hash), time.time(), None, 0
-        )
+            collection_id, (plan,), int(k), OPEN, bytes(submit_token_hash), time.time(), None,
+            0, design,
+        )  # fmt: skip
         with self._lock:
             conn = self._connection()
             if collection_id in self._entries:
@@ -287,7 +379,7 @@ class Storage:
             with _transaction(conn):
                 conn.execute(
                     "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash,"
-                    " created_at, closed_at) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
+                    " created_at, closed_at, design_json) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?)",
                     (
                         collection_id,
                         plan.to_json(),
@@ -296,6 +388,7 @@ class Storage:
                         OPEN,
                         record.submit_token_hash,
                         record.created_at,
+                        None if design is None else design.to_json(),
                     ),
                 )
             entry = _Entry.empty(record)
@@ -330,6 +423,37 @@ class Storage:
             entry.record = replace(entry.record, state=CLOSED, closed_at=closed_at)
             return entry.snapshot()
 
+    def add_phase(self, collection_id: str, phase: int, plan: Plan) -> CollectionRecord:
+        """Start ``phase`` with ``plan`` (committed before it is served). Idempotent
+        when that phase already exists (another caller started it first: its plan
+        stays); a phase further ahead than the next one is an error."""
+        if not isinstance(plan, Plan):
+            raise CalmkitError(f"plan ({_show(plan)}) must be a Plan")
+        with self._lock:
+            conn = self._connection()
+            entry = self._entry(collection_id)
+            current = entry.record.phase
+            if phase <= current:
+                return entry.snapshot()
+            if phase != current + 1:
+                raise CalmkitError(f"phase ({phase}) must be the next phase ({current + 1})")
+            if entry.record.state != OPEN:
+                raise CollectionClosed(f"collection_id ({collection_id!r}) is closed")
+            first = entry.record.plans[0]
+            if plan.schema != first.schema or plan.epsilon != first.epsilon:
+                raise CalmkitError("plan must keep the collection's schema and epsilon")
+            if any(p.digest == plan.digest for p in entry.record.plans):
+                raise CalmkitError(f"plan ({plan.digest[:12]}) is already one of the phases")
+            with _transaction(conn):
+                conn.execute(
+                    "INSERT INTO phases (collection_id, phase, plan_json, digest, created_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (collection_id, phase, plan.to_json(), plan.digest, time.time()),
+                )
+            entry.record = replace(entry.record, plans=(*entry.record.plans, plan))
+            entry.add_phase(plan)
+            return entry.snapshot()
+
     # -- reports -------------------------------------------------------------------------
     def add_reports(
         self, collection_id: str, plan_digest: str, reports: Sequence[StoredReport]
@@ -348,41 +472,45 @@ class Storage:
         """
         with self._lock:
             self._connection()
-            plan = self._open_entry(collection_id, plan_digest).record.plan
+            entry = self._open_entry(collection_id)
+            phase = entry.record.phase_of(plan_digest)
+            plan = entry.record.plans[phase]
         batch = _validate(plan, list(reports))
         if not batch.ids:
             return BatchOutcome(0, 0)
         unique, by_pseudonym = _dedupe_batch(batch)
         with self._lock:
             conn = self._connection()
-            entry = self._open_entry(collection_id, plan_digest)
+            entry = self._open_entry(collection_id)
             with _transaction(conn):
-                new = self._check_stored(conn, collection_id, batch, unique, by_pseudonym)
+                new = self._check_stored(conn, collection_id, phase, batch, unique, by_pseudonym)
                 conn.executemany(
-                    "INSERT INTO reports (collection_id, report_id, pseudonym, view, payload) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    _rows(collection_id, batch, new),
+                    "INSERT INTO reports (collection_id, report_id, pseudonym, view, payload, "
+                    "phase) VALUES (?, ?, ?, ?, ?, ?)",
+                    _rows(collection_id, phase, batch, new),
                 )
                 deltas = _deltas(plan, batch, new)
             for j, (n_j, c_j) in enumerate(deltas):
-                entry.n[j] += n_j
-                entry.counts[j] += c_j
+                entry.n[phase][j] += n_j
+                entry.counts[phase][j] += c_j
         return BatchOutcome(len(new), len(batch.ids) - len(new))
 
     def _check_stored(
         self,
         conn: sqlite3.Connection,
         collection_id: str,
+        phase: int,
         batch: _Batch,
         unique: dict[bytes, int],
         by_pseudonym: dict[bytes, int],
     ) -> list[int]:
         """Batch positions of the reports not yet stored; :class:`ReportConflict` if a
-        stored report shares a report id or a pseudonym but not its content."""
+        stored report shares a report id or a pseudonym but not its content (its
+        phase included)."""
         stored = _lookup(conn, _BY_REPORT_ID, collection_id, list(unique))
-        for report_id, pseudonym, view, payload in stored:
+        for report_id, pseudonym, view, payload, stored_phase in stored:
             i = unique[report_id]
-            if (pseudonym, view, payload) != batch.key(i):
+            if (pseudonym, view, payload) != batch.key(i) or stored_phase != phase:
                 raise ReportConflict(
                     f"reports[{i}].report_id ({_show(report_id)}) already holds a different "
                     f"report in collection {collection_id!r}"
@@ -401,14 +529,25 @@ class Storage:
         return sorted(i for rid, i in unique.items() if rid not in seen)
 
     def support(self, collection_id: str) -> SupportCounts:
-        """A copy of the collection's support counts, consistent with committed rows."""
+        """A copy of the collection's support counts over every phase (one
+        reconstruction plan, :func:`~.pilot.combine_phases`), consistent with
+        committed rows."""
         with self._lock:
             self._connection()
             entry = self._entry(collection_id)
-            n = entry.n.copy()
-            counts = tuple(c.copy() for c in entry.counts)
-            plan = entry.record.plan
-        return SupportCounts(plan, n, counts)
+            parts = [entry.support(i) for i in range(len(entry.record.plans))]
+        return combine_phases(parts)
+
+    def phase_support(self, collection_id: str, phase: int) -> SupportCounts:
+        """A copy of one phase's support counts (its own plan)."""
+        with self._lock:
+            self._connection()
+            entry = self._entry(collection_id)
+            if isinstance(phase, bool) or not isinstance(phase, int) or not (
+                0 <= phase <= entry.record.phase
+            ):
+                raise CalmkitError(f"phase ({phase!r}) must be in [0, {entry.record.phase}]")
+            return entry.support(phase)
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
@@ -441,17 +580,12 @@ class Storage:
             raise CollectionNotFound(f"collection_id ({collection_id!r}) not found")
         return entry
 
-    def _open_entry(self, collection_id: str, plan_digest: str) -> _Entry:
-        """The entry of an open collection whose plan has digest ``plan_digest``."""
+    def _open_entry(self, collection_id: str) -> _Entry:
+        """The entry of an open collection."""
         entry = self._entry(collection_id)
         if entry.record.state != OPEN:
             raise CollectionClosed(
                 f"collection_id ({collection_id!r}) is {entry.record.state}: it accepts no reports"
-            )
-        digest = entry.record.plan.digest
-        if plan_digest != digest:
-            raise PlanMismatch(
-                f"plan_digest ({_show(plan_digest)}) must be the collection's ({digest!r})"
             )
         return entry
 
@@ -471,7 +605,7 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 
 
 _BY_REPORT_ID = (
-    "SELECT report_id, pseudonym, view, payload FROM reports "
+    "SELECT report_id, pseudonym, view, payload, phase FROM reports "
     "WHERE collection_id = ? AND report_id IN ({})"
 )
 # Named: SQLite's planner would otherwise scan the collection through the primary key.
@@ -495,11 +629,12 @@ def _lookup(
 
 
 def _rows(
-    collection_id: str, batch: _Batch, positions: list[int]
-) -> Iterator[tuple[str, bytes, bytes, int, int | bytes]]:
+    collection_id: str, phase: int, batch: _Batch, positions: list[int]
+) -> Iterator[tuple[str, bytes, bytes, int, int | bytes, int]]:
     """Insert tuples of the batch reports at ``positions``."""
     for i in positions:
-        yield collection_id, batch.ids[i], batch.pseudonyms[i], batch.views[i], batch.payloads[i]
+        yield (collection_id, batch.ids[i], batch.pseudonyms[i], batch.views[i],
+               batch.payloads[i], phase)  # fmt: skip
 
 
 def _deltas(plan: Plan, batch: _Batch, positions: list[int]) -> list[tuple[int, np.ndarray]]:
@@ -511,6 +646,22 @@ def _deltas(plan: Plan, batch: _Batch, positions: list[int]) -> list[tuple[int, 
         keep = new[rows]
         out.append((int(keep.sum()), oracle.support(arr[keep])))
     return out
+
+
+def _stored_plan(collection_id: str, phase: int, plan_json: str, digest: str) -> Plan:
+    """A stored plan, its digest checked."""
+    try:
+        plan = Plan.from_json(plan_json)
+    except CalmkitError as exc:
+        raise CalmkitError(
+            f"plan_json of collection {collection_id!r} (phase {phase}) is invalid: {exc}"
+        ) from None
+    if plan.digest != digest:
+        raise CalmkitError(
+            f"digest ({digest!r}) of collection {collection_id!r} (phase {phase}) must match "
+            f"its plan ({plan.digest!r})"
+        )
+    return plan
 
 
 # -- validation ----------------------------------------------------------------------------

@@ -18,6 +18,8 @@ from calmkit_proto.v1 import calmkit_pb2 as pb
 from calmkit_proto.v1 import calmkit_pb2_grpc as pb_grpc
 
 from .maxent import Answer
+from .pilot import PILOT_FRACTION
+from .planner import PLANNERS
 from .storage import CollectionRecord, StoredReport
 
 __all__ = [
@@ -57,6 +59,8 @@ class CreateParams:
     m: int | None
     l: int | None  # noqa: E741 (the paper's name)
     seed: int
+    planner: str = "pipeline"
+    pilot: float = PILOT_FRACTION
 
 
 def create_from_proto(msg: Any) -> CreateParams:
@@ -70,6 +74,12 @@ def create_from_proto(msg: Any) -> CreateParams:
         raise CalmkitError(f"expected_n ({msg.expected_n}) must be >= 1 (or give views)")
     if not 1 <= msg.k <= schema.d:
         raise CalmkitError(f"k ({msg.k}) must be in [1, {schema.d}]")
+    planner = msg.planner or "pipeline"
+    if planner not in PLANNERS:
+        raise CalmkitError(f"planner ({msg.planner[:40]!r}) must be one of {list(PLANNERS)}")
+    pilot = msg.pilot if msg.HasField("pilot") else PILOT_FRACTION
+    if not (math.isfinite(pilot) and 0 <= pilot < 1):
+        raise CalmkitError(f"pilot ({pilot!r}) must be a fraction in [0, 1)")
     return CreateParams(
         collection_id=msg.collection_id,
         schema=schema,
@@ -81,6 +91,8 @@ def create_from_proto(msg: Any) -> CreateParams:
         m=int(msg.m) if msg.HasField("m") else None,
         l=int(msg.l) if msg.HasField("l") else None,
         seed=int(msg.seed),
+        planner=planner,
+        pilot=float(pilot),
     )
 
 
@@ -145,11 +157,14 @@ def collection_to_proto(
         state=_STATES[record.state],
         plan=plan_to_proto(record.plan),
         k=record.k,
-        reports=int(sum(view_reports)),
+        reports=record.reports,
         view_reports=[int(x) for x in view_reports],
         created_at=record.created_at,
         closed_at=record.closed_at or 0.0,
         submit_token=submit_token or "",
+        phase=record.phase,
+        phase_reports=list(record.phase_reports),
+        pilot_target=0 if record.design is None else record.design.pilot_reports,
     )
 
 

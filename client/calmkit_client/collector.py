@@ -168,9 +168,11 @@ class Collector:
         self._retry = retry or RetryPolicy()
         self._plan: Plan | None = None
 
-    def plan(self) -> Plan:
-        """The collection's plan, fetched once and cached (its digest verified)."""
-        if self._plan is None:
+    def plan(self, refresh: bool = False) -> Plan:
+        """The collection's current plan (its digest verified), fetched on first use
+        and again with ``refresh=True``: a collection with a pilot phase changes its
+        plan once the pilot has its reports."""
+        if self._plan is None or refresh:
             msg = call_with_retry(
                 self._stub.GetPlan, wire.collection_ref(self.collection_id), self._retry
             )
@@ -178,14 +180,19 @@ class Collector:
         return self._plan
 
     def _send(self, items: Sequence[tuple[bytes, Any]]) -> wire.Acknowledgement:
-        plan = self.plan()
+        """Send reports in batches, one plan digest per batch (a report made in an
+        earlier phase keeps that phase's plan)."""
+        by_digest: dict[str, list[tuple[bytes, Any]]] = {}
+        for item in items:
+            by_digest.setdefault(item[1].plan_digest, []).append(item)
         total = wire.Acknowledgement()
-        for start in range(0, len(items), self.batch_size):
-            batch = wire.batch_to_proto(
-                self.collection_id, plan.digest, items[start : start + self.batch_size]
-            )
-            ack = call_with_retry(self._stub.SubmitReports, batch, self._retry, self._metadata)
-            total = total + wire.ack_from_proto(ack)
+        for digest, group in by_digest.items():
+            for start in range(0, len(group), self.batch_size):
+                batch = wire.batch_to_proto(
+                    self.collection_id, digest, group[start : start + self.batch_size]
+                )
+                ack = call_with_retry(self._stub.SubmitReports, batch, self._retry, self._metadata)
+                total = total + wire.ack_from_proto(ack)
         return total
 
     def submit(
@@ -194,8 +201,9 @@ class Collector:
         user_id: UserId | None = None,
         rng: RngLike = None,
     ) -> wire.Acknowledgement:
-        """Make (or recall) this user's report and send it; returns the server's ack."""
-        plan = self.plan()
+        """Make (or recall) this user's report and send it; returns the server's ack.
+        The plan is fetched again first, so a new report uses the current phase."""
+        plan = self.plan(refresh=True)
         # user_id None: the device's own user, assigned by its pseudonym
         pseudonym, report = self._state.report_for(self.collection_id, plan, record, user_id, rng)
         return self._send([(pseudonym, report)])
@@ -209,8 +217,9 @@ class Collector:
     ) -> wire.Acknowledgement:
         """Bulk upload for many users: ``codes`` (n, d) encoded records, one id each.
         Reports are made (or recalled) together, then sent in batches; ``progress``
-        is called with the number of reports each acknowledged batch carried."""
-        plan = self.plan()
+        is called with the number of reports each acknowledged batch carried. The plan
+        is fetched again first (one call per ``submit_many``)."""
+        plan = self.plan(refresh=True)
         items = self._state.reports_for(self.collection_id, plan, codes, user_ids, rng)
         total = wire.Acknowledgement()
         for start in range(0, len(items), self.batch_size):

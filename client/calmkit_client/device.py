@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .assignment import UserId, encode_user_id
-from .errors import CalmkitError, PlanMismatch
+from .errors import CalmkitError
 from .plan import Plan
 from .randomness import RngLike
 from .report import Report, make_report, make_reports
@@ -272,13 +272,6 @@ class DeviceState:
         return hmac.digest(secret, msg, hashlib.sha256)[:PSEUDONYM_BYTES]
 
     # -- reports -----------------------------------------------------------------------
-    def _mismatch(self, collection_id: str, stored: str, plan: Plan) -> PlanMismatch:
-        return PlanMismatch(
-            f"plan_digest ({stored!r}) of the report stored for collection "
-            f"{collection_id!r} must be the plan's ({plan.digest!r}): a collection's plan "
-            "never changes, and no second report is made"
-        )
-
     def _stored(self, row: tuple[object, ...]) -> Report:
         digest, view, payload, report_id = row
         try:
@@ -298,8 +291,10 @@ class DeviceState:
 
         The first call makes the report (:func:`make_report`) and commits it before
         returning; every later call (also after a restart) returns that report
-        unchanged, draws no randomness and ignores ``record``. Raises
-        :class:`PlanMismatch` when the stored report was made under another plan.
+        unchanged, draws no randomness and ignores ``record`` and ``plan``: a user
+        reports once per collection, also when the collection has moved on to
+        another phase's plan (the report keeps the digest it was made under, which
+        the server still accepts).
 
         ``user_id=None`` is the device's own user: the pseudonym is
         ``pseudonym(collection_id)`` and it is also the id that picks the view (uniform
@@ -315,9 +310,7 @@ class DeviceState:
                 "WHERE collection_id = ? AND pseudonym = ?",
                 (collection_id, pseudonym),
             ).fetchone()
-            if row is not None:
-                if row[0] != plan.digest:
-                    raise self._mismatch(collection_id, row[0], plan)
+            if row is not None:  # also when made under an earlier phase's plan
                 return pseudonym, self._stored(row)
             report = make_report(plan, record, assign_id, rng)
             conn.execute(
@@ -349,9 +342,8 @@ class DeviceState:
         sequences would be ambiguous with codes, so it is read as codes). Users with a
         stored report get it back unchanged; the others get new reports made
         vectorised per view (:func:`make_reports`), all committed before returning.
-        A user id given twice gets one report (made from its first record). Raises
-        :class:`PlanMismatch`, storing nothing, if any stored report was made under
-        another plan.
+        A user id given twice gets one report (made from its first record). A stored
+        report made under another (earlier phase's) plan is returned as it is.
         """
         cid = _check_collection_id(collection_id)
         plan = _check_plan(plan)
@@ -378,8 +370,6 @@ class DeviceState:
                     (collection_id, *chunk),
                 ).fetchall()
                 for row in rows:
-                    if row[1] != plan.digest:
-                        raise self._mismatch(collection_id, row[1], plan)
                     found[row[0]] = self._stored(row[1:])
             first: dict[bytes, int] = {}  # new pseudonym -> its first row
             for i, p in enumerate(pseudonyms):

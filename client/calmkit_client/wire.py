@@ -134,7 +134,9 @@ def ack_from_proto(msg: Any) -> Acknowledgement:
 
 @dataclass(frozen=True)
 class CollectionInfo:
-    """A collection as the server describes it (``submit_token`` only on creation)."""
+    """A collection as the server describes it (``submit_token`` only on creation).
+    ``plan`` is the current phase's plan; ``phase_reports`` counts each phase's
+    reports; ``pilot_target``: pilot reports that start phase 1 (0: no pilot)."""
 
     collection_id: str
     state: str
@@ -145,6 +147,9 @@ class CollectionInfo:
     created_at: float
     closed_at: float | None
     submit_token: str | None
+    phase: int = 0
+    phase_reports: tuple[int, ...] = ()
+    pilot_target: int = 0
 
 
 def collection_from_proto(msg: Any) -> CollectionInfo:
@@ -158,6 +163,9 @@ def collection_from_proto(msg: Any) -> CollectionInfo:
         created_at=float(msg.created_at),
         closed_at=float(msg.closed_at) or None,
         submit_token=msg.submit_token or None,
+        phase=int(msg.phase),
+        phase_reports=tuple(int(x) for x in msg.phase_reports),
+        pilot_target=int(msg.pilot_target),
     )
 
 
@@ -173,6 +181,8 @@ def create_request(
     m: int | None = None,
     l: int | None = None,  # noqa: E741 (the paper's name)
     seed: int = 0,
+    planner: str = "",
+    pilot: float | None = None,
 ) -> Any:
     req = pb.CreateCollectionRequest(
         collection_id=collection_id,
@@ -182,7 +192,10 @@ def create_request(
         k=k,
         views=[pb.View(attributes=list(v)) for v in views or ()],
         seed=seed,
+        planner=planner,
     )
+    if pilot is not None:
+        req.pilot = pilot
     if theta is not None:
         req.theta = theta
     if m is not None:

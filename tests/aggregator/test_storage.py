@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import SupportCounts
-from calmkit_aggregator.storage import BatchOutcome, Storage, StoredReport
+from calmkit_aggregator.storage import SCHEMA_VERSION, BatchOutcome, Storage, StoredReport
 from calmkit_client import Plan, Schema, ViewReports, make_report, make_reports
 from calmkit_client.errors import (
     CalmkitError,
@@ -146,9 +146,9 @@ def test_schema_and_pragmas(tmp_path: Path, plan: Plan) -> None:
     raw = sqlite3.connect(path)
     try:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
         cols = [r[1] for r in raw.execute("PRAGMA table_info(reports)")]
-        assert cols == ["collection_id", "report_id", "pseudonym", "view", "payload"]
+        assert cols == ["collection_id", "report_id", "pseudonym", "view", "payload", "phase"]
         (plan_json,) = raw.execute("SELECT plan_json FROM collections").fetchone()
         assert Plan.from_json(plan_json) == plan
     finally:
@@ -273,13 +273,15 @@ def test_reload_rejects_tampered_rows(tmp_path: Path, plan: Plan) -> None:
     with raw:
         raw.execute("UPDATE reports SET payload = 99 WHERE view = 0")
     raw.close()
-    with pytest.raises(CalmkitError, match="stored payloads of view 0 of collection 'abc'"):
+    with pytest.raises(
+        CalmkitError, match=r"stored payloads of view 0 \(phase 0\) of collection 'abc'"
+    ):
         Storage(path)
     raw = sqlite3.connect(path)
     with raw:
         raw.execute("UPDATE collections SET plan_json = '{}'")
     raw.close()
-    with pytest.raises(CalmkitError, match="plan_json of collection 'abc' is invalid"):
+    with pytest.raises(CalmkitError, match=r"plan_json of collection 'abc' \(phase 0\) is invalid"):
         Storage(path)
 
 

@@ -19,7 +19,6 @@ import pytest
 import calmkit_client.device as device
 from calmkit_client import Attribute, CalmkitError, Plan, Report, Schema, make_reports
 from calmkit_client.device import PSEUDONYM_BYTES, DeviceError, DeviceState
-from calmkit_client.errors import PlanMismatch
 
 SCHEMA = Schema(
     (
@@ -198,21 +197,18 @@ def test_reports_pass_the_plan_check_and_survive_storage(tmp_path: Path, view: i
     stored.check(PLAN)
 
 
-def test_a_stored_report_under_another_plan_is_an_error(tmp_path: Path) -> None:
+def test_a_stored_report_outlives_a_new_phase_plan(tmp_path: Path) -> None:
+    # a collection that moved on to another phase's plan gets the stored report back:
+    # no second report, no randomness drawn
     path = tmp_path / "device.db"
     with DeviceState(path) as state:
         _, report = state.report_for("c", PLAN, RECORD, "alice", rng=3)
         rng = np.random.default_rng(5)
         before = rng.bit_generator.state
-        with pytest.raises(PlanMismatch) as info:
-            state.report_for("c", OTHER_PLAN, RECORD, "alice", rng)
-        assert PLAN.digest in str(info.value) and OTHER_PLAN.digest in str(info.value)
-        assert isinstance(info.value, CalmkitError)
+        again = state.report_for("c", OTHER_PLAN, RECORD, "alice", rng)
+        assert again == (state.pseudonym("c", "alice"), report)
+        assert again[1].plan_digest == PLAN.digest != OTHER_PLAN.digest
         assert rng.bit_generator.state == before
-        assert state.report_for("c", PLAN, RECORD, "alice") == (
-            state.pseudonym("c", "alice"),
-            report,
-        )
     assert len(_rows(path)) == 1
 
 
@@ -359,17 +355,15 @@ def test_reports_for_accepts_records_and_repeated_users() -> None:
         assert state.reports_for("c", PLAN, np.empty((0, 4), dtype=np.int64), []) == []
 
 
-def test_reports_for_under_another_plan_stores_nothing(tmp_path: Path) -> None:
+def test_reports_for_under_a_new_phase_plan_keeps_stored_reports(tmp_path: Path) -> None:
     path = tmp_path / "device.db"
     with DeviceState(path) as state:
-        state.report_for("c", PLAN, RECORD, 3, rng=1)
-        rng = np.random.default_rng(2)
-        before = rng.bit_generator.state
-        with pytest.raises(PlanMismatch, match=OTHER_PLAN.digest) as info:
-            state.reports_for("c", OTHER_PLAN, _codes(10, 3), list(range(10)), rng)
-        assert PLAN.digest in str(info.value)
-        assert rng.bit_generator.state == before
-    assert len(_rows(path)) == 1
+        _, first = state.report_for("c", PLAN, RECORD, 3, rng=1)
+        items = state.reports_for("c", OTHER_PLAN, _codes(10, 3), list(range(10)), rng=2)
+    assert items[3][1] == first and first.plan_digest == PLAN.digest
+    others = [r for i, (_, r) in enumerate(items) if i != 3]
+    assert all(r.plan_digest == OTHER_PLAN.digest for r in others)
+    assert len(_rows(path)) == 10
 
 
 def test_reports_for_bad_input_is_named_and_stores_nothing() -> None:

@@ -55,6 +55,8 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 
 def _create(address: str, collection_id: str = "c1", **opts: object) -> client_wire.CollectionInfo:
+    """A one-phase collection (phases with a pilot: tests/integration/test_phases.py)."""
+    opts.setdefault("pilot", 0.0)
     with AdminClient(address) as admin:
         return admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id=collection_id,
                                        seed=7, **opts)  # fmt: skip

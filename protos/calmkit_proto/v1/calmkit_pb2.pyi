@@ -89,7 +89,7 @@ class Ack(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
 
 class CreateCollectionRequest(_message.Message):
-    __slots__ = ("collection_id", "schema", "epsilon", "expected_n", "k", "theta", "views", "m", "l", "seed")
+    __slots__ = ("collection_id", "schema", "epsilon", "expected_n", "k", "theta", "views", "m", "l", "seed", "planner", "pilot")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,8 @@ class CreateCollectionRequest(_message.Message):
     M_FIELD_NUMBER: _ClassVar[int]
     L_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    PLANNER_FIELD_NUMBER: _ClassVar[int]
+    PILOT_FIELD_NUMBER: _ClassVar[int]
     collection_id: str
     schema: Schema
     epsilon: float
@@ -110,10 +112,12 @@ class CreateCollectionRequest(_message.Message):
     m: int
     l: int
     seed: int
-    def __init__(self, collection_id: _Optional[str] = ..., schema: _Optional[_Union[Schema, _Mapping]] = ..., epsilon: _Optional[float] = ..., expected_n: _Optional[int] = ..., k: _Optional[int] = ..., theta: _Optional[float] = ..., views: _Optional[_Iterable[_Union[View, _Mapping]]] = ..., m: _Optional[int] = ..., l: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    planner: str
+    pilot: float
+    def __init__(self, collection_id: _Optional[str] = ..., schema: _Optional[_Union[Schema, _Mapping]] = ..., epsilon: _Optional[float] = ..., expected_n: _Optional[int] = ..., k: _Optional[int] = ..., theta: _Optional[float] = ..., views: _Optional[_Iterable[_Union[View, _Mapping]]] = ..., m: _Optional[int] = ..., l: _Optional[int] = ..., seed: _Optional[int] = ..., planner: _Optional[str] = ..., pilot: _Optional[float] = ...) -> None: ...
 
 class Collection(_message.Message):
-    __slots__ = ("collection_id", "state", "plan", "k", "reports", "view_reports", "created_at", "closed_at", "submit_token")
+    __slots__ = ("collection_id", "state", "plan", "k", "reports", "view_reports", "created_at", "closed_at", "submit_token", "phase", "phase_reports", "pilot_target")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +127,9 @@ class Collection(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     CLOSED_AT_FIELD_NUMBER: _ClassVar[int]
     SUBMIT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    PILOT_TARGET_FIELD_NUMBER: _ClassVar[int]
     collection_id: str
     state: CollectionState
     plan: Plan
@@ -132,7 +139,10 @@ class Collection(_message.Message):
     created_at: float
     closed_at: float
     submit_token: str
-    def __init__(self, collection_id: _Optional[str] = ..., state: _Optional[_Union[CollectionState, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., k: _Optional[int] = ..., reports: _Optional[int] = ..., view_reports: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., submit_token: _Optional[str] = ...) -> None: ...
+    phase: int
+    phase_reports: _containers.RepeatedScalarFieldContainer[int]
+    pilot_target: int
+    def __init__(self, collection_id: _Optional[str] = ..., state: _Optional[_Union[CollectionState, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., k: _Optional[int] = ..., reports: _Optional[int] = ..., view_reports: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., submit_token: _Optional[str] = ..., phase: _Optional[int] = ..., phase_reports: _Optional[_Iterable[int]] = ..., pilot_target: _Optional[int] = ...) -> None: ...
 
 class CollectionRef(_message.Message):
     __slots__ = ("collection_id",)

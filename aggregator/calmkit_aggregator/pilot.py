@@ -1,0 +1,157 @@
+"""A two-phase collection: a pilot, then views chosen from what it showed.
+
+The pipeline planner's error model needs to know how skewed the attributes are and
+how strongly they depend on each other (:mod:`.profile`). Before any report it can
+only assume; so a fraction of the users (default :data:`PILOT_FRACTION`) reports
+first on disjoint pairs of attributes (every attribute once), the aggregator
+estimates the profile from their tables, and the remaining users report on the views
+the planner then chooses. Each user still reports exactly once, under one of the two
+plans; the pilot's views stay part of the final estimate (:func:`combine_phases`), so
+no report is wasted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calmkit_client import CalmkitError, Plan, PlanError, Schema
+
+from .designs import pilot_views
+from .error_model import Workload
+from .estimate import estimate_views
+from .planning import PlannedViews, choose_plan
+from .profile import DataProfile, estimate_profile
+from .support import SupportCounts
+
+__all__ = [
+    "PILOT_FRACTION",
+    "MainPlan",
+    "PhasedDesign",
+    "combine_phases",
+    "pilot_plan",
+    "pilot_size",
+    "plan_after_pilot",
+    "profile_from_pilot",
+]
+
+PILOT_FRACTION = 0.2
+
+
+def pilot_size(n: int, fraction: float = PILOT_FRACTION) -> int:
+    """How many of ``n`` expected users report in the pilot (at least 1, at most n-1)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
+        raise PlanError(f"n ({n!r}) must be an int >= 2 for a pilot")
+    if not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
+        raise PlanError(f"pilot fraction ({fraction!r}) must be in (0, 1)")
+    return int(min(n - 1, max(1, round(fraction * n))))
+
+
+def pilot_plan(schema: Schema, epsilon: float, seed: int = 0) -> Plan:
+    """The pilot: a random perfect matching of the attributes with >= 2 categories
+    into pairs (:func:`~.designs.pilot_views`), equal shares."""
+    collect = [a for a, size in enumerate(schema.sizes) if size > 1]
+    if not collect:
+        raise PlanError(
+            f"every attribute ({schema.d}) has one category: there is nothing to collect"
+        )
+    return Plan(schema, epsilon, pilot_views(collect, rng=seed), seed=seed)
+
+
+def profile_from_pilot(support: SupportCounts, prior: DataProfile | None = None) -> DataProfile:
+    """The data profile the pilot's reports support (:func:`~.profile.estimate_profile`)."""
+    plan = support.plan
+    return estimate_profile(plan.schema, estimate_views(support), plan.view_oracles, prior)
+
+
+@dataclass(frozen=True)
+class MainPlan:
+    """The second phase: its ``plan`` and the planner's ``choice`` (the prediction
+    covers the pilot's views too)."""
+
+    plan: Plan
+    choice: PlannedViews
+
+
+def plan_after_pilot(
+    pilot: SupportCounts,
+    n: int,
+    workload: Workload,
+    seed: int = 0,
+    l: int | None = None,  # noqa: E741
+    m: int | None = None,
+    prior: DataProfile | None = None,
+    covering_dir: Path | str | None = None,
+) -> MainPlan:
+    """Views for the ``n`` users after the pilot, chosen with the pilot's profile and
+    with the pilot's views (and their reports) counted in the design."""
+    profile = profile_from_pilot(pilot, prior)
+    schema = pilot.plan.schema
+    users = np.maximum(pilot.n, 1).astype(float)
+    choice = choose_plan(schema.sizes, pilot.plan.epsilon, n, workload, profile,
+                         fixed_views=pilot.plan.views, fixed_users=users, l=l, m=m,
+                         rng=seed, covering_dir=covering_dir)  # fmt: skip
+    return MainPlan(Plan(schema, pilot.plan.epsilon, choice.views, seed=seed), choice)
+
+
+def combine_phases(parts: Sequence[SupportCounts]) -> SupportCounts:
+    """The support counts of every phase under one reconstruction plan: the views of
+    all phases in order, each with its own oracle and reports (the plans must share
+    schema and epsilon). Shares and seed of the combined plan mean nothing: no client
+    reports under it."""
+    if not parts:
+        raise PlanError("parts ([]) must hold at least one phase")
+    first = parts[0].plan
+    for i, part in enumerate(parts[1:], start=1):
+        if part.plan.schema != first.schema or part.plan.epsilon != first.epsilon:
+            raise PlanError(f"parts[{i}] must share the schema and epsilon of parts[0]")
+    if len(parts) == 1:
+        return parts[0]
+    views = tuple(v for part in parts for v in part.plan.views)
+    oracles = tuple(o for part in parts for o in part.plan.oracles or ())
+    plan = Plan(first.schema, first.epsilon, views, oracles=oracles)
+    n = np.concatenate([part.n for part in parts])
+    counts = tuple(c for part in parts for c in part.counts)
+    return SupportCounts(plan, n, counts)
+
+
+@dataclass(frozen=True)
+class PhasedDesign:
+    """How a collection's second phase is planned: once ``pilot_reports`` reports
+    arrived under the pilot plan, :func:`plan_after_pilot` chooses the views of the
+    remaining ``expected_n`` users for the ``k``-way workload (``l``/``m`` fixed if
+    given), with seed ``seed + 1``."""
+
+    expected_n: int
+    pilot_reports: int
+    k: int
+    seed: int = 0
+    l: int | None = None  # noqa: E741
+    m: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("expected_n", "pilot_reports", "k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CalmkitError(f"{name} ({value!r}) must be an int >= 1")
+
+    def next_plan(self, pilot: SupportCounts) -> MainPlan:
+        """The second phase's plan from the pilot's support counts."""
+        remaining = max(1, self.expected_n - int(pilot.n.sum()))
+        return plan_after_pilot(pilot, remaining, Workload(k=self.k), seed=self.seed + 1,
+                                l=self.l, m=self.m)  # fmt: skip
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> PhasedDesign:
+        try:
+            data = json.loads(text)
+            return cls(**data)
+        except (TypeError, ValueError) as exc:
+            raise CalmkitError(f"design_json ({text[:80]!r}) is invalid: {exc}") from None

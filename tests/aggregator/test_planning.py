@@ -1,0 +1,141 @@
+"""The default planner: coverage, attributes with one category, fixed l/m, the choice
+rule, determinism; the fast designs and the pilot's plumbing."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from calmkit_aggregator import SupportCounts, plan_collection, reconstruct
+from calmkit_aggregator.designs import pilot_views, spread_views
+from calmkit_aggregator.error_model import Workload
+from calmkit_aggregator.pilot import (
+    PhasedDesign,
+    combine_phases,
+    pilot_plan,
+    pilot_size,
+    plan_after_pilot,
+)
+from calmkit_aggregator.planning import choose_plan
+from calmkit_aggregator.profile import DataProfile
+from calmkit_client import CalmkitError, Plan, PlanError, Schema
+from calmkit_simulator import collect_support, synthetic_population
+
+
+@pytest.mark.parametrize(
+    ("sizes", "n", "eps"),
+    [((2,) * 30, 100_000, 0.5), ((2,) * 30, 100_000, 2.0), ((2, 3, 4, 2, 5, 3, 2, 2), 50_000, 1.0),
+     ((2,) * 120, 20_000, 1.0)],
+)  # fmt: skip
+def test_every_attribute_is_held_when_users_allow(
+    sizes: tuple[int, ...], n: int, eps: float
+) -> None:
+    chosen = choose_plan(sizes, eps, n, Workload(k=3))
+    held = {a for v in chosen.views for a in v}
+    assert held == set(range(len(sizes))) and chosen.predicted.uncollected == ()
+    assert chosen.m * chosen.l >= len(sizes)
+
+
+def test_attributes_with_one_category_are_not_collected_and_said_so() -> None:
+    sizes = (2, 1, 2, 2, 1, 3)
+    chosen = choose_plan(sizes, 1.0, 20_000, Workload(k=2))
+    assert chosen.single == (1, 4)
+    assert all(1 not in v and 4 not in v for v in chosen.views)
+    names = [f"a{i}" for i in range(len(sizes))]
+    assert "'a1', 'a4'" in chosen.notes(names)[0] and "one category" in chosen.notes(names)[0]
+    with pytest.raises(PlanError, match=r"every attribute \(3\) has one category"):
+        choose_plan((1, 1, 1), 1.0, 100, Workload(k=1))
+
+
+def test_the_search_considers_l_1_and_picks_the_least_regret() -> None:
+    prior = DataProfile.prior(Schema.from_sizes([2] * 12))
+    chosen = choose_plan((2,) * 12, 0.3, 20_000, Workload(k=3), prior)
+    assert any(c.l == 1 for c in chosen.candidates)
+    best = np.min([c.range for c in chosen.candidates], axis=0)
+    regret = [float(np.mean(np.log(np.array(c.range) / best))) for c in chosen.candidates]
+    picked = next(i for i, c in enumerate(chosen.candidates)
+                  if (c.l, c.m, c.design) == (chosen.l, chosen.m, chosen.design))  # fmt: skip
+    assert regret[picked] == pytest.approx(min(regret))
+    assert chosen.predicted.sse == pytest.approx(chosen.candidates[picked].sse)
+
+
+def test_strong_dependence_and_a_large_budget_buy_larger_or_more_views() -> None:
+    sizes = (2,) * 12
+    weak = DataProfile.from_marginals([np.array([0.7, 0.3])] * 12, 0.001)
+    strong = DataProfile.from_marginals([np.array([0.7, 0.3])] * 12, 0.2)
+    few = choose_plan(sizes, 0.5, 50_000, Workload(k=3), weak)
+    many = choose_plan(sizes, 0.5, 50_000, Workload(k=3), strong)
+    pairs = lambda c: len({p for v in c.views for p in itertools.combinations(v, 2)})  # noqa: E731
+    assert pairs(many) > pairs(few)
+
+
+def test_fixed_l_and_m_are_kept_and_choices_are_deterministic() -> None:
+    a = choose_plan((2,) * 10, 1.0, 30_000, Workload(k=3), l=3, m=12, rng=4)
+    b = choose_plan((2,) * 10, 1.0, 30_000, Workload(k=3), l=3, m=12, rng=4)
+    assert (a.l, a.m) == (3, 12) and a.views == b.views
+    with pytest.raises(PlanError, match=r"m \(50\) must be <= 45"):
+        choose_plan((2,) * 10, 1.0, 30_000, Workload(k=3), l=2, m=50)
+    with pytest.raises(PlanError, match=r"l \(11\) must be an int in \[1, 10\]"):
+        choose_plan((2,) * 10, 1.0, 30_000, Workload(k=3), l=11)
+
+
+def test_plan_collection_keeps_algorithm_1_as_the_paper_planner() -> None:
+    schema = Schema.from_sizes([2] * 8)
+    paper = plan_collection(schema, 2.0, 1 << 16, 3, planner="paper")
+    assert (paper.m, max(len(v) for v in paper.views)) == (14, 4)  # §4.3's worked example
+    with pytest.raises(PlanError, match="planner"):
+        plan_collection(schema, 2.0, 1 << 16, 3, planner="nope")
+
+
+def test_spread_views_hold_attributes_evenly_and_pairs_once_while_they_can() -> None:
+    views = spread_views(range(20), 2, 190, rng=1)  # every pair exactly once
+    assert len(set(views)) == 190 == math.comb(20, 2)
+    views = spread_views(range(18), 3, 24, rng=2)  # 72 pair slots < 153 pairs
+    counts = np.bincount([a for v in views for a in v], minlength=18)
+    assert counts.min() == counts.max() == 4
+    pairs = [p for v in views for p in itertools.combinations(v, 2)]
+    assert len(set(pairs)) >= 0.9 * len(pairs)
+    with pytest.raises(PlanError, match=r"m \(46\) must be an int in \[0, 45\]"):
+        spread_views(range(10), 2, 46)
+
+
+def test_the_pilot_pairs_hold_every_attribute_once() -> None:
+    views = pilot_views([0, 1, 2, 4, 5], rng=3)  # odd: one attribute twice
+    held = [a for v in views for a in v]
+    assert set(held) == {0, 1, 2, 4, 5} and len(views) == 3 and len(set(views)) == 3
+    assert pilot_size(1000) == 200 and pilot_size(1000, 0.1) == 100 and pilot_size(3, 0.1) == 1
+    with pytest.raises(PlanError, match=r"pilot fraction \(1.5\)"):
+        pilot_size(100, 1.5)
+
+
+def test_the_phases_combine_into_one_reconstruction() -> None:
+    pop = synthetic_population(n=20_000, sizes=(2, 3, 2, 2, 3), strength=1.5, rng=2)
+    first = pilot_plan(pop.schema, 1.0, seed=1)
+    users = np.arange(pop.n, dtype=np.uint64)
+    pilot = collect_support(pop.take(np.arange(2000)), first, 3, user_ids=users[:2000])
+    main = plan_after_pilot(pilot, pop.n - 2000, Workload(k=3), seed=2)
+    assert not set(main.plan.views) & set(first.views)
+    assert main.choice.fixed_views == first.views
+    rest = collect_support(pop.take(np.arange(2000, pop.n)), main.plan, 4, user_ids=users[2000:])
+    both = combine_phases([pilot, rest])
+    assert both.plan.views == first.views + main.plan.views
+    assert int(both.n.sum()) == pop.n
+    # the combined counts are the two phases' counts, view by view
+    for j, c in enumerate(pilot.counts + rest.counts):
+        np.testing.assert_array_equal(both.counts[j], c)
+    answer = reconstruct(both).answer([0, 1, 2]).values
+    assert answer.shape == (2, 3, 2) and answer.sum() == pytest.approx(1.0)
+    with pytest.raises(PlanError, match="schema and epsilon"):
+        combine_phases([pilot, SupportCounts.zeros(Plan(pop.schema, 2.0, [(0, 1)]))])
+
+
+def test_the_phased_design_round_trips_and_validates() -> None:
+    design = PhasedDesign(10_000, 1000, 3, seed=5, l=None, m=40)
+    assert PhasedDesign.from_json(design.to_json()) == design
+    with pytest.raises(CalmkitError, match=r"pilot_reports \(0\) must be an int >= 1"):
+        PhasedDesign(10_000, 0, 3)
+    with pytest.raises(CalmkitError, match="design_json"):
+        PhasedDesign.from_json('{"expected_n": 5}')
