@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from calmkit_aggregator.pilot import PILOT_FRACTION
+from calmkit_aggregator.planner import PLANNERS
 from calmkit_client import CalmkitError
 
 from .collect import PATHS
@@ -44,28 +46,84 @@ def _population(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from calmkit_aggregator.planner import plan_collection
-    from calmkit_client import Schema, SchemaError
+    from calmkit_aggregator.choose import choose_views
+    from calmkit_aggregator.pilot import pilot_plan, pilot_size
+    from calmkit_aggregator.planner import workload_of
+    from calmkit_aggregator.planning import choose_plan
+    from calmkit_client import Plan, Schema, SchemaError
 
     try:
         sizes = [int(x) for x in args.domain.split(",")]
     except ValueError:
         raise SchemaError(f"domain ({args.domain!r}) must be comma-separated ints") from None
-    plan = plan_collection(
-        Schema.from_sizes(sizes), args.epsilon, args.n, args.k, theta=args.theta, l=args.l, m=args.m
-    )
+    schema = Schema.from_sizes(sizes)
+    names = schema.names
+    if args.planner == "paper":
+        choice = choose_views(schema.sizes, args.epsilon, args.n, args.k, theta=args.theta,
+                              l=args.l, m=args.m)  # fmt: skip
+        plan = Plan(schema, args.epsilon, choice.views)
+        out: dict[str, object] = {
+            "planner": "paper", "l": choice.l, "m": plan.m,
+            "views": [list(v) for v in plan.views], "oracles": list(plan.oracles or ()),
+            "rule": choice.rule,
+        }  # fmt: skip
+        if args.json:
+            print(json.dumps(out))
+        else:
+            print(choice.summary())
+            for v in out["views"]:  # type: ignore[attr-defined]
+                print("  ", v)
+        return 0
+    pilot = args.pilot if (args.l is None or args.m is None) else 0.0
+    fixed: tuple[tuple[int, ...], ...] = ()
+    users: list[float] = []
+    n_main = args.n
+    if pilot > 0:
+        first = pilot_plan(schema, args.epsilon)
+        cut = pilot_size(args.n, pilot)
+        fixed, n_main = first.views, args.n - cut
+        users = [cut / first.m] * first.m
+    chosen = choose_plan(schema.sizes, args.epsilon, n_main, workload_of(schema, args.k, None),
+                         fixed_views=fixed, fixed_users=users, l=args.l, m=args.m)  # fmt: skip
+    plan = Plan(schema, args.epsilon, chosen.views)
+    ranked = sorted(chosen.candidates, key=lambda c: c.sse)
     out = {
-        "l": max(len(v) for v in plan.views),
+        "planner": "pipeline",
+        "l": chosen.l,
         "m": plan.m,
+        "design": chosen.design,
         "views": [list(v) for v in plan.views],
         "oracles": list(plan.oracles or ()),
-    }
+        "predicted_sse": chosen.predicted.sse,
+        "predicted_noise": chosen.predicted.noise,
+        "predicted_bias": chosen.predicted.bias,
+        "profile": chosen.profile.to_dict(),
+        "pilot": None if pilot <= 0 else {
+            "fraction": pilot, "users": args.n - n_main, "views": [list(v) for v in fixed],
+        },
+        "not_collected": [names[a] for a in (*chosen.single, *chosen.predicted.uncollected)],
+        "notes": chosen.notes(names),
+        "candidates": [c.to_dict() for c in ranked],
+    }  # fmt: skip
     if args.json:
         print(json.dumps(out))
-    else:
-        print(f"l = {out['l']}, m = {out['m']}, oracles {sorted(set(out['oracles']))}")
-        for v in out["views"]:
-            print("  ", v)
+        return 0
+    if pilot > 0:
+        print(f"pilot: {args.n - n_main} users ({pilot:.0%}) report on {len(fixed)} disjoint "
+              "attribute pairs; the views below are chosen again from their reports")
+        print("second phase, as planned from the prior (before any report):")
+    print(f"l = {chosen.l}, m = {plan.m} ({chosen.design}), predicted SSE "
+          f"{chosen.predicted.sse:.3g} (noise {chosen.predicted.noise:.3g}, "
+          f"bias {chosen.predicted.bias:.3g}); oracles {sorted(set(plan.oracles or ()))}")
+    for note in chosen.notes(names):
+        print("note:", note)
+    print("candidates (best first): " + ", ".join(
+        f"l={c.l} m={c.m}{'' if c.design == 'spread' else ' ' + c.design} {c.sse:.3g}"
+        for c in ranked[:8]))  # fmt: skip
+    for v in out["views"][:20]:  # type: ignore[index]
+        print("  ", v)
+    if plan.m > 20:
+        print(f"   ... {plan.m - 20} more (--json lists all)")
     return 0
 
 
@@ -76,6 +134,7 @@ def _simulate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     mechanism = make_mechanism(args.mechanism, theta=args.theta, m=args.m, l=args.l,
                                path=args.path, shrink=not args.no_shrink,
+                               planner=args.planner, pilot=args.pilot,
                                rounds=args.rounds, strategy=args.strategy,
                                budgets=args.budgets, noise=args.noise, delta=args.delta,
                                workload=args.workload)  # fmt: skip
@@ -112,6 +171,8 @@ def _simulate(args: argparse.Namespace) -> int:
         "seconds_per_rep": float(np.median([r.seconds for r in results])),
         "privacy_unit": mechanism.privacy_unit,
         "shrink": not args.no_shrink,
+        "planner": getattr(mechanism, "planner", None),
+        "chosen": chosen,
         "seconds": round(time.perf_counter() - t0, 3),
     }
     if args.json:
@@ -140,6 +201,8 @@ def _experiment(args: argparse.Namespace) -> int:
     from .grid import ResultCache, run_tasks
     from .report import write_outputs
 
+    if args.figure == "planner":
+        return _planner_experiment(args)
     figure = build_figure(args.figure, quick=args.quick, seed=args.seed, reps=args.reps,
                           queries=args.queries, n=args.n, dataset=args.dataset)  # fmt: skip
     out = Path(args.out)
@@ -185,6 +248,64 @@ def _experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def _planner_experiment(args: argparse.Namespace) -> int:
+    """``calmkit experiment planner``: the default planner against the fixed grid."""
+    import os
+    import shlex
+    from pathlib import Path
+
+    from .grid import ResultCache, run_tasks
+    from .planner_bench import planner_tasks, planning_times, write_planner_report
+
+    if args.reps is not None and args.reps < 1:
+        raise CalmkitError(f"reps ({args.reps}) must be >= 1")
+    if args.queries < 1:
+        raise CalmkitError(f"queries ({args.queries}) must be >= 1")
+    tasks = planner_tasks(reps=args.reps or (2 if args.quick else 5), queries=args.queries,
+                          seed=args.seed, quick=args.quick, data_dir=args.data_dir)  # fmt: skip
+    out = Path(args.out)
+    cache = ResultCache(out / ".cache" / "results.sqlite")
+    unique = {t.task.key(): t.task for t in tasks}
+    cached = len(cache.keys() & unique.keys())
+    bar = _progress(len(unique), "planner")
+    jobs = args.jobs or os.cpu_count() or 1
+    command = "calmkit experiment " + shlex.join(sys.argv[2:] if args.argv is None else args.argv)
+    t0 = time.perf_counter()
+    try:
+        results = run_tasks(list(unique.values()), cache, args.data_dir, jobs=jobs,
+                            progress=bar.update if bar else None)  # fmt: skip
+        elapsed = time.perf_counter() - t0
+        cache.log_run("planner", command, len(unique) - cached, elapsed, jobs)
+        runs = cache.runs("planner")
+    finally:
+        if bar is not None:
+            bar.close()
+        cache.close()
+    timings = planning_times(repeats=1 if args.quick else 5)
+    paths = write_planner_report(tasks, results, out, runs, timings, plot=not args.no_plot)
+    counts: dict[str, int] = {}
+    for r in results.values():
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary = {"figure": "planner", "tasks": len(results), "status": counts,
+               "seconds": round(elapsed, 1),
+               "outputs": {k: str(v) for k, v in paths.items()}}  # fmt: skip
+    print(json.dumps(summary) if args.json else
+          f"planner: {len(results)} tasks {counts} in {elapsed:.0f} s; "
+          f"report {paths['md']}")  # fmt: skip
+    return 0
+
+
+def _progress(total: int, desc: str):  # type: ignore[no-untyped-def]
+    """A tqdm bar on a terminal, else None."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress bars are optional
+        return None
+    return tqdm(total=total, desc=desc, file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="calmkit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -201,12 +322,18 @@ def build_parser() -> argparse.ArgumentParser:
     pop.add_argument("--json", action="store_true")
     pop.set_defaults(run=_population)
 
-    plan = sub.add_parser("plan", help="CALM Algorithm 1: choose l, m and the views")
+    plan = sub.add_parser("plan", help="choose the view size l, the count m and the views")
     plan.add_argument("--domain", required=True, help="category counts, e.g. 2,2,3,2")
     plan.add_argument("--n", type=int, required=True, help="expected users")
     plan.add_argument("--k", type=int, required=True, help="query size")
     plan.add_argument("--epsilon", type=float, required=True)
-    plan.add_argument("--theta", type=float, default=0.001)
+    plan.add_argument("--planner", choices=PLANNERS, default="pipeline",
+                      help="pipeline (default): the views with the lowest predicted error "
+                      "of the whole reconstruction; paper: CALM's Algorithm 1")  # fmt: skip
+    plan.add_argument("--pilot", type=float, default=PILOT_FRACTION,
+                      help="share of users in the pilot phase (pipeline planner; 0: none; "
+                      f"default {PILOT_FRACTION})")  # fmt: skip
+    plan.add_argument("--theta", type=float, default=0.001, help="Algorithm 1's threshold")
     plan.add_argument("--l", type=int, default=None, help="fix the view size")
     plan.add_argument("--m", type=int, default=None, help="fix the number of views")
     plan.add_argument("--json", action="store_true")
@@ -231,6 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--theta", type=float, default=0.001)
     sim.add_argument("--m", type=int, default=None)
     sim.add_argument("--l", type=int, default=None)
+    sim.add_argument("--planner", choices=PLANNERS, default=None,
+                     help="CALM's planner: pipeline (default; a pilot, then the views with "
+                     "the lowest predicted error) or paper (Algorithm 1)")  # fmt: skip
+    sim.add_argument("--pilot", type=float, default=None,
+                     help=f"share of users in the pilot (pipeline planner; default "
+                     f"{PILOT_FRACTION}; 0: none)")  # fmt: skip
     sim.add_argument("--queries", type=int, default=50)
     sim.add_argument("--reps", type=int, default=20)
     sim.add_argument("--seed", type=int, default=0)
@@ -258,7 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .figures import FIGURES
 
     exp = sub.add_parser("experiment", help="a figure of the paper: grid, CSV, PNG, results.md")
-    exp.add_argument("figure", choices=sorted(FIGURES))
+    exp.add_argument("figure", choices=[*sorted(FIGURES), "planner"],
+                     help="a figure of the paper, or planner: the default planner against "
+                     "a fixed grid of (l, m) (writes DIR/planner.md)")  # fmt: skip
     exp.add_argument("--quick", action="store_true", help="a reduced grid (seconds)")
     exp.add_argument("--out", default="results", help="output folder (default ./results)")
     exp.add_argument("--seed", type=int, default=0)

@@ -7,6 +7,7 @@
 - ACS: 23 binary attributes (PrivBayes binarization), CSV.
 - Transactions (retail, Kosarak): the d most frequent items as binary attributes;
   attribute i of a user is 1 iff the transaction contains item i.
+- Wide binary data (plants, dna): ``wide/<name>.csv``, read as a CSV.
 - Any CSV of categorical columns (header row), with an optional JSON of domains
   ``{column: [labels..] or count}``, so users can bring their own data.
 
@@ -42,6 +43,7 @@ __all__ = [
     "load_nltcs",
     "load_retail",
     "load_transactions",
+    "load_wide",
 ]
 
 
@@ -203,6 +205,13 @@ def load_acs(data_dir: Path | str) -> Population:
     return load_csv(path, {col: 2 for col in header}, name="acs")
 
 
+def load_wide(data_dir: Path | str, name: str) -> Population:
+    """A wide binary dataset of ``wide/`` (plants: 69 attributes, dna: 180): many
+    attributes, few users each. Categories are the values seen, so a column that never
+    varies has one category."""
+    return load_csv(Path(data_dir) / "wide" / f"{name}.csv", name=name)
+
+
 # --- transactions -----------------------------------------------------------------------
 def load_transactions(path: Path | str, d: int, name: str | None = None) -> Population:
     """Transactions (one line per user, space-separated item ids) -> the ``d`` most
@@ -246,6 +255,8 @@ DATASETS: dict[str, str] = {
     "acs": "ACS (PrivBayes binarization), 23 binary attributes",
     "retail": "FIMI retail transactions, top-d items as binary attributes",
     "kosarak": "FIMI kosarak prefix, top-d items as binary attributes",
+    "plants": "USDA plants presence by state, 69 binary attributes (wide: 23,215 users)",
+    "dna": "DNA splice-junction features, 180 binary attributes (wide: 3,186 users)",
     "csv:PATH": "your CSV of categorical columns (optional PATH.domains.json beside it)",
 }
 
@@ -269,6 +280,8 @@ def load_dataset(
         "acs": load_acs,
         "retail": lambda p: load_retail(p, d or 16),
         "kosarak": lambda p: load_kosarak(p, d or 16),
+        "plants": lambda p: load_wide(p, "plants"),
+        "dna": lambda p: load_wide(p, "dna"),
     }
     if name == "synthetic":
         pop = synthetic_population(n=1 << 16, sizes=(2,) * (d or 8), rng=rng)

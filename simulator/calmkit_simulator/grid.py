@@ -49,7 +49,11 @@ class Task:
     ``kind``: ``"sse"`` (the §5 protocol) or ``"classify"`` (§5.4: misclassification
     of an SVM trained on records sampled from the released marginal; then
     ``classify`` names the :data:`~calmkit_simulator.classify` preset and
-    ``duplicate`` how many copies of the training records report)."""
+    ``duplicate`` how many copies of the training records report).
+
+    ``shared_seed``: the mechanism's randomness in repetition r is seeded
+    ``[seed, r]`` instead of by the task, so every mechanism and plan of a setting
+    draws from the same seeds (the planner benchmark's paired comparison)."""
 
     dataset: str
     mechanism: str
@@ -66,10 +70,16 @@ class Task:
     kind: str = "sse"
     classify: str = ""
     duplicate: int = 1
+    shared_seed: bool = False
 
     def key(self) -> str:
-        """Stable identity: the SHA-256 of the task's fields (hex, 24 chars)."""
-        blob = json.dumps(asdict(self), sort_keys=True, default=str)
+        """Stable identity: the SHA-256 of the task's fields (hex, 24 chars). Fields
+        added later count only when set, so earlier caches keep their keys."""
+        fields = asdict(self)
+        for name, default in _LATER_FIELDS.items():
+            if fields[name] == default:
+                del fields[name]
+        blob = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
     def population_key(self) -> tuple[Any, ...]:
@@ -78,6 +88,14 @@ class Task:
     def mechanism_seed(self) -> int:
         """The task's own seed for the mechanism's randomness (recorded in results)."""
         return int(self.key()[:15], 16)
+
+    def rep_seed(self, rep: int) -> list[int]:
+        """The seed of the mechanism's randomness in repetition ``rep``."""
+        return [self.seed, rep] if self.shared_seed else [self.seed, self.mechanism_seed(), rep]
+
+
+# Task fields added after results were cached, with the default they are left out at.
+_LATER_FIELDS: dict[str, Any] = {"shared_seed": False}
 
 
 class ResultCache:
@@ -179,7 +197,11 @@ def _queries(
 def run_task(task: Task, data_dir: str | None = None) -> dict[str, Any]:
     """Run ``task``: ``{"status": "ok", "sse": [...], ...}`` per repetition, or
     ``{"status": "not_scalable" | "invalid" | "missing_data", "message": ...}``."""
-    mechanism = make_mechanism(task.mechanism, **dict(task.options))
+    options = dict(task.options)
+    # The figures reproduce the paper: CALM plans with Algorithm 1 unless a task names
+    # another planner (the planner benchmark does).
+    options.setdefault("planner", "paper")
+    mechanism = make_mechanism(task.mechanism, **options)
     try:
         if task.kind == "classify":  # checked on the training attributes, inside
             return _run_classify(task, data_dir, mechanism)
@@ -202,7 +224,7 @@ def run_task(task: Task, data_dir: str | None = None) -> dict[str, Any]:
     }
     for rep in range(task.reps):
         queries, truths = _queries(task, pop, rep)
-        rng = np.random.default_rng([task.seed, task.mechanism_seed(), rep])
+        rng = np.random.default_rng(task.rep_seed(rep))
         t0 = time.perf_counter()
         try:
             release = mechanism.run(pop, task.epsilon, task.k, rng)
@@ -217,6 +239,8 @@ def run_task(task: Task, data_dir: str | None = None) -> dict[str, Any]:
             float(np.mean([sse(t, np.full(t.shape, 1.0 / t.size)) for t in truths]))
         )
         out["chosen"] = release.describe()
+        if "predicted_sse" in out["chosen"]:  # the planner's own prediction, per rep
+            out.setdefault("predicted", []).append(float(out["chosen"]["predicted_sse"]))
     out["chosen"] = json.loads(json.dumps(out["chosen"], default=str))
     return out
 
@@ -241,7 +265,7 @@ def _run_classify(task: Task, data_dir: str | None, mechanism: Any) -> dict[str,
         "mechanism_seed": task.mechanism_seed(),
     }
     for rep in range(task.reps):
-        rng = np.random.default_rng([task.seed, task.mechanism_seed(), rep])
+        rng = np.random.default_rng(task.rep_seed(rep))
         try:
             r = run_classification(pop, setting, mechanism, task.epsilon, rng, task.duplicate)
         except NotScalable as exc:

@@ -65,6 +65,15 @@ class Population:
         note = f"resampled {n} users with replacement from {self.n}"
         return replace(self, codes=self.codes[rows], notes=(*self.notes, note))
 
+    def take(self, rows: np.ndarray) -> Population:
+        """The users at positions ``rows`` (an int array), same schema; the codes are
+        already valid, so they are not checked again."""
+        out = object.__new__(Population)
+        for name, value in (("schema", self.schema), ("codes", self.codes[np.asarray(rows)]),
+                            ("name", self.name), ("notes", self.notes)):  # fmt: skip
+            object.__setattr__(out, name, value)
+        return out
+
     def select(self, attrs: Sequence[AttrRef]) -> Population:
         """The same users restricted to ``attrs`` (in the order given)."""
         idx = self.schema.resolve(attrs)

@@ -110,6 +110,9 @@ def _info_dict(info: Any) -> dict[str, Any]:
         "k": info.k,
         "reports": info.reports,
         "view_reports": list(info.view_reports),
+        "phase": info.phase,
+        "phase_reports": list(info.phase_reports),
+        "pilot_target": info.pilot_target,
         **({"submit_token": info.submit_token} if info.submit_token else {}),
     }
 
@@ -122,7 +125,7 @@ def _collection(args: argparse.Namespace) -> int:
             info = admin.create_collection(
                 _schema_from_args(args), args.epsilon, args.n, args.k,
                 collection_id=args.id or "", theta=args.theta, views=_parse_views(args.views),
-                m=args.m, l=args.l, seed=args.seed,
+                m=args.m, l=args.l, seed=args.seed, planner=args.planner, pilot=args.pilot,
             )  # fmt: skip
         elif args.action == "close":
             info = admin.close_collection(args.collection)
@@ -139,6 +142,11 @@ def _collection(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return 0
     print(f"collection {out['collection_id']}: {out['state']}, {out['reports']} reports")
+    if out["pilot_target"] and out["phase"] == 0:
+        print(f"  phase 0 (pilot): {out['reports']} of {out['pilot_target']} reports; then the "
+              "server chooses the views of phase 1 from them")  # fmt: skip
+    elif out["pilot_target"]:
+        print(f"  phase {out['phase']} (after a pilot of {out['phase_reports'][0]} reports)")
     print(f"  plan {out['plan_digest'][:16]}: m = {out['m']} views of l = {out['l']}, "
           f"k = {out['k']}, oracles {sorted(set(out['oracles']))}")  # fmt: skip
     if "submit_token" in out:
@@ -188,6 +196,7 @@ def _query(args: argparse.Namespace) -> int:
 # -- demo ---------------------------------------------------------------------------------
 DEMO_SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
 DEMO_QUERIES = [(0, 1), (2, 4), (5, 7), (0, 1, 2), (3, 4, 6), (1, 5, 7)]
+DEMO_WAVES = 20
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -197,6 +206,7 @@ def _demo(args: argparse.Namespace) -> int:
     from calmkit_aggregator.admin import AdminClient
     from calmkit_aggregator.service import create_server, graceful_stop
     from calmkit_aggregator.storage import Storage
+    from calmkit_client import wire as client_wire
     from calmkit_client.collector import Collector
     from calmkit_client.device import DeviceState
 
@@ -215,9 +225,16 @@ def _demo(args: argparse.Namespace) -> int:
                 )
                 bar = _progress(pop.n, "reports", sys.stderr.isatty() and not args.json)
                 state = DeviceState(Path(tmp) / "devices.db")
+                ids = np.arange(pop.n, dtype=np.uint64)
+                # users arrive in waves; each wave fetches the plan again, so once the
+                # pilot has its reports the next waves report under the second phase
+                waves = np.array_split(np.arange(pop.n), DEMO_WAVES)
                 with Collector(address, info.collection_id, info.submit_token, state) as client:
-                    ack = client.submit_many(pop.codes, np.arange(pop.n, dtype=np.uint64),
-                                             progress=bar.update if bar else None)  # fmt: skip
+                    ack = client_wire.Acknowledgement()
+                    for wave in waves:
+                        done = client.submit_many(pop.codes[wave], ids[wave],
+                                                  progress=bar.update if bar else None)  # fmt: skip
+                        ack = ack + done
                 state.close()
                 if bar is not None:
                     bar.close()
@@ -238,11 +255,20 @@ def _demo(args: argparse.Namespace) -> int:
             "uniform_sse": float(((truth - 1.0 / truth.size) ** 2).sum()),
             "truth": truth, "estimate": answer.values,
         })  # fmt: skip
+    phases = [{"reports": int(r)} for r in closed.phase_reports]
+    phases[0]["views"] = info.plan.m
+    if len(phases) > 1:
+        phases[-1]["views"] = closed.plan.m
     out = {
         "acknowledged": ack.accepted + ack.duplicates,
         "counted": closed.reports,
-        "queries": [{"attrs": r["attrs"], "sse": r["sse"]} for r in rows],
-    }
+        "phases": phases,
+        "queries": [
+            {"attrs": r["attrs"], "method": r["method"], "sse": r["sse"],
+             "uniform_sse": r["uniform_sse"]}
+            for r in rows
+        ],
+    }  # fmt: skip
     seconds = time.perf_counter() - t0
     if args.json:
         print(json.dumps(out))
@@ -250,8 +276,14 @@ def _demo(args: argparse.Namespace) -> int:
     plan = closed.plan
     print(f"calmkit demo: {pop.describe().splitlines()[0]}")
     print(f"  server on {address}, SQLite storage in a temporary directory")
-    print(f"  collection {closed.collection_id}: m = {plan.m} views, epsilon {args.epsilon}, "
-          f"plan {plan.digest[:12]}")  # fmt: skip
+    print(f"  collection {closed.collection_id}, epsilon {args.epsilon}")
+    if len(phases) > 1:
+        print(f"  pilot: {phases[0]['reports']} users reported on {info.plan.m} attribute pairs; "
+              f"from their reports the server chose {plan.m} views of "
+              f"{max(len(v) for v in plan.views)} attributes for the other "
+              f"{phases[1]['reports']} users (plan {plan.digest[:12]})")  # fmt: skip
+    else:
+        print(f"  one phase: m = {plan.m} views (plan {plan.digest[:12]})")
     print(f"  {out['acknowledged']} reports acknowledged, {out['counted']} counted; closed")
     for r in rows:
         print(f"  {r['method']:10s} {','.join(r['attrs'])}: SSE {r['sse']:.2e} "
@@ -295,6 +327,12 @@ def add_commands(sub: Any) -> None:
     col.add_argument("--m", type=int, default=None)
     col.add_argument("--l", type=int, default=None)
     col.add_argument("--views", default=None, help="explicit views, e.g. '0,1;1,2'")
+    col.add_argument("--planner", choices=("pipeline", "paper"), default="pipeline",
+                     help="create: pipeline (default; a pilot phase, then the views with the "
+                     "lowest predicted error) or paper (CALM's Algorithm 1)")  # fmt: skip
+    col.add_argument("--pilot", type=float, default=None,
+                     help="create: share of --n users in the pilot phase (default 0.2; 0: "
+                     "none)")  # fmt: skip
     col.add_argument("--seed", type=int, default=0)
     col.add_argument("--json", action="store_true")
     col.set_defaults(run=_collection_checked)

@@ -17,8 +17,12 @@ def test_demo_json_counts_every_acknowledged_report(capsys: pytest.CaptureFixtur
 
     assert main(["demo", "--users", "20000", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"acknowledged", "counted", "queries"}
+    assert set(out) == {"acknowledged", "counted", "phases", "queries"}
     assert out["acknowledged"] == out["counted"] == 20000
+    # a pilot of 10% of the expected users, then the second phase's views
+    pilot, main_phase = out["phases"]
+    assert pilot["reports"] >= 4000 and pilot["reports"] + main_phase["reports"] == 20000
+    assert pilot["views"] == 4 and main_phase["views"] >= 1
     assert [len(q["attrs"]) for q in out["queries"]] == [len(q) for q in DEMO_QUERIES]
     pop = synthetic_population(n=20000, sizes=DEMO_SIZES, strength=1.5, rng=0)
     uniform = [((pop.marginal(q) - 1 / pop.marginal(q).size) ** 2).sum() for q in DEMO_QUERIES]
@@ -52,6 +56,8 @@ def test_plan_reproduces_the_papers_worked_example(capsys: pytest.CaptureFixture
         "3",
         "--epsilon",
         "2",
+        "--planner",
+        "paper",
         "--json",
     ]
     assert main(args) == 0
@@ -96,8 +102,11 @@ def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
         "seconds_per_rep",
         "privacy_unit",
         "shrink",
+        "planner",
+        "chosen",
         "seconds",
     }
+    assert out["planner"] == "pipeline" and out["chosen"]["pilot_m"] == 3
     assert out["n"] == 20000 and out["d"] == 6 and out["sse_mean"] < out["uniform_sse_mean"]
 
 

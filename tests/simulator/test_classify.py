@@ -233,7 +233,7 @@ def test_calm_at_epsilon_4_is_well_below_majority() -> None:
     m = rep.majority
     assert rep.error <= m - binomial_bound(m, N_TEST, copies=2)
     assert rep.error <= (m + rep.nonoise) / 2
-    assert set(rep.chosen) == {"m", "l"}
+    assert {"m", "l"} <= set(rep.chosen)
 
 
 def test_not_scalable_propagates_before_any_work() -> None:

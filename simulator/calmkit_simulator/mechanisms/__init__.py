@@ -41,13 +41,13 @@ __all__ = [
 
 # command-line name -> (class, the options of ``calmkit simulate`` it takes)
 MECHANISMS: dict[str, tuple[type[Mechanism], tuple[str, ...]]] = {
-    "calm": (Calm, ("theta", "m", "l", "path", "shrink")),
+    "calm": (Calm, ("theta", "m", "l", "path", "shrink", "planner", "pilot")),
     "uni": (Uniform, ()),
     "fc": (FullContingency, ("path",)),
     "am": (AllMarginals, ("path",)),
     "ft": (Fourier, ()),
     "em": (ExpectationMaximization, ()),
-    "be": (BinaryEncoded, ("theta", "m", "l", "path", "shrink")),
+    "be": (BinaryEncoded, ("theta", "m", "l", "path", "shrink", "planner", "pilot")),
     "priview": (PriView, ("theta", "m", "l", "shrink")),
     # central references (issue 6)
     "mwem": (Mwem, ("rounds",)),

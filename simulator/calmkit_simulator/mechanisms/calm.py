@@ -1,5 +1,12 @@
-"""CALM as a harness mechanism (papers/calm-ccs18.txt §4): Algorithm 1's plan, the
-fast population path, consistency, shrinkage (unless off) and maximum entropy."""
+"""CALM as a harness mechanism (papers/calm-ccs18.txt §4): the plan, the fast (or
+faithful) population path, consistency, shrinkage (unless off) and maximum entropy.
+
+Planners (:mod:`calmkit_aggregator.planner`): ``"pipeline"`` (the default) runs a
+pilot first unless ``pilot=0`` or both ``l`` and ``m`` are fixed: a random
+``pilot`` fraction of the users reports on disjoint pairs, the profile estimated from
+their reports picks the views of the others, and the estimate uses both phases.
+``"paper"`` is Algorithm 1 in one phase.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from calmkit_aggregator import MarginalEstimator, plan_collection, reconstruct
+from calmkit_aggregator.pilot import (
+    PILOT_FRACTION,
+    combine_phases,
+    pilot_plan,
+    pilot_size,
+    plan_after_pilot,
+)
+from calmkit_aggregator.planner import PLANNERS, workload_of
+from calmkit_client import CalmkitError
 from calmkit_client.randomness import RngLike
 
 from ..collect import collect_support
@@ -18,19 +34,20 @@ __all__ = ["Calm"]
 
 
 class _CalmRelease(Release):
-    def __init__(self, estimator: MarginalEstimator) -> None:
-        self.estimator = estimator
+    def __init__(self, estimator: MarginalEstimator, chosen: dict[str, object]) -> None:
+        self.estimator, self.chosen = estimator, chosen
 
     def answer(self, attrs: Sequence[int]) -> np.ndarray:
         return self.estimator.answer(tuple(sorted(attrs))).values
 
     def describe(self) -> dict[str, object]:
-        plan = self.estimator.plan
-        return {"m": plan.m, "l": max(len(v) for v in plan.views)}
+        return dict(self.chosen)
 
 
 class Calm(Mechanism):
-    """CALM with Algorithm 1 (or fixed ``m``/``l``), theta and the collection path."""
+    """CALM with a planner (``"pipeline"`` with a pilot of ``pilot`` of the users, or
+    ``"paper"``: Algorithm 1 with ``theta``), optionally fixed ``m``/``l``, the
+    collection path and shrinkage."""
 
     name = "CALM"
 
@@ -41,13 +58,44 @@ class Calm(Mechanism):
         l: int | None = None,  # noqa: E741 (the paper's name)
         path: str = "fast",
         shrink: bool = True,
+        planner: str = "pipeline",
+        pilot: float = PILOT_FRACTION,
     ) -> None:
+        if planner not in PLANNERS:
+            raise CalmkitError(f"planner ({planner!r}) must be one of {list(PLANNERS)}")
+        if not (isinstance(pilot, (int, float)) and 0 <= pilot < 1):
+            raise CalmkitError(f"pilot ({pilot!r}) must be a fraction in [0, 1)")
         self.theta, self.m, self.l, self.path, self.shrink = theta, m, l, path, shrink
+        self.planner, self.pilot = planner, float(pilot)
 
     def run(self, population: Population, epsilon: float, k: int, rng: RngLike = None) -> Release:
         gen = np.random.default_rng(rng)  # type: ignore[arg-type]
         seed = int(gen.integers(2**31))
-        plan = plan_collection(population.schema, epsilon, population.n, k, theta=self.theta,
-                               l=self.l, m=self.m, rng=seed, seed=seed)  # fmt: skip
-        support = collect_support(population, plan, gen, path=self.path)
-        return _CalmRelease(reconstruct(support, shrink=self.shrink))
+        phased = (self.planner == "pipeline" and self.pilot > 0 and population.n >= 2
+                  and (self.l is None or self.m is None))  # fmt: skip
+        if not phased:
+            plan = plan_collection(population.schema, epsilon, population.n, k,
+                                   theta=self.theta, l=self.l, m=self.m, rng=seed, seed=seed,
+                                   planner=self.planner)  # fmt: skip
+            support = collect_support(population, plan, gen, path=self.path)
+            chosen = {"m": plan.m, "l": max(len(v) for v in plan.views)}
+            return _CalmRelease(reconstruct(support, shrink=self.shrink), chosen)
+        first = pilot_plan(population.schema, epsilon, seed=seed)
+        order = gen.permutation(population.n)
+        cut = pilot_size(population.n, self.pilot)
+        pilot_users, rest = np.sort(order[:cut]), np.sort(order[cut:])
+        pilot_support = collect_support(population.take(pilot_users), first, gen,
+                                        path=self.path, user_ids=pilot_users)  # fmt: skip
+        main = plan_after_pilot(pilot_support, rest.size, workload_of(population.schema, k, None),
+                                seed=seed + 1, l=self.l, m=self.m)  # fmt: skip
+        main_support = collect_support(population.take(rest), main.plan, gen, path=self.path,
+                                       user_ids=rest)  # fmt: skip
+        estimator = reconstruct(combine_phases([pilot_support, main_support]), shrink=self.shrink)
+        chosen = {
+            "m": main.plan.m,
+            "l": main.choice.l,
+            "pilot_m": first.m,
+            "pilot_users": int(cut),
+            "predicted_sse": float(main.choice.predicted.sse),
+        }
+        return _CalmRelease(estimator, chosen)

@@ -1,0 +1,377 @@
+"""The planner benchmark (``calmkit experiment planner``): the default planner side by
+side with a fixed grid of view sizes and counts, Algorithm 1 and Uniform, on the same
+queries and the same report seeds, written to ``DIR/planner.md`` (+ CSV, PNG).
+
+Grid per setting (valid points only: m <= C(d, l), every view >= 2 cells): l in
+{1, 2, 3, 4}; m in {ceil(d/l), 2x, 4x that, Algorithm 1's m, the covering size
+CoverDesign(d, k, l) when it is <= n/50}; each point is CALM with Algorithm 1's view
+selection at that fixed (l, m), as ``calmkit simulate --planner paper --l L --m M``.
+Every task of a setting shares the queries of each repetition and the mechanism
+seeds ``[seed, rep]`` (``Task.shared_seed``).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calmkit_aggregator.choose import choose_views
+from calmkit_aggregator.covering import construct_cover, cover_lower_bound
+
+from .datasets import DatasetError, load_dataset
+from .grid import Task
+
+__all__ = ["SETTINGS", "PlannerTask", "Setting", "planner_tasks", "planning_times",
+           "write_planner_report"]  # fmt: skip
+
+# Covering designs are built for the grid only up to this lower bound (their cost).
+_COVER_LIMIT = 3000
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One dataset configuration of the benchmark."""
+
+    dataset: str
+    label: str
+    k: int
+    epsilons: tuple[float, ...]
+    d: int | None = None
+    n: int | None = None
+    max_categories: int | None = None
+
+
+SETTINGS = (
+    Setting("kosarak", "Kosarak d=16, n=2^16", 3, (0.2, 0.5, 1.0, 2.0), d=16, n=1 << 16),
+    Setting("kosarak", "Kosarak d=32, n=2^16", 3, (0.5, 1.0), d=32, n=1 << 16),
+    Setting("adult", "Adult (cap 3), n=45,222", 3, (0.5, 1.0, 2.0), max_categories=3),
+    Setting("nltcs", "NLTCS, n=21,574", 3, (0.5, 1.0, 2.0)),
+    Setting("plants", "plants d=69, n=23,215", 3, (0.5, 1.0, 2.0)),
+    Setting("dna", "dna d=180, n=3,186", 2, (1.0, 2.0)),
+    Setting("synthetic", "synthetic d=64, n=10^5", 3, (1.0,), d=64, n=100_000),
+)
+QUICK_SETTINGS = (
+    Setting("synthetic", "synthetic d=8, n=2^12", 3, (0.5, 2.0), d=8, n=1 << 12),
+)
+
+
+@dataclass(frozen=True)
+class PlannerTask:
+    """A benchmark task: its setting and epsilon, its role (``"default"``, ``"paper"``
+    = Algorithm 1, ``"grid"``) and, for grid points, (l, m)."""
+
+    setting: Setting
+    epsilon: float
+    role: str
+    task: Task
+    l: int | None = None  # noqa: E741
+    m: int | None = None
+
+
+def grid_points(sizes: tuple[int, ...], n: int, k: int, epsilon: float) -> list[tuple[int, int]]:
+    """The fixed grid of the module docstring for one setting."""
+    d = len(sizes)
+    alg = choose_views(sizes, epsilon, n, k)
+    points = set()
+    for lv in range(1, 5):
+        if lv > d:
+            break
+        base = math.ceil(d / lv)
+        ms = {base, 2 * base, 4 * base, alg.m}
+        if lv >= k and cover_lower_bound(d, k, lv) <= min(_COVER_LIMIT, n / 50):
+            size = len(construct_cover(d, k, lv, rng=0))
+            if size <= n / 50:
+                ms.add(size)
+        # a view needs >= 2 cells: l = 1 only when every attribute has >= 2 categories
+        if lv == 1 and min(sizes) < 2:
+            continue
+        points |= {(lv, mv) for mv in ms if 1 <= mv <= math.comb(d, lv)}
+    return sorted(points)
+
+
+def planner_tasks(
+    reps: int = 5,
+    queries: int = 50,
+    seed: int = 0,
+    quick: bool = False,
+    data_dir: str | None = None,
+    pilot: float | None = None,
+) -> list[PlannerTask]:
+    """Every task of the benchmark; a setting whose dataset is missing contributes
+    its default and Algorithm 1 tasks only (they then report ``missing_data``)."""
+    out = []
+    for s in QUICK_SETTINGS if quick else SETTINGS:
+        try:
+            pop = load_dataset(s.dataset, data_dir, s.d, s.max_categories, rng=seed)
+            n = s.n or pop.n
+            sizes = pop.schema.sizes
+        except DatasetError:
+            n, sizes = s.n, None
+        for eps in s.epsilons:
+            def task(
+                options: tuple[tuple[str, Any], ...], s: Setting = s, eps: float = eps
+            ) -> Task:
+                return Task(s.dataset, "calm", float(eps), s.k, s.k, d=s.d, n=s.n,
+                            max_categories=s.max_categories, options=options, reps=reps,
+                            queries=queries, seed=seed, shared_seed=True)  # fmt: skip
+            default: tuple[tuple[str, Any], ...] = (("planner", "pipeline"),)
+            if pilot is not None:
+                default += (("pilot", pilot),)
+            out.append(PlannerTask(s, eps, "default", task(default)))
+            out.append(PlannerTask(s, eps, "paper", task((("planner", "paper"),))))
+            if sizes is None or n is None:
+                continue
+            for lv, mv in grid_points(sizes, n, s.k, eps):
+                opts = (("planner", "paper"), ("l", lv), ("m", mv))
+                out.append(PlannerTask(s, eps, "grid", task(opts), lv, mv))
+    return out
+
+
+def planning_times(repeats: int = 5) -> list[dict[str, Any]]:
+    """Median seconds of the default planner (prior profile) and of Algorithm 1 for
+    d in {16, 64, 128} binary attributes, k in {2, 3, 4}, n = 2^20, eps = 1."""
+    from calmkit_aggregator.error_model import Workload
+    from calmkit_aggregator.planning import choose_plan
+
+    rows = []
+    for d in (16, 64, 128):
+        for k in (2, 3, 4):
+            sizes = (2,) * d
+            times = {}
+            runs: dict[str, Callable[[], object]] = {
+                "pipeline": partial(choose_plan, sizes, 1.0, 1 << 20, Workload(k=k)),
+                "paper": partial(choose_views, sizes, 1.0, 1 << 20, k),
+            }
+            for name, run in runs.items():
+                run()  # warm caches (covering designs, James-Stein tables)
+                samples = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    run()
+                    samples.append(time.perf_counter() - t0)
+                times[name] = float(np.median(samples))
+            rows.append({"d": d, "k": k, **times})
+    return rows
+
+
+# -- the report ---------------------------------------------------------------------------------
+def _stats(result: dict[str, Any] | None) -> tuple[float, float]:
+    """Mean SSE and its standard error over repetitions (nan if not ok)."""
+    if result is None or result.get("status") != "ok":
+        return math.nan, math.nan
+    vals = np.asarray(result["sse"], dtype=float)
+    se = float(vals.std(ddof=1) / math.sqrt(vals.size)) if vals.size > 1 else 0.0
+    return float(vals.mean()), se
+
+
+def _fmt(v: float) -> str:
+    if not math.isfinite(v):
+        return "—"
+    return f"{v:.3g}" if abs(v) >= 1e-3 else f"{v:.2e}"
+
+
+def summarize(tasks: list[PlannerTask], results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (setting, epsilon): the default, the best grid point, Algorithm 1,
+    Uniform, the ratios and the default's predicted SSE."""
+    rows = []
+    keys = list(dict.fromkeys((t.setting, t.epsilon) for t in tasks))
+    for setting, eps in keys:
+        group = [t for t in tasks if t.setting == setting and t.epsilon == eps]
+        by_role = {t.role: t for t in group if t.role != "grid"}
+        default = results.get(by_role["default"].task.key())
+        paper = results.get(by_role["paper"].task.key())
+        d_mean, d_se = _stats(default)
+        p_mean, _ = _stats(paper)
+        grid = [(t, *_stats(results.get(t.task.key()))) for t in group if t.role == "grid"]
+        grid = [g for g in grid if math.isfinite(g[1])]
+        best = min(grid, key=lambda g: g[1]) if grid else None
+        chosen = (default or {}).get("chosen") or {}
+        predicted = [float(x) for x in (default or {}).get("predicted", [])]
+        uniform = (default or {}).get("uniform") or []
+        row = {
+            "setting": setting.label,
+            "k": setting.k,
+            "epsilon": eps,
+            "status": (default or {}).get("status", "missing"),
+            "default_l": chosen.get("l"),
+            "default_m": chosen.get("m"),
+            "pilot_m": chosen.get("pilot_m"),
+            "default_sse": d_mean,
+            "default_se": d_se,
+            "best_l": best[0].l if best else None,
+            "best_m": best[0].m if best else None,
+            "best_sse": best[1] if best else math.nan,
+            "best_se": best[2] if best else math.nan,
+            "paper_l": ((paper or {}).get("chosen") or {}).get("l"),
+            "paper_m": ((paper or {}).get("chosen") or {}).get("m"),
+            "paper_sse": p_mean,
+            "uniform_sse": float(np.mean(uniform)) if uniform else math.nan,
+            "predicted_sse": float(np.mean(predicted)) if predicted else math.nan,
+            "grid_points": len(grid),
+        }
+        row["default_over_best"] = row["default_sse"] / row["best_sse"] if best else math.nan
+        row["paper_over_best"] = row["paper_sse"] / row["best_sse"] if best else math.nan
+        row["predicted_over_measured"] = row["predicted_sse"] / row["default_sse"]
+        rows.append(row)
+    return rows
+
+
+def write_planner_report(
+    tasks: list[PlannerTask],
+    results: dict[str, dict[str, Any]],
+    out: Path | str,
+    runs: list[dict[str, Any]],
+    timings: list[dict[str, Any]] | None = None,
+    plot: bool = True,
+) -> dict[str, Path]:
+    """``DIR/data/planner.csv`` (every task), ``DIR/planner.md`` (the summary table,
+    the planning times, every grid point) and ``DIR/figures/planner.png``."""
+    root = Path(out)
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    paths = {"csv": root / "data" / "planner.csv", "md": root / "planner.md"}
+    with paths["csv"].open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["setting", "k", "epsilon", "role", "l", "m", "status", "sse_mean",
+                         "sse_se", "uniform", "chosen", "reps", "seed", "message"])  # fmt: skip
+        for t in tasks:
+            res = results.get(t.task.key()) or {}
+            mean, se = _stats(res)
+            chosen = res.get("chosen") or {}
+            writer.writerow([t.setting.label, t.setting.k, t.epsilon, t.role,
+                             t.l if t.l is not None else chosen.get("l", ""),
+                             t.m if t.m is not None else chosen.get("m", ""),
+                             res.get("status", "missing"), mean, se,
+                             float(np.mean(res["uniform"])) if res.get("uniform") else "",
+                             ";".join(f"{k}={v}" for k, v in chosen.items()), t.task.reps,
+                             t.task.seed, res.get("message", "")])  # fmt: skip
+    summary = summarize(tasks, results)
+    if plot:
+        paths["png"] = _plot(summary, root / "figures" / "planner.png")
+    paths["md"].write_text(_markdown(tasks, results, summary, runs, timings, plot))
+    return paths
+
+
+def _markdown(
+    tasks: list[PlannerTask],
+    results: dict[str, dict[str, Any]],
+    summary: list[dict[str, Any]],
+    runs: list[dict[str, Any]],
+    timings: list[dict[str, Any]] | None,
+    plot: bool,
+) -> str:
+    reps = sorted({t.task.reps for t in tasks})
+    lines = [
+        "# The default planner against a fixed grid",
+        "",
+        "Generated by `calmkit experiment planner` (do not edit by hand). Each setting "
+        "runs CALM with the default planner (`pipeline`: a pilot of 20% of the users on "
+        "disjoint attribute pairs, then the views whose predicted pipeline error is "
+        "lowest), with Algorithm 1 (`paper`), and at every point of a fixed grid of view "
+        "sizes l and counts m (Algorithm 1's view selection at that l, m); all on the "
+        f"same queries and report seeds per repetition ({', '.join(map(str, reps))} "
+        "repetitions of "
+        f"{tasks[0].task.queries if tasks else 0} random k-way queries). SSE: sum of "
+        "squared errors of a k-way marginal, mean ± standard error over repetitions. "
+        "*best grid*: the grid point with the lowest mean SSE; *default / best* and "
+        "*paper / best* divide by it. *predicted*: the default planner's own prediction "
+        "of its SSE (mean over repetitions) and its ratio to the measured SSE.",
+        "",
+    ]
+    if plot:
+        lines += ["![planner](figures/planner.png)", ""]
+    for run in runs:
+        lines.append(f"- run `{run['command']}`: {run['computed']} tasks computed in "
+                     f"{run['seconds']:.0f} s with {run['jobs']} worker(s), finished "
+                     f"{run['at']}")  # fmt: skip
+    if runs:
+        lines.append("")
+    lines += [
+        "| setting | k | eps | default (l, m) | default SSE | best grid (l, m) | best SSE | "
+        "default / best | Algorithm 1 (l, m) | Alg. 1 SSE | Alg. 1 / best | Uniform | "
+        "predicted | predicted / measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in summary:
+        if r["status"] != "ok":
+            lines.append(f"| {r['setting']} | {r['k']} | {r['epsilon']:g} | {r['status']} |"
+                         + " |" * 10)  # fmt: skip
+            continue
+        pilot = f" + pilot {r['pilot_m']}" if r["pilot_m"] else ""
+        lines.append(
+            f"| {r['setting']} | {r['k']} | {r['epsilon']:g} | "
+            f"({r['default_l']}, {r['default_m']}){pilot} | "
+            f"{_fmt(r['default_sse'])} ± {_fmt(r['default_se'])} | "
+            f"({r['best_l']}, {r['best_m']}) | {_fmt(r['best_sse'])} ± {_fmt(r['best_se'])} | "
+            f"**{r['default_over_best']:.2f}** | ({r['paper_l']}, {r['paper_m']}) | "
+            f"{_fmt(r['paper_sse'])} | {r['paper_over_best']:.2f} | {_fmt(r['uniform_sse'])} | "
+            f"{_fmt(r['predicted_sse'])} | {r['predicted_over_measured']:.2f} |"
+        )
+    ok = [r for r in summary if r["status"] == "ok" and math.isfinite(r["default_over_best"])]
+    if ok:
+        ratios = np.array([r["default_over_best"] for r in ok])
+        paper = np.array([r["paper_over_best"] for r in ok])
+        pred = np.array([r["predicted_over_measured"] for r in ok])
+        lines += [
+            "",
+            f"default / best grid: geometric mean {np.exp(np.log(ratios).mean()):.2f}, worst "
+            f"{ratios.max():.2f}; Algorithm 1 / best grid: geometric mean "
+            f"{np.exp(np.log(paper).mean()):.2f}, worst {paper.max():.2f}; predicted / "
+            f"measured between {pred.min():.2f} and {pred.max():.2f}.",
+        ]
+    if timings:
+        lines += [
+            "",
+            "## Planning time",
+            "",
+            "Median seconds of one plan (n = 2^20, eps = 1, binary attributes, no pilot: "
+            "the prior profile) against Algorithm 1 on the same input.",
+            "",
+            "| d | k | default planner (s) | Algorithm 1 (s) |",
+            "|---|---|---|---|",
+        ]
+        lines += [f"| {t['d']} | {t['k']} | {t['pipeline']:.3f} | {t['paper']:.3f} |"
+                  for t in timings]  # fmt: skip
+    lines += ["", "## Every grid point", "",
+              "| setting | eps | (l, m) | SSE | / best |", "|---|---|---|---|---|"]  # fmt: skip
+    for r in summary:
+        group = [t for t in tasks if t.setting.label == r["setting"] and t.epsilon == r["epsilon"]
+                 and t.role == "grid"]  # fmt: skip
+        for t in sorted(group, key=lambda t: (t.l or 0, t.m or 0)):
+            mean, se = _stats(results.get(t.task.key()))
+            if math.isfinite(mean):
+                ratio = mean / r["best_sse"]
+                lines.append(f"| {r['setting']} | {r['epsilon']:g} | ({t.l}, {t.m}) | "
+                             f"{_fmt(mean)} ± {_fmt(se)} | {ratio:.2f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _plot(summary: list[dict[str, Any]], path: Path) -> Path:
+    from .plots import _pyplot
+
+    plt = _pyplot()
+    ok = [r for r in summary if r["status"] == "ok" and math.isfinite(r["default_over_best"])]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(ok) + 2), 4.2))
+    x = np.arange(len(ok))
+    ax.bar(x - 0.2, [r["default_over_best"] for r in ok], 0.4, label="default planner")
+    ax.bar(x + 0.2, [r["paper_over_best"] for r in ok], 0.4, label="Algorithm 1")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.axhline(1.15, color="gray", lw=0.8, ls="--", label="1.15x the best grid point")
+    ax.set_yscale("log")
+    ax.set_ylabel("SSE / best grid point")
+    ax.set_xticks(x, [f"{r['setting'].split(',')[0]}\neps {r['epsilon']:g}" for r in ok],
+                  rotation=90, fontsize=7)  # fmt: skip
+    ax.legend(fontsize=8)
+    ax.set_title("Planner vs the best fixed (l, m)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
