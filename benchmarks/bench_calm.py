@@ -29,7 +29,7 @@ from calmkit_simulator.synthetic import synthetic_population
 def bench_reconstruct(runs: int) -> None:
     n, d, k, eps = 2**18, 32, 8, 1.0
     pop = synthetic_population(n=n, sizes=(2,) * d, rng=0)
-    plan = plan_collection(pop.schema, eps, n, k, rng=0)
+    plan = plan_collection(pop.schema, eps, n, k, rng=0, planner="paper")
     support = collect_support(pop, plan, rng=1)
     queries = random_queries(d, k, 50, rng=2)
     size = max(len(v) for v in plan.views)
@@ -57,7 +57,7 @@ def bench_simulate(runs: int) -> None:
         pop = load_dataset("kosarak", None, 16).resample(n, rng=0)
     except DatasetError:
         pop = synthetic_population(n=n, sizes=(2,) * 16, rng=0)
-    plan = plan_collection(pop.schema, eps, n, k, rng=0)
+    plan = plan_collection(pop.schema, eps, n, k, rng=0, planner="paper")
 
     def one_rep() -> None:
         run_calm(pop, plan, k, queries=50, reps=1, rng=np.random.default_rng(3))
