@@ -188,6 +188,8 @@ def _simulate(args: argparse.Namespace) -> int:
         f"  SSE  {out['mechanism']} {out['sse_mean']:.3g} +- {out['sse_std']:.2g}   "
         f"Uniform {out['uniform_sse_mean']:.3g}"
     )
+    if chosen.get("not_collected"):
+        print(f"  not collected (one category, or too few users): {chosen['not_collected']}")
     print(f"  {out['seconds']:.1f} s ({out['seconds_per_rep']:.2f} s per rep)")
     return 0
 
@@ -281,7 +283,7 @@ def _planner_experiment(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
         cache.close()
-    timings = planning_times(repeats=1 if args.quick else 5)
+    timings = planning_times(repeats=1, dims=(16,)) if args.quick else planning_times(repeats=5)
     paths = write_planner_report(tasks, results, out, runs, timings, plot=not args.no_plot)
     counts: dict[str, int] = {}
     for r in results.values():

@@ -135,14 +135,14 @@ def planner_tasks(
     return out
 
 
-def planning_times(repeats: int = 5) -> list[dict[str, Any]]:
+def planning_times(repeats: int = 5, dims: tuple[int, ...] = (16, 64, 128)) -> list[dict[str, Any]]:
     """Median seconds of the default planner (prior profile) and of Algorithm 1 for
-    d in {16, 64, 128} binary attributes, k in {2, 3, 4}, n = 2^20, eps = 1."""
+    d in ``dims`` binary attributes, k in {2, 3, 4}, n = 2^20, eps = 1."""
     from calmkit_aggregator.error_model import Workload
     from calmkit_aggregator.planning import choose_plan
 
     rows = []
-    for d in (16, 64, 128):
+    for d in dims:
         for k in (2, 3, 4):
             sizes = (2,) * d
             times = {}

@@ -194,3 +194,17 @@ def test_classification_task_runs_on_adult(datasets_dir: Path) -> None:
     assert 0 < res["error"][0] < 0.5 and res["chosen"]["m"] >= 1
     fc = run_task(replace(task, mechanism="fc"), str(datasets_dir))
     assert fc["status"] == "ok"  # six attributes capped at 3: FC's 729 cells fit
+
+
+def test_planner_experiment_writes_its_own_report(tmp_path: Path) -> None:
+    from calmkit_simulator.cli import main
+
+    out = tmp_path / "bench"
+    assert main(["experiment", "planner", "--quick", "--out", str(out), "--no-plot",
+                 "--jobs", "1", "--json"]) == 0  # fmt: skip
+    text = (out / "planner.md").read_text()
+    assert "| synthetic d=8, n=2^12 | 3 | 0.5 |" in text and "## Planning time" in text
+    with (out / "data" / "planner.csv").open() as fh:
+        roles = {row["role"] for row in csv.DictReader(fh)}
+    assert roles == {"default", "paper", "grid"}
+    assert not (out / "results.md").exists()  # the paper's report is left alone

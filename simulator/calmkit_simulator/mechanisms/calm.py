@@ -98,4 +98,7 @@ class Calm(Mechanism):
             "pilot_users": int(cut),
             "predicted_sse": float(main.choice.predicted.sse),
         }
+        skipped = (*main.choice.single, *main.choice.predicted.uncollected)
+        if skipped:  # attributes in no view: one category, or too few users
+            chosen["not_collected"] = [population.schema.names[a] for a in skipped]
         return _CalmRelease(estimator, chosen)
