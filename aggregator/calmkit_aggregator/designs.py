@@ -25,7 +25,7 @@ from calmkit_client import PlanError
 
 __all__ = ["SpreadStream", "pilot_views", "spread_views"]
 
-RngLike = int | np.random.Generator | np.random.SeedSequence | None
+RngLike = int | Sequence[int] | np.random.Generator | np.random.SeedSequence | None
 # Random rounds that add no new block before falling back to enumeration.
 _STALL_ROUNDS = 8
 
@@ -104,7 +104,7 @@ def _round(d: int, l: int, pairs: np.ndarray, gen: np.random.Generator) -> list[
     order = gen.permutation(d)
     free = np.ones(d, dtype=bool)
     jitter = gen.random(((d + l - 1) // l * l, d)) * 0.5
-    blocks = []
+    blocks: list[list[int]] = []
     left = d
     for start in order:
         if not free[start]:

@@ -116,7 +116,7 @@ class ErrorPrediction:
 
 
 def predict_error(
-    sizes: Sequence[int],
+    sizes: Sequence[int] | np.ndarray,
     views: Sequence[Sequence[int]],
     users: Sequence[float],
     epsilon: float,
@@ -134,7 +134,7 @@ def predict_error(
 
 
 def predict_errors(
-    sizes: Sequence[int],
+    sizes: Sequence[int] | np.ndarray,
     views: Sequence[Sequence[int]],
     users: Sequence[float],
     epsilon: float,
@@ -403,7 +403,7 @@ def _component_operator(
     axes, centre along the pattern's), and the column where each pattern starts."""
     blocks, starts, at = [], [], 0
     for pos in patterns:
-        op = np.ones((1, 1))
+        op: np.ndarray = np.ones((1, 1))
         for ax, size in enumerate(shape):
             factor = (
                 np.eye(size) - 1.0 / size if ax in pos else np.ones((size, 1))

@@ -189,7 +189,7 @@ def _representative(mean: np.ndarray, skew: float) -> np.ndarray:
     neg = direction < 0
     if neg.any():  # stay inside the simplex
         step = min(step, float(np.min(u[neg] / -direction[neg])))
-    out = np.clip(u + step * direction, 0.0, None)
+    out: np.ndarray = np.clip(u + step * direction, 0.0, None)
     return out / out.sum()
 
 
@@ -247,7 +247,8 @@ def estimate_profile(
             other = tuple(i for i in range(len(table.attrs)) if i != ax)
             margin = table.values.sum(axis=other) if other else table.values
             w = 1.0 / (per_cell * table.cells / sizes[a])  # a margin cell sums C cells
-            sums[a] = margin * w if sums[a] is None else sums[a] + margin * w
+            previous = sums[a]
+            sums[a] = margin * w if previous is None else previous + margin * w
             weights[a] += w
     margs = []
     for a, size in enumerate(sizes):
@@ -329,7 +330,8 @@ def _dependence_stat(flat: np.ndarray, la: int, lb: int) -> np.ndarray:
     """``||T - T_a (x) T_b||^2`` of each row of ``flat`` (rows: (la, lb) tables)."""
     tables = flat.reshape(-1, la, lb)
     outer = tables.sum(axis=2)[:, :, None] * tables.sum(axis=1)[:, None, :]
-    return ((tables - outer) ** 2).sum(axis=(1, 2))
+    out: np.ndarray = ((tables - outer) ** 2).sum(axis=(1, 2))
+    return out
 
 
 def _dependence_posterior(x: float, sigma2: float) -> tuple[float, float, tuple[float, ...]]:
@@ -342,6 +344,8 @@ def _dependence_posterior(x: float, sigma2: float) -> tuple[float, float, tuple[
     w = np.exp(log_like - log_like.max())
     w /= w.sum()
     cdf = np.cumsum(w)
-    quantiles = tuple(float(grid[min(grid.size - 1, np.searchsorted(cdf, f))]) for f in _QUANTILES)
+    quantiles = tuple(
+        float(grid[min(grid.size - 1, int(np.searchsorted(cdf, f)))]) for f in _QUANTILES
+    )
     mean = float(w @ grid)
     return quantiles[2], float(np.sqrt(max(0.0, w @ (grid - mean) ** 2))), quantiles
