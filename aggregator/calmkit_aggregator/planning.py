@@ -19,7 +19,7 @@ data cannot rule out rather than at one guess.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -205,8 +205,7 @@ def choose_plan(
         users = users_fixed + [n / len(views)] * len(views)
         preds = predict_errors(arr, all_views, users, eps, workload, profile, deps, n=total,
                                shrink=shrink, seed=rng)  # fmt: skip
-        mid = next(p for i, p in enumerate(preds) if deps[i] == profile.dependence) if (
-            profile.dependence in deps) else preds[middle]
+        mid = preds[deps.index(profile.dependence) if profile.dependence in deps else middle]
         cand = Candidate(lv, len(views), design, mid.sse, mid.noise, mid.bias,
                          tuple(p.sse for p in preds))  # fmt: skip
         scored.append((cand, views, mid))
@@ -269,8 +268,8 @@ def choose_plan(
     if not scored:
         raise PlanError(f"n ({n}) users cannot hold a view of the requested size")
     if m is None:  # refine m around the best spread design, never below full coverage
-        top = min((c for c, _, _ in scored if c.design == "spread"), key=lambda c: c.sse,
-                  default=None)  # fmt: skip
+        spreads = [c for c, _, _ in scored if c.design == "spread"]
+        top = min(spreads, key=_regret(scored)) if spreads else None
         if top is not None:
             room = math.comb(dc, top.l) - sum(1 for v in fixed if len(v) == top.l)
             hi = min(room, n, MAX_VIEWS)
@@ -278,16 +277,18 @@ def choose_plan(
                 mv = round(top.m * factor)
                 if lows.get(top.l, 1) <= mv <= hi:
                     spread(top.l, mv)
-    # the smallest mean log ratio to the best design, over the dependence quantiles
-    best = np.min(np.array([c.range for c, _, _ in scored]), axis=0)
-    def regret(c: Candidate) -> float:
-        return float(np.mean(np.log(np.array(c.range) / best)))
-
+    regret = _regret(scored)
     cand, views, pred = min(scored, key=lambda x: (regret(x[0]), x[0].sse, x[0].m))
     return PlannedViews(
         views, cand.l, cand.m, cand.design, pred, tuple(c for c, _, _ in scored), fixed,
         profile, single,
     )  # fmt: skip
+
+
+def _regret(scored: Sequence[tuple[Candidate, object, object]]) -> Callable[[Candidate], float]:
+    """A candidate's mean log ratio to the best candidate at each dependence quantile."""
+    best = np.min(np.array([c.range for c, _, _ in scored]), axis=0)
+    return lambda c: float(np.mean(np.log(np.array(c.range) / best)))
 
 
 def _epsilon(epsilon: object) -> float:
