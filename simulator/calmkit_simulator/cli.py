@@ -257,7 +257,7 @@ def _planner_experiment(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .grid import ResultCache, run_tasks
-    from .planner_bench import planner_tasks, planning_times, write_planner_report
+    from .planner_bench import model_check, planner_tasks, planning_times, write_planner_report
 
     if args.reps is not None and args.reps < 1:
         raise CalmkitError(f"reps ({args.reps}) must be >= 1")
@@ -284,7 +284,9 @@ def _planner_experiment(args: argparse.Namespace) -> int:
             bar.close()
         cache.close()
     timings = planning_times(repeats=1, dims=(16,)) if args.quick else planning_times(repeats=5)
-    paths = write_planner_report(tasks, results, out, runs, timings, plot=not args.no_plot)
+    checks = model_check(tasks, args.data_dir)
+    paths = write_planner_report(tasks, results, out, runs, timings, plot=not args.no_plot,
+                                 checks=checks)  # fmt: skip
     counts: dict[str, int] = {}
     for r in results.values():
         counts[r["status"]] = counts.get(r["status"], 0) + 1
