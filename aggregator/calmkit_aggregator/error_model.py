@@ -35,7 +35,7 @@ of dimension ``dim_S = prod (L_a - 1)``):
 Measured against the real pipeline (docs/planner.md: Kosarak, Adult, NLTCS, plants,
 dna, synthetic; 10 reps x 50 queries), the prediction from the data's own profile is
 within 2x of the measured SSE on 243 of 249 grid designs (geometric mean ratio 0.98);
-the six misses are designs 2-20x worse than the best.
+the six misses are designs 2-50x worse than the best at their setting.
 """
 
 from __future__ import annotations
