@@ -377,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip interaction shrinkage: the paper's CALM pipeline exactly",
     )
-    central = sim.add_argument_group("central references (issue 6)")
+    central = sim.add_argument_group("central-DP references (datacube, MWEM, Fourier)")
     central.add_argument("--rounds", type=int, default=None, help="MWEM rounds T")
     central.add_argument("--strategy", choices=("fourier", "marginals"), default=None,
                          help="datacube strategy (default fourier)")  # fmt: skip

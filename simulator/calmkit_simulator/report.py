@@ -1,4 +1,4 @@
-"""Experiment outputs under one folder (issue 5): ``data/<figure>.csv`` (one row per
+"""Experiment outputs under one folder: ``data/<figure>.csv`` (one row per
 task), ``figures/<figure>.png``, ``data/<figure>.md`` (the figure's section) and
 ``results.md``, which joins the sections of every figure run into that folder so far.
 """

@@ -1,5 +1,5 @@
 """The service commands of ``calmkit``: serve, collection, query, and the demo that
-runs all of it on one machine (issue 4)."""
+runs all of it on one machine."""
 
 from __future__ import annotations
 
