@@ -393,7 +393,7 @@ def _fig9(o: _Opts) -> Figure:
     return Figure("fig9", "Fig. 9: k-way marginals planned for k' = 3 or k' = k", (panel,))
 
 
-# -- issue 6: local vs central --------------------------------------------------------
+# -- local vs central DP --------------------------------------------------------------
 CENTRAL_MECHANISMS = ("calm", "priview", "mwem", "datacube", "wff", "uni")
 
 

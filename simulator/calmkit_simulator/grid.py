@@ -1,4 +1,4 @@
-"""Experiment grids: tasks, the on-disk result cache, and the runner (issue 5).
+"""Experiment grids: tasks, the on-disk result cache, and the runner.
 
 A :class:`Task` is one point of a figure: one mechanism at one setting, run for
 ``reps`` repetitions of the evaluation protocol (papers/calm-ccs18.txt §5.1: 50 random

@@ -1,4 +1,4 @@
-"""Mechanisms the harness compares (issue 5): CALM, the paper's LDP baselines and the
+"""Mechanisms the harness compares: CALM, the paper's LDP baselines and the
 central references, all behind :class:`Mechanism`."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ MECHANISMS: dict[str, tuple[type[Mechanism], tuple[str, ...]]] = {
     "em": (ExpectationMaximization, ()),
     "be": (BinaryEncoded, ("theta", "m", "l", "path", "shrink", "planner", "pilot")),
     "priview": (PriView, ("theta", "m", "l", "shrink")),
-    # central references (issue 6)
+    # central-DP references
     "mwem": (Mwem, ("rounds",)),
     "datacube": (Datacube, ("strategy", "budgets", "noise", "delta")),
     "wff": (WeightedFourier, ("delta", "workload")),
