@@ -55,8 +55,12 @@ class AdminClient:
         ref = client_wire.collection_ref(collection_id)
         return client_wire.collection_from_proto(self._call("CloseCollection", ref))
 
-    def query(self, collection_id: str, attributes: Sequence[str]) -> MarginalAnswer:
-        req = client_wire.query_request(collection_id, attributes)
+    def query(
+        self, collection_id: str, attributes: Sequence[str], replicates: int = 0
+    ) -> MarginalAnswer:
+        """A marginal; its variance from ``replicates`` bootstrap replicates (0: the
+        server's default)."""
+        req = client_wire.query_request(collection_id, attributes, replicates)
         return client_wire.marginal_from_proto(self._call("Query", req))
 
     def close(self) -> None:

@@ -12,7 +12,8 @@ __all__ = ["estimate_views"]
 
 def estimate_views(support: SupportCounts) -> list[MarginalTable]:
     """One unbiased :class:`MarginalTable` per view: ``(C/n_j - q)/(p - q)`` reshaped
-    to the view's shape, with the oracle's f-independent per-cell variance (eqs. 1, 2).
+    to the view's shape, with the oracle's f-independent per-cell variance (eqs. 1, 2)
+    and the oracle itself (:meth:`MarginalTable.cell_variance`: the exact plug-in one).
     A view without reports is uniform with infinite variance (it then gets no weight).
     """
     plan = support.plan
@@ -25,5 +26,5 @@ def estimate_views(support: SupportCounts) -> list[MarginalTable]:
             tables.append(MarginalTable(view, values, np.inf, 0))
             continue
         values = oracle.estimate(support.counts[j], n).reshape(shape)
-        tables.append(MarginalTable(view, values, float(oracle.variance(n)), n))
+        tables.append(MarginalTable(view, values, float(oracle.variance(n)), n, oracle))
     return tables

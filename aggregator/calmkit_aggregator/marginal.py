@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calmkit_client import CalmkitError
+from calmkit_client import CalmkitError, FrequencyOracle
 
 __all__ = ["MarginalTable"]
 
@@ -19,13 +19,20 @@ class MarginalTable:
     ``values`` has one axis per attribute (in ``attrs`` order, C-order cells as
     :meth:`calmkit_client.Schema.cell_index`), holding fractions. ``variance`` is the
     f-independent variance of each cell (0 for an exact table, ``inf`` for no
-    information); ``n`` the number of reports behind it.
+    information; consistency weighs views by it); ``n`` the number of reports behind it.
+
+    A view's raw estimate also carries the ``oracle`` that measured it and ``group``,
+    how many measured cells each cell sums (1, or C after :meth:`project`): then
+    :meth:`cell_variance` is the exact plug-in variance of every cell. Tables made by
+    combining several views (consistency, shrinkage) carry no oracle.
     """
 
     attrs: tuple[int, ...]
     values: np.ndarray
     variance: float = 0.0
     n: int = 0
+    oracle: FrequencyOracle | None = None
+    group: int = 1
 
     def __post_init__(self) -> None:
         attrs = tuple(int(a) for a in self.attrs)
@@ -41,6 +48,11 @@ class MarginalTable:
         object.__setattr__(self, "attrs", attrs)
         object.__setattr__(self, "values", values)
         object.__setattr__(self, "variance", float(self.variance))
+        if self.oracle is not None and self.oracle.L != values.size * self.group:
+            raise CalmkitError(
+                f"group ({self.group}) times cells ({values.size}) must be the oracle's "
+                f"L ({self.oracle.L})"
+            )
 
     @property
     def cells(self) -> int:
@@ -61,4 +73,23 @@ class MarginalTable:
         drop = tuple(i for i in range(len(self.attrs)) if i not in keep_axes)
         values = self.values.sum(axis=drop) if drop else self.values
         factor = self.cells // max(1, int(np.prod(values.shape, dtype=np.int64)))
-        return MarginalTable(keep, values, self.variance * factor, self.n)
+        return MarginalTable(
+            keep, values, self.variance * factor, self.n, self.oracle, self.group * factor
+        )
+
+    def cell_variance(self) -> np.ndarray:
+        """Exact plug-in variance of each cell (shape of ``values``): the oracle's
+        variance of a sum of ``group`` cells for a fixed population of ``n`` reports,
+        its unknown true frequency replaced by the estimate clipped to [0, 1]
+        (:meth:`calmkit_client.FrequencyOracle.sum_variance`). Raises for a table
+        that no single oracle measured (consistent or shrunk tables: use
+        :func:`calmkit_aggregator.uncertainty.bootstrap`)."""
+        if self.oracle is None:
+            raise CalmkitError(
+                f"table over {list(self.attrs)} was not measured by one oracle: its cells "
+                "have no closed-form variance (use a bootstrap)"
+            )
+        if self.n == 0:
+            return np.full(self.values.shape, np.inf)
+        plug_in = np.clip(self.values, 0.0, 1.0)
+        return np.asarray(self.oracle.sum_variance(self.n, plug_in, self.group))

@@ -45,10 +45,14 @@ from .calm import MarginalEstimator, reconstruct
 from .pilot import PhasedDesign, pilot_plan, pilot_size
 from .planner import plan_collection
 from .storage import Storage
+from .support import SupportCounts
+from .uncertainty import MAX_REPLICATES, Bootstrap, bootstrap
 
 __all__ = ["AggregatorService", "create_server", "graceful_stop", "is_loopback", "log_json"]
 
 log = logging.getLogger("calmkit.aggregator")
+
+DEFAULT_REPLICATES = 32  # bootstrap replicates behind a served variance
 
 _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (CollectionNotFound, grpc.StatusCode.NOT_FOUND),
@@ -102,7 +106,8 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
     def __init__(self, storage: Storage, admin_token: str | None = None) -> None:
         self.storage = storage
         self._admin_hash = _hash_token(admin_token) if admin_token else None
-        self._estimates: dict[str, tuple[int, MarginalEstimator]] = {}
+        self._estimates: dict[str, tuple[int, SupportCounts, MarginalEstimator]] = {}
+        self._bootstraps: dict[str, tuple[int, int, Bootstrap]] = {}
         self._estimate_lock = threading.Lock()
         self._advance_lock = threading.Lock()
 
@@ -213,9 +218,9 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
                      ms=round(1e3 * (time.perf_counter() - t0), 1))  # fmt: skip
 
     # -- queries -----------------------------------------------------------------------
-    def _estimator(self, collection_id: str) -> tuple[MarginalEstimator, int]:
-        """The reconstruction for the reports counted now (cached until more arrive)
-        and how many reports it rests on."""
+    def _estimator(self, collection_id: str) -> tuple[SupportCounts, MarginalEstimator, int]:
+        """The support counted now, its reconstruction (cached until more reports
+        arrive) and how many reports it rests on."""
         support = self.storage.support(collection_id)
         total = int(support.n.sum())
         if total == 0:
@@ -223,30 +228,50 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
         with self._estimate_lock:
             cached = self._estimates.get(collection_id)
             if cached is None or cached[0] != total:
-                cached = (total, reconstruct(support))
+                cached = (total, support, reconstruct(support))
                 self._estimates[collection_id] = cached
-        return cached[1], total
+        return cached[1], cached[2], total
+
+    def _bootstrap(
+        self, collection_id: str, support: SupportCounts, estimator: MarginalEstimator,
+        total: int, replicates: int,
+    ) -> Bootstrap:  # fmt: skip
+        """Bootstrap replicates of the reconstruction (cached like it; computed outside
+        the lock, so two racing queries may both compute and the later one is kept)."""
+        with self._estimate_lock:
+            cached = self._bootstraps.get(collection_id)
+        if cached is not None and cached[:2] == (total, replicates):
+            return cached[2]
+        boot = bootstrap(support, estimator, replicates)
+        with self._estimate_lock:
+            self._bootstraps[collection_id] = (total, replicates, boot)
+        return boot
 
     @_rpc
     def Query(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._require_admin(context)
-        collection_id, names = wire.query_from_proto(request)
+        collection_id, names, replicates = wire.query_from_proto(request)
+        if replicates > MAX_REPLICATES or replicates == 1:
+            raise CalmkitError(
+                f"replicates ({replicates}) must be 0 (default {DEFAULT_REPLICATES}) or in "
+                f"[2, {MAX_REPLICATES}]"
+            )
+        replicates = replicates or DEFAULT_REPLICATES
         record = self.storage.get_collection(collection_id)
-        estimator, total = self._estimator(collection_id)
+        support, estimator, total = self._estimator(collection_id)
         schema = record.plan.schema
         attrs = tuple(sorted(schema.resolve(names)))
         answer = estimator.answer(attrs)
-        variance = np.nan
-        if answer.method == "projection":
-            cells = int(np.prod(schema.shape(attrs)))
-            variance = min(
-                t.variance * (t.cells // cells)
-                for t in estimator.views.tables
-                if set(attrs) <= set(t.attrs)
-            )
+        variance = self._bootstrap(collection_id, support, estimator, total, replicates)
         ordered = [schema.attributes[a].name for a in attrs]
         log_json("query", collection=collection_id, attrs=ordered, method=answer.method)
-        return wire.marginal_to_proto(answer, ordered, np.asarray(variance), total, record.state)
+        method = (
+            f"parametric bootstrap of the whole reconstruction, {replicates} replicates "
+            f"(relative standard error of each variance ~{np.sqrt(2 / (replicates - 1)):.0%})"
+        )
+        return wire.marginal_to_proto(
+            answer, ordered, variance.variance(attrs), total, record.state, method, replicates
+        )
 
 
 def is_loopback(address: str) -> bool:

@@ -177,7 +177,13 @@ def plan_message(plan: Plan) -> Any:
 
 
 def marginal_to_proto(
-    answer: Answer, names: Sequence[str], variance: np.ndarray, reports: int, state: str
+    answer: Answer,
+    names: Sequence[str],
+    variance: np.ndarray,
+    reports: int,
+    state: str,
+    variance_method: str = "",
+    replicates: int = 0,
 ) -> Any:
     return pb.MarginalTable(
         attributes=list(names),
@@ -188,10 +194,13 @@ def marginal_to_proto(
         residual=answer.residual,
         reports=reports,
         state=_STATES[state],
+        variance_method=variance_method,
+        replicates=replicates,
     )
 
 
-def query_from_proto(msg: Any) -> tuple[str, list[str]]:
+def query_from_proto(msg: Any) -> tuple[str, list[str], int]:
+    """``(collection id, attribute names, bootstrap replicates or 0 for the default)``."""
     if not msg.attributes:
         raise CalmkitError("attributes (empty) must name at least one attribute")
-    return msg.collection_id, list(msg.attributes)
+    return msg.collection_id, list(msg.attributes), int(msg.replicates)

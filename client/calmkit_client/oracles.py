@@ -168,6 +168,30 @@ class FrequencyOracle(ABC):
         freq = np.asarray(f, dtype=np.float64)
         return (freq * p * (1 - p) + (1 - freq) * q * (1 - q)) / (n * (p - q) ** 2)
 
+    def sum_variance(self, n: int, total: npt.ArrayLike, cells: int) -> Any:
+        """Exact variance of the estimate of a sum of ``cells`` cells (a cell of a
+        projection) whose reporting users' true frequency is ``total`` (array-like),
+        for a fixed population of ``n`` reports. ``cells=1`` is :meth:`variance`.
+
+        Each report supports the group with probability ``a`` if the user's cell is in
+        it and ``b`` otherwise, independently over users: GRR ``a = p + (cells-1) q``,
+        ``b = cells q`` (one cell per report); OUE sums independent bits, so
+        ``F p (1-p) + (cells - F) q (1-q)``. Divided by ``n (p-q)^2``.
+        """
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+            raise OracleError(f"n ({n!r}) must be an int > 0")
+        if isinstance(cells, bool) or not isinstance(cells, (int, np.integer)):
+            raise OracleError(f"cells ({cells!r}) must be an int in [1, {self.L}]")
+        if not 1 <= cells <= self.L:
+            raise OracleError(f"cells ({cells}) must be in [1, {self.L}]")
+        freq = np.asarray(total, dtype=np.float64)
+        return self._sum_power(freq, int(cells)) / (n * (self.p - self.q) ** 2)
+
+    @abstractmethod
+    def _sum_power(self, total: np.ndarray, cells: int) -> np.ndarray:
+        """One report's variance of its support of a group of ``cells`` cells, averaged
+        over users whose cell lies in the group with frequency ``total``."""
+
     def contrast_variance(self, n: int) -> float:
         """Noise power per dimension of the estimate in a space of zero-sum contrasts
         whose orthogonal projector ``P`` has a constant diagonal (the ANOVA interaction
@@ -226,6 +250,11 @@ class GRR(FrequencyOracle):
 
     def _contrast_power(self) -> float:
         return 1.0 - (self.p - self.q) ** 2
+
+    def _sum_power(self, total: np.ndarray, cells: int) -> np.ndarray:
+        a = self.p + (cells - 1) * self.q
+        b = cells * self.q
+        return total * a * (1 - a) + (1 - total) * b * (1 - b)
 
     def likelihood(self, payload: int | bytes, cell: int) -> Fraction:
         words = self._words_keep if int(payload) == int(cell) else self._words_other
@@ -332,6 +361,10 @@ class OUE(FrequencyOracle):
     def _contrast_power(self) -> float:
         p, q = self.p, self.q
         return p * (1 - p) + (self.L - 1) * q * (1 - q)
+
+    def _sum_power(self, total: np.ndarray, cells: int) -> np.ndarray:
+        p, q = self.p, self.q
+        return total * p * (1 - p) + (cells - total) * q * (1 - q)
 
     def likelihood(self, payload: int | bytes, cell: int) -> Fraction:
         if not isinstance(payload, (bytes, bytearray)):

@@ -208,8 +208,10 @@ def create_request(
 @dataclass(frozen=True)
 class MarginalAnswer:
     """A reconstructed marginal from the server: ``values`` shaped over ``attributes``
-    (schema order), per-cell ``variance`` (NaN where not available), the ``method``,
-    and the collection ``state`` (answers from an open collection are provisional)."""
+    (schema order), per-cell ``variance`` of those values (``variance_method`` says
+    how it was computed, ``replicates`` how many bootstrap replicates it rests on),
+    the ``method``, and the collection ``state`` (answers from an open collection are
+    provisional)."""
 
     attributes: tuple[str, ...]
     values: np.ndarray
@@ -218,6 +220,8 @@ class MarginalAnswer:
     residual: float
     reports: int
     state: str
+    variance_method: str = ""
+    replicates: int = 0
 
 
 def marginal_from_proto(msg: Any) -> MarginalAnswer:
@@ -230,11 +234,15 @@ def marginal_from_proto(msg: Any) -> MarginalAnswer:
         residual=float(msg.residual),
         reports=int(msg.reports),
         state=STATES.get(msg.state, "unknown"),
+        variance_method=msg.variance_method,
+        replicates=int(msg.replicates),
     )
 
 
-def query_request(collection_id: str, attributes: Sequence[str]) -> Any:
-    return pb.QueryRequest(collection_id=collection_id, attributes=list(attributes))
+def query_request(collection_id: str, attributes: Sequence[str], replicates: int = 0) -> Any:
+    return pb.QueryRequest(
+        collection_id=collection_id, attributes=list(attributes), replicates=replicates
+    )
 
 
 def collection_ref(collection_id: str) -> Any:

@@ -6,7 +6,8 @@ Two paths with the same distribution:
   (:func:`calmkit_client.make_reports`, vectorised per view) and the aggregator counts
   the payloads.
 - **fast**: the support counts are sampled directly, exactly in distribution, from
-  each view's true cell counts n_v (n_j users in the view):
+  each view's true cell counts n_v (n_j users in the view;
+  :func:`calmkit_aggregator.uncertainty.sample_support`):
 
   * OUE: ``C_v = Binomial(n_v, 1/2) + Binomial(n_j - n_v, q)`` (bits are independent).
   * GRR: a GRR report equals "keep the true cell with probability p - q, otherwise a
@@ -26,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from calmkit_aggregator import SupportCounts
+from calmkit_aggregator.uncertainty import sample_support
 from calmkit_client import CalmkitError, Plan, make_reports
 from calmkit_client.randomness import RngLike
 
@@ -78,13 +80,4 @@ def collect_support(
         raise CalmkitError(f"path ({path!r}) must be one of {list(PATHS)}")
     gen = np.random.default_rng(rng)  # type: ignore[arg-type]
     n, true_counts = true_view_counts(population, plan, user_ids)
-    support = []
-    for j, oracle in enumerate(plan.view_oracles):
-        nv = true_counts[j]
-        if oracle.name == "OUE":
-            c = gen.binomial(nv, oracle.p) + gen.binomial(n[j] - nv, oracle.q)
-        else:
-            kept = gen.binomial(nv, oracle.p - oracle.q)
-            c = kept + gen.multinomial(n[j] - kept.sum(), np.full(oracle.L, 1.0 / oracle.L))
-        support.append(c.astype(np.int64))
-    return SupportCounts(plan, n, tuple(support))
+    return sample_support(plan, n, true_counts, gen)

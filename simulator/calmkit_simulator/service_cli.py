@@ -166,6 +166,7 @@ def _format_table(answer: Any, fmt: str) -> str:
             "values": values.reshape(-1).tolist(),
             "variance": [None if np.isnan(v) else v for v in variance.reshape(-1).tolist()],
             "method": answer.method, "reports": answer.reports, "state": answer.state,
+            "variance_method": answer.variance_method, "replicates": answer.replicates,
         })  # fmt: skip
     if fmt == "csv":
         lines = [",".join([*answer.attributes, "fraction", "std_error"])]
@@ -180,6 +181,8 @@ def _format_table(answer: Any, fmt: str) -> str:
         lines.append("  ".join(f"{x:>10d}" for x in c) + f"  {values[c]:10.4f}{se}")
     note = "" if answer.state == "closed" else " (collection open: provisional)"
     lines.append(f"{answer.method}, {answer.reports} reports{note}")
+    if answer.variance_method:
+        lines.append(f"std.err: {answer.variance_method}")
     return "\n".join(lines)
 
 
@@ -188,7 +191,7 @@ def _query(args: argparse.Namespace) -> int:
 
     attrs = [a.strip() for a in args.attrs.split(",") if a.strip()]
     with AdminClient(args.address, _read_token(args.token_file)) as admin:
-        answer = admin.query(args.collection, attrs)
+        answer = admin.query(args.collection, attrs, args.replicates)
     print(_format_table(answer, args.format))
     return 0
 
@@ -343,6 +346,9 @@ def add_commands(sub: Any) -> None:
     query.add_argument("--collection", required=True)
     query.add_argument("--attrs", required=True, help="attribute names, comma-separated")
     query.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    query.add_argument("--replicates", type=int, default=0,
+                       help="bootstrap replicates behind the std.err (0: server default 32; "
+                            "at most 1000)")  # fmt: skip
     query.set_defaults(run=_query)
 
 

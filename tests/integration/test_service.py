@@ -86,10 +86,9 @@ def test_counts_and_answers_equal_the_in_process_pipeline(server: Server, tmp_pa
             assert answer.method == mine.method and answer.state == "closed"
             np.testing.assert_allclose(answer.values, mine.values, rtol=0, atol=1e-12)
             assert answer.values.sum() == pytest.approx(1.0)
-            if answer.method == "projection":
-                assert np.all(answer.variance > 0)
-            else:
-                assert np.all(np.isnan(answer.variance))
+            # every answer carries the bootstrap variance of its values, also max-ent
+            assert np.all(np.isfinite(answer.variance)) and np.all(answer.variance > 0)
+            assert answer.replicates == 32 and "bootstrap" in answer.variance_method
     state.close()
 
 

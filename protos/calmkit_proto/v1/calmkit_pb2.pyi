@@ -161,15 +161,17 @@ class CollectionList(_message.Message):
     def __init__(self, collections: _Optional[_Iterable[_Union[Collection, _Mapping]]] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("collection_id", "attributes")
+    __slots__ = ("collection_id", "attributes", "replicates")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICATES_FIELD_NUMBER: _ClassVar[int]
     collection_id: str
     attributes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, collection_id: _Optional[str] = ..., attributes: _Optional[_Iterable[str]] = ...) -> None: ...
+    replicates: int
+    def __init__(self, collection_id: _Optional[str] = ..., attributes: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ...) -> None: ...
 
 class MarginalTable(_message.Message):
-    __slots__ = ("attributes", "shape", "values", "variance", "method", "residual", "reports", "state")
+    __slots__ = ("attributes", "shape", "values", "variance", "method", "residual", "reports", "state", "variance_method", "replicates")
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +180,8 @@ class MarginalTable(_message.Message):
     RESIDUAL_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    VARIANCE_METHOD_FIELD_NUMBER: _ClassVar[int]
+    REPLICATES_FIELD_NUMBER: _ClassVar[int]
     attributes: _containers.RepeatedScalarFieldContainer[str]
     shape: _containers.RepeatedScalarFieldContainer[int]
     values: _containers.RepeatedScalarFieldContainer[float]
@@ -186,4 +190,6 @@ class MarginalTable(_message.Message):
     residual: float
     reports: int
     state: CollectionState
-    def __init__(self, attributes: _Optional[_Iterable[str]] = ..., shape: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., variance: _Optional[_Iterable[float]] = ..., method: _Optional[str] = ..., residual: _Optional[float] = ..., reports: _Optional[int] = ..., state: _Optional[_Union[CollectionState, str]] = ...) -> None: ...
+    variance_method: str
+    replicates: int
+    def __init__(self, attributes: _Optional[_Iterable[str]] = ..., shape: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., variance: _Optional[_Iterable[float]] = ..., method: _Optional[str] = ..., residual: _Optional[float] = ..., reports: _Optional[int] = ..., state: _Optional[_Union[CollectionState, str]] = ..., variance_method: _Optional[str] = ..., replicates: _Optional[int] = ...) -> None: ...
