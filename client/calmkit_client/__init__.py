@@ -7,19 +7,24 @@ One call turns a user's record into one perturbed report under a collection plan
 
 or, against an aggregator service, one memoised report per user and collection::
 
-    from calmkit_client import Collector, DeviceState
-    with Collector("agg.example:50051", "survey-1", submit_token, DeviceState("state.db")) as c:
+    from calmkit_client import Collector
+    with Collector("agg.example:50051", "survey-1", submit_token) as c:
         c.submit({"age": "30-39", "smoker": "no"})
 
-Randomness comes from the OS entropy source unless an explicit ``rng`` is passed
-(simulation and tests only).
+The device keeps its secret, its reports and its privacy ledger in a per-user file
+(:func:`default_state_path`; pass ``state=DeviceState(path)`` to choose it), and
+refuses reports beyond its :class:`PrivacyBudget`. Reports draw every random bit from
+the OS entropy source; the device API takes no seed or generator. Simulations use
+:func:`make_reports` / ``FrequencyOracle.perturb`` with a numpy Generator.
 """
 
 from .assignment import UserId, encode_user_id, hash_user_id, hash_user_ids, xxh64_u64
+from .budget import DEFAULT_BUDGET, PrivacyBudget
 from .collector import Collector, RetryPolicy
-from .device import DeviceState
+from .device import DeviceState, default_state_path
 from .errors import (
     AccessDenied,
+    BudgetExceeded,
     CalmkitError,
     CollectionClosed,
     CollectionError,
@@ -38,12 +43,14 @@ from .report import REPORT_ID_BYTES, Report, ViewReports, make_report, make_repo
 from .schema import Attribute, Schema
 
 __all__ = [
+    "DEFAULT_BUDGET",
     "GRR",
     "MAX_VIEW_CELLS",
     "OUE",
     "REPORT_ID_BYTES",
     "AccessDenied",
     "Attribute",
+    "BudgetExceeded",
     "CalmkitError",
     "CollectionClosed",
     "CollectionError",
@@ -57,6 +64,7 @@ __all__ = [
     "Plan",
     "PlanError",
     "PlanMismatch",
+    "PrivacyBudget",
     "Report",
     "ReportConflict",
     "RetryPolicy",
@@ -66,6 +74,7 @@ __all__ = [
     "ViewReports",
     "as_random_source",
     "choose_oracle",
+    "default_state_path",
     "encode_user_id",
     "hash_user_id",
     "hash_user_ids",

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from . import wire
 from .assignment import UserId
+from .budget import DEFAULT_BUDGET, PrivacyBudget
 from .device import DeviceState
 from .errors import (
     AccessDenied,
@@ -32,7 +33,6 @@ from .errors import (
     ReportConflict,
 )
 from .plan import Plan
-from .randomness import RngLike
 from .schema import Label
 
 __all__ = ["ERROR_KEY", "RETRYABLE", "Collector", "RetryPolicy", "call_with_retry", "open_channel"]
@@ -139,9 +139,16 @@ def open_channel(address: str) -> grpc.Channel:
 class Collector:
     """Submit one collection's reports to an aggregator at ``address``.
 
-    ``state`` keeps the device secret (pseudonyms) and the reports already made, so a
-    retry or a restart re-sends the same report instead of spending privacy again;
-    without one, an in-memory state lasts as long as this object.
+    ``state`` keeps the device secret (pseudonyms), the reports already made and the
+    privacy ledger, so a retry or a restart re-sends the same report instead of
+    spending privacy again. Without one, the per-user default file is used
+    (``DeviceState()``, see :func:`~calmkit_client.device.default_state_path`);
+    pass ``DeviceState.in_memory()`` to opt out of persistence.
+
+    ``budget`` caps the epsilon a user spends per collection and in total on this
+    device (default :data:`~calmkit_client.budget.DEFAULT_BUDGET`: 4 and 10): a plan
+    whose epsilon does not fit is refused with
+    :class:`~calmkit_client.errors.BudgetExceeded` before any report is made.
     """
 
     def __init__(
@@ -153,6 +160,7 @@ class Collector:
         retry: RetryPolicy | None = None,
         batch_size: int = 1000,
         channel: grpc.Channel | None = None,
+        budget: PrivacyBudget = DEFAULT_BUDGET,
     ) -> None:
         if not isinstance(collection_id, str) or not collection_id:
             raise CalmkitError(f"collection_id ({collection_id!r}) must be a non-empty string")
@@ -164,7 +172,11 @@ class Collector:
         self._owns_channel = channel is None
         self._stub = wire.aggregator_stub(self._channel)
         self._metadata = [("authorization", f"Bearer {submit_token}")] if submit_token else []
-        self._state = state if state is not None else DeviceState(None)
+        if not isinstance(budget, PrivacyBudget):
+            raise CalmkitError(f"budget ({type(budget).__name__}) must be a PrivacyBudget")
+        self.budget = budget
+        self._owns_state = state is None
+        self._state = state if state is not None else DeviceState()
         self._retry = retry or RetryPolicy()
         self._plan: Plan | None = None
 
@@ -199,28 +211,31 @@ class Collector:
         self,
         record: Sequence[Label] | dict[str, Label],
         user_id: UserId | None = None,
-        rng: RngLike = None,
     ) -> wire.Acknowledgement:
         """Make (or recall) this user's report and send it; returns the server's ack.
-        The plan is fetched again first, so a new report uses the current phase."""
+        The plan is fetched again first, so a new report uses the current phase; a new
+        report must fit the budget (:class:`~calmkit_client.errors.BudgetExceeded`)."""
         plan = self.plan(refresh=True)
         # user_id None: the device's own user, assigned by its pseudonym
-        pseudonym, report = self._state.report_for(self.collection_id, plan, record, user_id, rng)
+        pseudonym, report = self._state.report_for(
+            self.collection_id, plan, record, user_id, self.budget
+        )
         return self._send([(pseudonym, report)])
 
     def submit_many(
         self,
         codes: npt.ArrayLike,
         user_ids: Sequence[UserId] | np.ndarray,
-        rng: RngLike = None,
         progress: Callable[[int], None] | None = None,
     ) -> wire.Acknowledgement:
         """Bulk upload for many users: ``codes`` (n, d) encoded records, one id each.
         Reports are made (or recalled) together, then sent in batches; ``progress``
         is called with the number of reports each acknowledged batch carried. The plan
         is fetched again first (one call per ``submit_many``)."""
+        if progress is not None and not callable(progress):
+            raise CalmkitError(f"progress ({type(progress).__name__}) must be callable or None")
         plan = self.plan(refresh=True)
-        items = self._state.reports_for(self.collection_id, plan, codes, user_ids, rng)
+        items = self._state.reports_for(self.collection_id, plan, codes, user_ids, self.budget)
         total = wire.Acknowledgement()
         for start in range(0, len(items), self.batch_size):
             chunk = items[start : start + self.batch_size]
@@ -232,6 +247,8 @@ class Collector:
     def close(self) -> None:
         if self._owns_channel:
             self._channel.close()
+        if self._owns_state:
+            self._state.close()
 
     def __enter__(self) -> Collector:
         return self

@@ -14,43 +14,79 @@ The aggregator keeps one report per user per collection, keyed by a 16-byte
   spend the privacy budget twice. The record passed on a later call is ignored: the
   first report stands. A report is committed to disk before it is returned.
 
+* a privacy ledger: the epsilon each user has spent in each collection, committed in
+  the same transaction as the report that spent it. Ledger rows are keyed by
+  ``HMAC-SHA256(secret, b"calmkit/ledger/v1\\0" [+ b"\\0" + user id])[:16]``, so the
+  ledgers of several users on one device stay apart and link no pseudonyms. Before a
+  new report is made the ledger is checked against a :class:`~.budget.PrivacyBudget`;
+  a report that would exceed it is never made (:class:`~.errors.BudgetExceeded`).
+
 Everything lives in one SQLite file (WAL, ``synchronous=FULL``, created with mode
-0o600 on POSIX), or in memory when ``path`` is None (then the secret and the
-memoised reports last only as long as the object). One object may be shared by
-threads; several processes may open the same file (writes are serialised by SQLite).
+0o600 on POSIX). ``DeviceState()`` opens the per-user default file
+(:func:`default_state_path`), so an app that passes nothing still reports once per
+user and collection across launches. :meth:`DeviceState.in_memory` is the explicit
+opt-out: its secret, reports and ledger last only as long as the object, and each new
+object is a new user to the server. Deleting the file has the same effect (a new
+secret: new pseudonyms, a fresh ledger); that is the user's right to reset, and an app
+must not do it casually. One object may be shared by threads; several processes may
+open the same file (writes are serialised by SQLite).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from types import TracebackType
 
 import numpy as np
 import numpy.typing as npt
+import platformdirs
 
 from .assignment import UserId, encode_user_id
-from .errors import CalmkitError
+from .budget import DEFAULT_BUDGET, PrivacyBudget
+from .errors import BudgetExceeded, CalmkitError
 from .plan import Plan
-from .randomness import RngLike
 from .report import Report, make_report, make_reports
 from .schema import Label
 
-__all__ = ["PSEUDONYM_BYTES", "SECRET_BYTES", "DeviceError", "DeviceState"]
+__all__ = [
+    "PSEUDONYM_BYTES",
+    "SECRET_BYTES",
+    "STATE_ENV",
+    "DeviceError",
+    "DeviceState",
+    "default_state_path",
+]
 
 PSEUDONYM_BYTES = 16
 SECRET_BYTES = 32
+STATE_ENV = "CALMKIT_DEVICE_STATE"  # overrides the default state file's path
 _PREFIX = b"calmkit/pseudonym/v1\0"
+_LEDGER_PREFIX = b"calmkit/ledger/v1\0"
 _APPLICATION_ID = 0x63616C6D  # "calm": marks a calmkit device-state file
-_FORMAT = 1  # PRAGMA user_version
+_FORMAT = 2  # PRAGMA user_version; format 1 (no ledger) is migrated in place
+_MEMORY = ":memory:"
+_IN_MEMORY = object()  # DeviceState's path sentinel, only passed by in_memory()
+_EPS_SLACK = 1e-9  # relative: sums of epsilons like 0.1 + 0.2 must not trip a cap
 _BUSY_TIMEOUT_S = 30.0
 _IN_CHUNK = 500  # pseudonyms per "IN (...)" lookup (well under SQLite's variable limit)
 
+# epsilon NULL: a report made before the ledger existed (format 1), amount unknown
+_LEDGER_SCHEMA = (
+    """CREATE TABLE ledger (
+        ledger_key BLOB NOT NULL CHECK (length(ledger_key) = 16),
+        collection_id TEXT NOT NULL,
+        epsilon REAL CHECK (epsilon IS NULL OR epsilon > 0),
+        PRIMARY KEY (ledger_key, collection_id)
+    ) WITHOUT ROWID""",
+)
 _SCHEMA = (
     """CREATE TABLE device (
         id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -66,6 +102,7 @@ _SCHEMA = (
         report_id BLOB NOT NULL CHECK (length(report_id) = 16),
         PRIMARY KEY (collection_id, pseudonym)
     ) WITHOUT ROWID""",
+    *_LEDGER_SCHEMA,
 )
 
 Record = Mapping[str, Label] | Sequence[Label]
@@ -117,26 +154,44 @@ def _create_private_file(path: str) -> None:
             os.close(dfd)
 
 
-class DeviceState:
-    """A device's secret and its memoised reports, persisted in one SQLite file (or in
-    memory when ``path`` is None: then memoisation lasts only as long as the object).
+def default_state_path() -> Path:
+    """Where ``DeviceState()`` keeps its file: ``$CALMKIT_DEVICE_STATE`` if set, else
+    ``device-state.sqlite`` in the user's state folder (platformdirs): Linux
+    ``$XDG_STATE_HOME/calmkit`` (default ``~/.local/state/calmkit``), macOS
+    ``~/Library/Application Support/calmkit``, Windows ``%LOCALAPPDATA%\\calmkit``.
+    One file per OS user; an app with its own storage area passes its own path."""
+    override = os.environ.get(STATE_ENV)
+    if override:
+        return Path(override)
+    return platformdirs.user_state_path("calmkit", appauthor=False) / "device-state.sqlite"
 
-    A missing file (and its parent folder) is created with mode 0o600 (0o700); a new
-    file gets a fresh 32-byte secret from ``os.urandom``. Use as a context manager or
-    call :meth:`close`.
+
+def _over(spent: float, cap: float) -> bool:
+    return spent > cap * (1 + _EPS_SLACK)
+
+
+class DeviceState:
+    """A device's secret, its memoised reports and its privacy ledger, persisted in
+    one SQLite file.
+
+    ``DeviceState()`` opens the per-user default file (:func:`default_state_path`);
+    pass ``path`` to keep it elsewhere, or use :meth:`in_memory` to opt out of
+    persistence. A missing file (and its parent folder) is created with mode 0o600
+    (0o700); a new file gets a fresh 32-byte secret from ``os.urandom``; a format-1
+    file is migrated in place. Use as a context manager or call :meth:`close`.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._secret: bytes | None = None
-        if path is None:
+        if path is _IN_MEMORY:
             self._where = "in memory"
-            target = ":memory:"
+            target = _MEMORY
         else:
-            raw = os.fspath(path)
+            raw = os.fspath(default_state_path() if path is None else path)
             if not isinstance(raw, str) or not raw:
-                raise DeviceError(f"path ({path!r}) must name a file (or be None for memory)")
+                raise DeviceError(f"path ({path!r}) must name a file")
             target = os.path.abspath(raw)  # never the special names ":memory:" or ""
             self._where = target
             try:
@@ -153,11 +208,24 @@ class DeviceState:
         except sqlite3.Error as exc:
             raise DeviceError(f"device state ({self._where}) cannot be opened: {exc}") from None
         try:
-            self._secret = self._initialise(conn, persistent=path is not None)
+            self._secret = self._initialise(conn, persistent=target != _MEMORY)
         except BaseException:
             conn.close()
             raise
         self._conn = conn
+
+    @classmethod
+    def in_memory(cls) -> DeviceState:
+        """A state that is never written anywhere: its secret, reports and ledger last
+        only as long as the object. Every new in-memory state is a new user to the
+        server (new pseudonyms, a fresh report, an empty ledger), so use it only for
+        tests, simulations or an app that keeps the object for its user's lifetime."""
+        return cls(_IN_MEMORY)  # type: ignore[arg-type]
+
+    @property
+    def path(self) -> str | None:
+        """The state file's absolute path (None in memory)."""
+        return None if self._where == "in memory" else self._where
 
     def _initialise(self, conn: sqlite3.Connection, persistent: bool) -> bytes:
         try:
@@ -184,15 +252,18 @@ class DeviceState:
                         f"device state ({self._where}) must be a calmkit device-state file "
                         f"(application_id is {app_id:#x})"
                     )
-                elif version != _FORMAT:
+                elif version not in (1, _FORMAT):
                     raise DeviceError(
-                        f"device state format ({version}) of {self._where} must be {_FORMAT}"
+                        f"device state format ({version}) of {self._where} must be 1 or "
+                        f"{_FORMAT} (written by a newer calmkit?)"
                     )
                 conn.execute(
                     "INSERT OR IGNORE INTO device (id, secret) VALUES (1, ?)",
                     (os.urandom(SECRET_BYTES),),
                 )
                 secret = conn.execute("SELECT secret FROM device WHERE id = 1").fetchone()[0]
+                if version == 1:
+                    self._migrate_from_1(conn, secret)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -202,6 +273,29 @@ class DeviceState:
         if not isinstance(secret, bytes) or len(secret) != SECRET_BYTES:
             raise DeviceError(f"device secret in {self._where} must be {SECRET_BYTES} bytes")
         return secret
+
+    def _migrate_from_1(self, conn: sqlite3.Connection, secret: object) -> None:
+        """Format 1 had no ledger. Add it and charge the device's own user for every
+        collection it reported in, amount unknown (NULL, counted as the whole
+        per-collection cap). Named users' old reports are attributed when that user is
+        next seen in the collection (their user ids are not stored, so not before)."""
+        if not isinstance(secret, bytes) or len(secret) != SECRET_BYTES:
+            raise DeviceError(f"device secret in {self._where} must be {SECRET_BYTES} bytes")
+        for statement in _LEDGER_SCHEMA:
+            conn.execute(statement)
+        own_key = self._pseudonym(secret, _LEDGER_PREFIX, None)
+        cids = [r[0] for r in conn.execute("SELECT DISTINCT collection_id FROM reports")]
+        for cid in cids:
+            own = self._pseudonym(secret, _PREFIX + cid.encode("utf-8"), None)
+            stored = conn.execute(
+                "SELECT 1 FROM reports WHERE collection_id = ? AND pseudonym = ?", (cid, own)
+            ).fetchone()
+            if stored is not None:
+                conn.execute(
+                    "INSERT INTO ledger (ledger_key, collection_id, epsilon) VALUES (?, ?, NULL)",
+                    (own_key, cid),
+                )
+        conn.execute(f"PRAGMA user_version={_FORMAT}")
 
     # -- lifecycle -------------------------------------------------------------------
     def close(self) -> None:
@@ -271,6 +365,89 @@ class DeviceState:
         msg = head if user_id is None else head + b"\0" + encode_user_id(user_id)
         return hmac.digest(secret, msg, hashlib.sha256)[:PSEUDONYM_BYTES]
 
+    # -- the privacy ledger --------------------------------------------------------------
+    def ledger(self, user_id: UserId | None = None) -> dict[str, float | None]:
+        """``{collection id: epsilon spent}`` of ``user_id`` (the device's own user when
+        None); None marks a report made before the ledger existed (amount unknown,
+        charged as the whole per-collection cap)."""
+        key = self._pseudonym(self._secret_or_raise(), _LEDGER_PREFIX, user_id)
+        with self._transaction() as conn:
+            rows = conn.execute(
+                "SELECT collection_id, epsilon FROM ledger WHERE ledger_key = ? "
+                "ORDER BY collection_id",
+                (key,),
+            ).fetchall()
+        return {cid: eps for cid, eps in rows}
+
+    def spent(self, user_id: UserId | None = None) -> float:
+        """Total epsilon ``user_id`` has spent on this device (known amounts only; see
+        :meth:`ledger` for reports of unknown amount)."""
+        return math.fsum(e for e in self.ledger(user_id).values() if e is not None)
+
+    def _charge(
+        self,
+        conn: sqlite3.Connection,
+        collection_id: str,
+        keys: Sequence[bytes],
+        epsilon: float,
+        budget: PrivacyBudget,
+        who: Sequence[UserId | None],
+    ) -> None:
+        """Raise :class:`BudgetExceeded` unless every user (ledger ``keys``) can spend
+        ``epsilon`` more in ``collection_id``; otherwise record it (same transaction as
+        the reports)."""
+        if not isinstance(budget, PrivacyBudget):
+            raise DeviceError(f"budget ({type(budget).__name__}) must be a PrivacyBudget")
+        if _over(epsilon, budget.per_collection):
+            raise BudgetExceeded(
+                f"epsilon ({epsilon!r}) of collection {collection_id!r} must be <= the "
+                f"per-collection cap ({budget.per_collection!r}); no report was made"
+            )
+        here: dict[bytes, float] = {}
+        total: dict[bytes, float] = {}
+        unique = list(dict.fromkeys(keys))
+        for lo in range(0, len(unique), _IN_CHUNK):
+            chunk = unique[lo : lo + _IN_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for key, cid, eps in conn.execute(
+                "SELECT ledger_key, collection_id, epsilon FROM ledger "
+                f"WHERE ledger_key IN ({marks})",
+                chunk,
+            ):
+                cost = budget.per_collection if eps is None else float(eps)
+                total[key] = total.get(key, 0.0) + cost
+                if cid == collection_id:
+                    here[key] = cost
+        for key, user in zip(keys, who):
+            name = "the device's user" if user is None else f"user {_short(user)}"
+            if _over(here.get(key, 0.0) + epsilon, budget.per_collection):
+                raise BudgetExceeded(
+                    f"{name} has spent {here[key]!r} in collection {collection_id!r}: "
+                    f"{epsilon!r} more would pass the per-collection cap "
+                    f"({budget.per_collection!r}); no report was made"
+                )
+            if _over(total.get(key, 0.0) + epsilon, budget.total):
+                raise BudgetExceeded(
+                    f"{name} has spent {total.get(key, 0.0)!r} of the total budget "
+                    f"({budget.total!r}): collection {collection_id!r} needs {epsilon!r} "
+                    "more; no report was made"
+                )
+        conn.executemany(
+            "INSERT INTO ledger (ledger_key, collection_id, epsilon) VALUES (?, ?, ?) "
+            "ON CONFLICT (ledger_key, collection_id) DO UPDATE SET epsilon = epsilon + "
+            "excluded.epsilon",
+            [(key, collection_id, epsilon) for key in unique],
+        )
+
+    @staticmethod
+    def _attribute(conn: sqlite3.Connection, collection_id: str, keys: Sequence[bytes]) -> None:
+        """Users seen with a stored report but no ledger row (made under format 1):
+        charge them an unknown amount in this collection."""
+        conn.executemany(
+            "INSERT OR IGNORE INTO ledger (ledger_key, collection_id, epsilon) VALUES (?, ?, NULL)",
+            [(key, collection_id) for key in dict.fromkeys(keys)],
+        )
+
     # -- reports -----------------------------------------------------------------------
     def _stored(self, row: tuple[object, ...]) -> Report:
         digest, view, payload, report_id = row
@@ -285,16 +462,18 @@ class DeviceState:
         plan: Plan,
         record: Record,
         user_id: UserId | None = None,
-        rng: RngLike = None,
+        budget: PrivacyBudget = DEFAULT_BUDGET,
     ) -> tuple[bytes, Report]:
         """``(pseudonym, report)`` of ``user_id`` in a collection.
 
-        The first call makes the report (:func:`make_report`) and commits it before
-        returning; every later call (also after a restart) returns that report
-        unchanged, draws no randomness and ignores ``record`` and ``plan``: a user
-        reports once per collection, also when the collection has moved on to
-        another phase's plan (the report keeps the digest it was made under, which
-        the server still accepts).
+        The first call checks the user's ledger against ``budget``
+        (:class:`~.errors.BudgetExceeded`, nothing made, if the plan's epsilon does not
+        fit), makes the report (:func:`make_report`, OS entropy) and commits it with
+        its ledger entry before returning; every later call (also after a restart)
+        returns that report unchanged, spends nothing, draws no randomness and ignores
+        ``record`` and ``plan``: a user reports once per collection, also when the
+        collection has moved on to another phase's plan (the report keeps the digest
+        it was made under, which the server still accepts).
 
         ``user_id=None`` is the device's own user: the pseudonym is
         ``pseudonym(collection_id)`` and it is also the id that picks the view (uniform
@@ -302,7 +481,9 @@ class DeviceState:
         """
         cid = _check_collection_id(collection_id)
         plan = _check_plan(plan)
-        pseudonym = self._pseudonym(self._secret_or_raise(), _PREFIX + cid, user_id)
+        secret = self._secret_or_raise()
+        pseudonym = self._pseudonym(secret, _PREFIX + cid, user_id)
+        key = self._pseudonym(secret, _LEDGER_PREFIX, user_id)
         assign_id: UserId = pseudonym if user_id is None else user_id
         with self._transaction() as conn:
             row = conn.execute(
@@ -311,8 +492,10 @@ class DeviceState:
                 (collection_id, pseudonym),
             ).fetchone()
             if row is not None:  # also when made under an earlier phase's plan
+                self._attribute(conn, collection_id, [key])
                 return pseudonym, self._stored(row)
-            report = make_report(plan, record, assign_id, rng)
+            self._charge(conn, collection_id, [key], plan.epsilon, budget, [user_id])
+            report = make_report(plan, record, assign_id)
             conn.execute(
                 "INSERT INTO reports (collection_id, pseudonym, plan_digest, view, payload, "
                 "report_id) VALUES (?, ?, ?, ?, ?, ?)",
@@ -333,7 +516,7 @@ class DeviceState:
         plan: Plan,
         codes_or_records: npt.ArrayLike | Sequence[Mapping[str, Label]],
         user_ids: Sequence[UserId] | np.ndarray,
-        rng: RngLike = None,
+        budget: PrivacyBudget = DEFAULT_BUDGET,
     ) -> list[tuple[bytes, Report]]:
         """``(pseudonym, report)`` of many users, in input order, in one transaction.
 
@@ -341,9 +524,12 @@ class DeviceState:
         sequence of n records given as ``{name: label}`` mappings (a sequence of label
         sequences would be ambiguous with codes, so it is read as codes). Users with a
         stored report get it back unchanged; the others get new reports made
-        vectorised per view (:func:`make_reports`), all committed before returning.
-        A user id given twice gets one report (made from its first record). A stored
-        report made under another (earlier phase's) plan is returned as it is.
+        vectorised per view (:func:`make_reports`, OS entropy), all committed with
+        their ledger entries before returning. If any new user's ledger cannot take
+        the plan's epsilon under ``budget``, nothing is made or stored
+        (:class:`~.errors.BudgetExceeded` names the first such user). A user id given
+        twice gets one report (made from its first record). A stored report made under
+        another (earlier phase's) plan is returned as it is.
         """
         cid = _check_collection_id(collection_id)
         plan = _check_plan(plan)
@@ -375,15 +561,21 @@ class DeviceState:
             for i, p in enumerate(pseudonyms):
                 if p not in found and p not in first:
                     first[p] = i
+            if found:
+                seen = [i for i, p in enumerate(pseudonyms) if p in found]
+                self._attribute(
+                    conn,
+                    collection_id,
+                    [self._pseudonym(secret, _LEDGER_PREFIX, ids[i]) for i in seen],
+                )
             if first:
                 new_rows = np.fromiter(first.values(), dtype=np.int64, count=len(first))
-                new_ids = (
-                    user_ids[new_rows]
-                    if isinstance(user_ids, np.ndarray)
-                    else [ids[i] for i in new_rows.tolist()]
-                )
+                new_users = [ids[i] for i in new_rows.tolist()]
+                keys = [self._pseudonym(secret, _LEDGER_PREFIX, u) for u in new_users]
+                self._charge(conn, collection_id, keys, plan.epsilon, budget, new_users)
+                new_ids = user_ids[new_rows] if isinstance(user_ids, np.ndarray) else new_users
                 made: list[tuple[bytes, str, int, int | bytes, bytes]] = []
-                for batch in make_reports(plan, codes[new_rows], new_ids, rng):
+                for batch in make_reports(plan, codes[new_rows], new_ids):
                     grr = batch.payloads.ndim == 1
                     payloads = batch.payloads.tolist() if grr else batch.payloads
                     for k, row_k in enumerate(batch.rows.tolist()):
@@ -426,7 +618,13 @@ class DeviceState:
 
     def forget(self, collection_id: str) -> None:
         """Delete the memoised reports of a collection (an explicit user action: a
-        later report for it spends privacy again)."""
+        later report for it spends privacy again). The ledger keeps what was spent: a
+        new report there is charged on top, within the per-collection cap."""
         _check_collection_id(collection_id)
         with self._transaction() as conn:
             conn.execute("DELETE FROM reports WHERE collection_id = ?", (collection_id,))
+
+
+def _short(value: object, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

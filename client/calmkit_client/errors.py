@@ -47,3 +47,8 @@ class ReportConflict(CollectionError):
 
 class AccessDenied(CollectionError):
     """A missing or wrong bearer token (gRPC UNAUTHENTICATED / PERMISSION_DENIED)."""
+
+
+# -- the device's privacy ledger ------------------------------------------------------------
+class BudgetExceeded(CalmkitError):
+    """A new report would spend more privacy than the device's budget allows."""

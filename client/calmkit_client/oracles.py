@@ -29,10 +29,9 @@ import numpy.typing as npt
 from .errors import OracleError
 from .randomness import (
     RandomSource,
-    RngLike,
+    SourceLike,
     as_random_source,
     random_byte_array,
-    random_word,
     random_words,
 )
 
@@ -122,16 +121,21 @@ class FrequencyOracle(ABC):
         return int(cell)
 
     @abstractmethod
-    def perturb(self, cells: npt.ArrayLike, rng: RngLike = None) -> np.ndarray:
+    def perturb(self, cells: npt.ArrayLike, rng: SourceLike = None) -> np.ndarray:
         """Perturb a batch of true cells (n,) into n payloads.
 
-        ``rng=None`` draws from the OS entropy source; pass a Generator or seed only in
-        simulation and tests.
+        ``rng=None`` draws from the OS entropy source; pass a numpy Generator only in
+        simulation and tests (integer seeds are refused).
         """
 
     @abstractmethod
-    def perturb_one(self, cell: int, rng: RngLike = None) -> int | bytes:
-        """Perturb one true cell; equals ``perturb([cell], rng)[0]`` given the same words."""
+    def perturb_one(self, cell: int, rng: SourceLike = None) -> int | bytes:
+        """Perturb one true cell, with the law of :meth:`perturb`.
+
+        The one-report path runs the same operations and draws the same number of
+        random bytes whatever the true cell and the outcome (no early return, no
+        data-dependent draw), so its running time tells nothing about either.
+        """
 
     # -- aggregator side ---------------------------------------------------------------
     @abstractmethod
@@ -276,7 +280,7 @@ class GRR(FrequencyOracle):
         np.subtract(out, self.L, out=out, where=out >= self.L)
         return out
 
-    def perturb(self, cells: npt.ArrayLike, rng: RngLike = None) -> np.ndarray:
+    def perturb(self, cells: npt.ArrayLike, rng: SourceLike = None) -> np.ndarray:
         """cells (n,) int -> reported cells (n,) int64."""
         arr = self._cells(cells)
         src = as_random_source(rng)
@@ -286,13 +290,18 @@ class GRR(FrequencyOracle):
             out[lo : lo + _CHUNK_WORDS] = self._apply(part, random_words(src, part.size))
         return out
 
-    def perturb_one(self, cell: int, rng: RngLike = None) -> int:
-        v = self._cell(cell)
-        w = random_word(as_random_source(rng))
-        if w < self._words_keep:
-            return v
-        y = v + 1 + (w - self._words_keep) // self._words_other
-        return y - self.L if y >= self.L else y
+    def perturb_one(self, cell: int, rng: SourceLike = None) -> int:
+        # Branch-free form of _apply on one word (equal to perturb([cell]) given the
+        # same word): the offset is computed and masked whether the cell is kept or
+        # not, and the wrap is an arithmetic correction, not a test.
+        v = np.array([self._cell(cell)], dtype=np.int64)
+        w = random_words(as_random_source(rng), 1)
+        keep = np.uint64(self._words_keep)
+        flipped = w >= keep
+        offset = ((w - keep) // np.uint64(self._words_other) + np.uint64(1)) * flipped
+        y = offset.view(np.int64) + v
+        y -= (y >= self.L) * np.int64(self.L)
+        return int(y[0])
 
     def check_payloads(self, payloads: npt.ArrayLike) -> np.ndarray:
         arr = np.asarray(payloads)
@@ -397,7 +406,7 @@ class OUE(FrequencyOracle):
         bits[rows, cells] = head[:, L] < 128
         return np.packbits(bits, axis=1)
 
-    def perturb(self, cells: npt.ArrayLike, rng: RngLike = None) -> np.ndarray:
+    def perturb(self, cells: npt.ArrayLike, rng: SourceLike = None) -> np.ndarray:
         """cells (n,) int -> bit-packed payloads (n, ceil(L/8)) uint8."""
         arr = self._cells(cells)
         src = as_random_source(rng)
@@ -407,13 +416,14 @@ class OUE(FrequencyOracle):
             out[lo : lo + step] = self._apply(arr[lo : lo + step], src)
         return out
 
-    def perturb_one(self, cell: int, rng: RngLike = None) -> bytes:
-        # _apply on one cell without the 2-D bookkeeping: same draws, same order
+    def perturb_one(self, cell: int, rng: SourceLike = None) -> bytes:
+        # Unlike _apply (which draws extra words on top-byte ties, a draw count that
+        # depends on the outcome), one report draws exactly L + 1 whole words: bit u is
+        # ``word_u < T`` and the true bit is ``word_L < 2^63``. Same law, constant work.
         v, L = self._cell(cell), self.L
-        src = as_random_source(rng)
-        head = random_byte_array(src, L + 1)
-        bits = _bernoulli(head[:L], src, self._t_flip)
-        bits[v] = head[L] < 128
+        words = random_words(as_random_source(rng), L + 1)
+        bits = words[:L] < np.uint64(self._t_flip)
+        bits[v] = words[L] < np.uint64(1 << 63)
         return np.packbits(bits).tobytes()
 
     def check_payloads(self, payloads: npt.ArrayLike) -> np.ndarray:

@@ -1,9 +1,13 @@
 """Sources of random 64-bit words for perturbation.
 
 Production reports draw every random bit from the operating system's CSPRNG
-(``os.urandom``, i.e. getrandom(2) on Linux): :class:`OsEntropy`. Simulation and
-tests pass a seeded ``numpy.random.Generator`` (or a seed) instead. Both are used
-through :func:`random_words`, so the perturbation code is identical on both paths.
+(``os.urandom``, i.e. getrandom(2) on Linux): :class:`OsEntropy`. The device API
+(``make_report``, ``DeviceState``, ``Collector``) takes no randomness argument at all.
+Simulation and tests pass a ``numpy.random.Generator`` to the batch primitives
+(``FrequencyOracle.perturb``, ``make_reports``) instead; integer seeds are refused
+there, so a seed can only enter through the simulator, which builds its generators
+with ``numpy.random.default_rng(seed)``. Both sources are used through
+:func:`random_words`, so the perturbation code is identical on both paths.
 
 Perturbation compares uniform 64-bit words with integer thresholds, which makes the
 realised output probabilities exact rationals ``T / 2**64`` that the privacy tests
@@ -17,9 +21,13 @@ import os
 import numpy as np
 import numpy.typing as npt
 
+from .errors import CalmkitError
+
 __all__ = [
     "OsEntropy",
     "RandomSource",
+    "RngLike",
+    "SourceLike",
     "as_random_source",
     "random_byte_array",
     "random_bytes",
@@ -50,12 +58,17 @@ class OsEntropy:
 
 
 RandomSource = OsEntropy | np.random.Generator
-RngLike = OsEntropy | np.random.Generator | np.random.SeedSequence | int | None
+# What the client's batch primitives accept (never a seed).
+SourceLike = OsEntropy | np.random.Generator | None
+# What simulation functions accept (they call numpy.random.default_rng on it).
+RngLike = np.random.Generator | np.random.SeedSequence | int | None
 
 
-def as_random_source(rng: RngLike) -> RandomSource:
+def as_random_source(rng: object) -> RandomSource:
     """Normalise ``rng``: ``None`` -> :class:`OsEntropy` (the production default);
-    an :class:`OsEntropy` or ``Generator`` as is; a seed -> ``default_rng(seed)``.
+    an :class:`OsEntropy` or ``Generator`` as is. Anything else, seeds included, is a
+    :class:`~calmkit_client.errors.CalmkitError`: a seed is a simulation device and
+    must be turned into a generator explicitly (``numpy.random.default_rng(seed)``).
 
     Note the default differs from numpy's: ``None`` never means "a PRNG seeded once";
     it means every word comes from the OS CSPRNG.
@@ -64,7 +77,10 @@ def as_random_source(rng: RngLike) -> RandomSource:
         return OsEntropy()
     if isinstance(rng, (OsEntropy, np.random.Generator)):
         return rng
-    return np.random.default_rng(rng)
+    raise CalmkitError(  # the value is not echoed: a seed is as secret as the data
+        f"rng (a {type(rng).__name__}) must be None (OS entropy) or a numpy Generator; "
+        "seeds are for simulation: pass numpy.random.default_rng(seed)"
+    )
 
 
 def random_words(source: RandomSource, count: int) -> npt.NDArray[np.uint64]:

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from .assignment import UserId
 from .errors import CalmkitError, PlanError
 from .plan import Plan
-from .randomness import RngLike, as_random_source, random_bytes, random_words
+from .randomness import OsEntropy, SourceLike, as_random_source, random_bytes, random_words
 from .schema import Label
 
 __all__ = ["REPORT_ID_BYTES", "Report", "ViewReports", "make_report", "make_reports"]
@@ -86,21 +86,22 @@ def make_report(
     plan: Plan,
     record: Mapping[str, Label] | Sequence[Label],
     user_id: UserId,
-    rng: RngLike = None,
 ) -> Report:
-    """One user's report under ``plan``.
+    """One user's report under ``plan``, from the OS entropy source.
+
+    There is deliberately no randomness argument: a report made from a seed can be
+    re-derived by whoever guesses the seed. Simulations use :func:`make_reports` with
+    a numpy Generator.
 
     Args:
         record: ``{attribute name: label}`` (every schema attribute, nothing else) or
             labels in schema order.
         user_id: the user's pseudonymous id (int, str or bytes); it picks the view.
-        rng: ``None`` (production) draws from the OS entropy source; a Generator or a
-            seed only in tests and simulation.
     """
     codes = plan.schema.encode_record(record)
     view = plan.assign(user_id)
     cell = sum(codes[a] * s for a, s in zip(plan.views[view], plan.view_strides[view]))
-    source = as_random_source(rng)
+    source = OsEntropy()
     payload = plan.view_oracles[view].perturb_one(cell, source)
     return Report(plan.digest, view, payload, random_bytes(source, REPORT_ID_BYTES))
 
@@ -127,10 +128,12 @@ def make_reports(
     plan: Plan,
     codes: npt.ArrayLike,
     user_ids: Sequence[UserId] | np.ndarray,
-    rng: RngLike = None,
+    rng: SourceLike = None,
 ) -> list[ViewReports]:
     """Reports of n users: codes (n, d) ints, user ids (n,). Vectorised per view.
 
+    ``rng=None`` draws from the OS entropy source (bulk uploads); simulations pass a
+    numpy Generator. Integer seeds are refused (:func:`~.randomness.as_random_source`).
     Returns one :class:`ViewReports` per view (empty views included), in view order.
     """
     arr = plan.schema.validate_codes(codes)

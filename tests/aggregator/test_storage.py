@@ -203,7 +203,7 @@ def test_single_reports_from_make_report(store: Storage, plan: Plan) -> None:
     reports = []
     payloads: list[list[int | bytes]] = [[] for _ in range(plan.m)]
     for u in range(300):
-        r = make_report(plan, [int(rng.integers(0, s)) for s in plan.schema.sizes], u, rng=rng)
+        r = make_report(plan, [int(rng.integers(0, s)) for s in plan.schema.sizes], u)
         reports.append(StoredReport(r.report_id, rng.bytes(16), r.view, r.payload))
         payloads[r.view].append(r.payload)
     assert store.add_reports("abc", plan.digest, reports) == BatchOutcome(300, 0)

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -92,7 +93,7 @@ def test_pseudonym_is_the_documented_keyed_hash(tmp_path: Path) -> None:
 
 
 def test_bad_collection_ids_and_paths_are_named(tmp_path: Path) -> None:
-    with DeviceState() as state:
+    with DeviceState.in_memory() as state:
         with pytest.raises(DeviceError, match=r"collection_id \(''\) must be a non-empty string"):
             state.pseudonym("")
         with pytest.raises(DeviceError, match=r"collection_id \(3\) must be a non-empty string"):
@@ -137,23 +138,23 @@ def test_state_file_is_private(tmp_path: Path) -> None:
 
 
 # -- memoised reports ---------------------------------------------------------------------
-def test_report_for_returns_the_stored_report_and_draws_nothing(tmp_path: Path) -> None:
+def test_report_for_returns_the_stored_report_and_draws_nothing(
+    tmp_path: Path, entropy_draws: list[int]
+) -> None:
     path = tmp_path / "device.db"
     with DeviceState(path) as state:
         pseudonym, first = state.report_for("flu", PLAN, RECORD, "alice")  # OS entropy
         assert pseudonym == state.pseudonym("flu", "alice")
-        rng = np.random.default_rng(42)
-        before = rng.bit_generator.state
+        assert entropy_draws
+        entropy_draws.clear()
         other_record = {"age": "<30", "smoker": "no", "region": "N", "income": "q0"}
-        assert state.report_for("flu", PLAN, other_record, "alice", rng) == (pseudonym, first)
-        assert rng.bit_generator.state == before
+        assert state.report_for("flu", PLAN, other_record, "alice") == (pseudonym, first)
+        assert entropy_draws == []
     with DeviceState(path) as state:  # a restart
-        rng = np.random.default_rng(42)
-        before = rng.bit_generator.state
-        again = state.report_for("flu", PLAN, RECORD, "alice", rng)
+        again = state.report_for("flu", PLAN, RECORD, "alice")
         assert again == (pseudonym, first)
         assert again[1].report_id == first.report_id and again[1].payload == first.payload
-        assert rng.bit_generator.state == before
+        assert entropy_draws == []
     assert len(_rows(path)) == 1
 
 
@@ -179,7 +180,7 @@ def test_a_report_is_durable_without_close(tmp_path: Path) -> None:
     ).stdout
     made = pickle.loads(bytes.fromhex(out))
     with DeviceState(path) as state:
-        assert state.report_for("flu", PLAN, RECORD, "alice", rng=1) == made
+        assert state.report_for("flu", PLAN, RECORD, "alice") == made
 
 
 @pytest.mark.parametrize("view", [0, 1, 2])  # GRR, OUE, OUE
@@ -187,7 +188,7 @@ def test_reports_pass_the_plan_check_and_survive_storage(tmp_path: Path, view: i
     path = tmp_path / "device.db"
     user = _user_in(view)
     with DeviceState(path) as state:
-        _, report = state.report_for("c", PLAN, RECORD, user, rng=np.random.default_rng(view))
+        _, report = state.report_for("c", PLAN, RECORD, user)
     assert report.view == view and report.plan_digest == PLAN.digest
     report.check(PLAN)
     assert isinstance(report.payload, int if PLAN.oracle(view).name == "GRR" else bytes)
@@ -197,38 +198,40 @@ def test_reports_pass_the_plan_check_and_survive_storage(tmp_path: Path, view: i
     stored.check(PLAN)
 
 
-def test_a_stored_report_outlives_a_new_phase_plan(tmp_path: Path) -> None:
+def test_a_stored_report_outlives_a_new_phase_plan(
+    tmp_path: Path, entropy_draws: list[int]
+) -> None:
     # a collection that moved on to another phase's plan gets the stored report back:
     # no second report, no randomness drawn
     path = tmp_path / "device.db"
     with DeviceState(path) as state:
-        _, report = state.report_for("c", PLAN, RECORD, "alice", rng=3)
-        rng = np.random.default_rng(5)
-        before = rng.bit_generator.state
-        again = state.report_for("c", OTHER_PLAN, RECORD, "alice", rng)
+        _, report = state.report_for("c", PLAN, RECORD, "alice")
+        entropy_draws.clear()
+        again = state.report_for("c", OTHER_PLAN, RECORD, "alice")
         assert again == (state.pseudonym("c", "alice"), report)
         assert again[1].plan_digest == PLAN.digest != OTHER_PLAN.digest
-        assert rng.bit_generator.state == before
+        assert entropy_draws == []
     assert len(_rows(path)) == 1
 
 
 def test_own_user_is_assigned_by_its_pseudonym() -> None:
-    with DeviceState() as state:
+    with DeviceState.in_memory() as state:
         pseudonym, report = state.report_for("c", PLAN, RECORD)
         assert pseudonym == state.pseudonym("c")
         assert report.view == PLAN.assign(pseudonym)
-        assert state.report_for("c", PLAN, RECORD, None, rng=1) == (pseudonym, report)
+        assert state.report_for("c", PLAN, RECORD, None) == (pseudonym, report)
     views = []
     for _ in range(60):  # fresh devices spread over the views
-        with DeviceState() as state:
-            views.append(state.report_for("c", PLAN, RECORD, rng=0)[1].view)
+        with DeviceState.in_memory() as state:
+            views.append(state.report_for("c", PLAN, RECORD)[1].view)
     assert set(views) == {0, 1, 2}
 
 
 def test_in_memory_state_memoises_until_closed() -> None:
-    state = DeviceState()
+    state = DeviceState.in_memory()
+    assert state.path is None and "in memory" in repr(state)
     pseudonym, report = state.report_for("c", PLAN, RECORD, "alice")
-    assert state.report_for("c", PLAN, RECORD, "alice", rng=7) == (pseudonym, report)
+    assert state.report_for("c", PLAN, RECORD, "alice") == (pseudonym, report)
     state.close()
     state.close()  # idempotent
     assert state.closed and "closed" in repr(state)
@@ -240,32 +243,30 @@ def test_in_memory_state_memoises_until_closed() -> None:
     ):
         with pytest.raises(DeviceError, match=r"device state \(in memory\) is closed"):
             call()
-    with DeviceState() as fresh:
+    with DeviceState.in_memory() as fresh:
         assert fresh.pseudonym("c", "alice") != pseudonym
         assert fresh.report_for("c", PLAN, RECORD, "alice")[1].report_id != report.report_id
 
 
-def test_forget_drops_one_collections_reports(tmp_path: Path) -> None:
+def test_forget_drops_one_collections_reports(tmp_path: Path, entropy_draws: list[int]) -> None:
     path = tmp_path / "device.db"
     with DeviceState(path) as state:
-        _, a = state.report_for("c", PLAN, RECORD, "alice", rng=1)
-        _, keep = state.report_for("d", PLAN, RECORD, "alice", rng=2)
-        state.reports_for("c", PLAN, _codes(5, 1), list(range(5)), rng=3)
+        _, a = state.report_for("c", PLAN, RECORD, "alice")
+        _, keep = state.report_for("d", PLAN, RECORD, "alice")
+        state.reports_for("c", PLAN, _codes(5, 1), list(range(5)))
         state.forget("c")
         state.forget("never-seen")
         assert [r[0] for r in _rows(path)] == ["d"]
         assert state.report_for("d", PLAN, RECORD, "alice") == (state.pseudonym("d", "alice"), keep)
-        rng = np.random.default_rng(4)
-        before = rng.bit_generator.state
-        _, b = state.report_for("c", PLAN, RECORD, "alice", rng)
-        assert rng.bit_generator.state != before and b.report_id != a.report_id
-    with DeviceState() as memory:
-        memory.report_for("c", PLAN, RECORD, "alice", rng=1)
+        entropy_draws.clear()
+        _, b = state.report_for("c", PLAN, RECORD, "alice")
+        assert entropy_draws and b.report_id != a.report_id
+    with DeviceState.in_memory() as memory:
+        memory.report_for("c", PLAN, RECORD, "alice")
         memory.forget("c")
-        rng = np.random.default_rng(4)
-        before = rng.bit_generator.state
-        memory.report_for("c", PLAN, RECORD, "alice", rng)
-        assert rng.bit_generator.state != before
+        entropy_draws.clear()
+        memory.report_for("c", PLAN, RECORD, "alice")
+        assert entropy_draws
 
 
 def test_threads_share_one_state_and_get_one_report(tmp_path: Path) -> None:
@@ -287,18 +288,20 @@ def test_threads_share_one_state_and_get_one_report(tmp_path: Path) -> None:
 
 
 # -- bulk ---------------------------------------------------------------------------------
-def test_reports_for_returns_stored_reports_and_makes_the_rest(tmp_path: Path) -> None:
+def test_reports_for_returns_stored_reports_and_makes_the_rest(
+    tmp_path: Path, seeded_entropy: Callable[[int], None], entropy_draws: list[int]
+) -> None:
     path = tmp_path / "device.db"
     n = 3000
     codes = _codes(n, 1)
     ids = np.arange(n, dtype=np.uint64) * 7919 + 3
     with DeviceState(path) as state:
         earlier = {
-            i: state.report_for("c", PLAN, SCHEMA.decode_record(codes[i]), int(ids[i]), rng=i)
+            i: state.report_for("c", PLAN, SCHEMA.decode_record(codes[i]), int(ids[i]))
             for i in (0, 5, 17, 2999)
         }
-        rng = np.random.default_rng(11)
-        items = state.reports_for("c", PLAN, codes, ids, rng)
+        seeded_entropy(11)  # the device's "OS entropy" is now default_rng(11)'s words
+        items = state.reports_for("c", PLAN, codes, ids)
         assert len(items) == n
         for i, item in earlier.items():
             assert items[i] == item
@@ -308,7 +311,7 @@ def test_reports_for_returns_stored_reports_and_makes_the_rest(tmp_path: Path) -
         for _, r in items[:50]:
             r.check(PLAN)
         assert len({r.report_id for _, r in items}) == n
-        # the new ones are make_reports' output for the new users (vectorised, same draws)
+        # the new ones are make_reports' output for the new users (vectorised, same words)
         new = np.array(sorted(set(range(n)) - set(earlier)))
         expected: dict[int, Report] = {}
         for batch in make_reports(PLAN, codes[new], ids[new], np.random.default_rng(11)):
@@ -321,13 +324,12 @@ def test_reports_for_returns_stored_reports_and_makes_the_rest(tmp_path: Path) -
                     batch.report_ids[k].tobytes(),
                 )
         assert all(items[i][1] == expected[i] for i in new.tolist())
-        # asking again (also as lists) draws nothing and returns the same
-        rng = np.random.default_rng(12)
-        before = rng.bit_generator.state
-        assert state.reports_for("c", PLAN, codes.tolist(), ids.tolist(), rng) == items
-        assert rng.bit_generator.state == before
+    # asking again (also as lists, also after a restart) draws nothing and returns the same
+    entropy_draws.clear()
     with DeviceState(path) as state:
-        assert state.reports_for("c", PLAN, codes, ids, rng=13) == items
+        assert state.reports_for("c", PLAN, codes.tolist(), ids.tolist()) == items
+        assert state.reports_for("c", PLAN, codes, ids) == items
+        assert entropy_draws == []
         assert state.report_for("c", PLAN, RECORD, int(ids[100])) == items[100]
     assert len(_rows(path)) == n
 
@@ -337,8 +339,8 @@ def test_reports_for_does_not_loop_over_the_oracle(monkeypatch: pytest.MonkeyPat
         raise AssertionError("make_report called per user")
 
     monkeypatch.setattr(device, "make_report", refuse)
-    with DeviceState() as state:
-        assert len(state.reports_for("c", PLAN, _codes(200, 2), list(range(200)), rng=1)) == 200
+    with DeviceState.in_memory() as state:
+        assert len(state.reports_for("c", PLAN, _codes(200, 2), list(range(200)))) == 200
 
 
 def test_reports_for_accepts_records_and_repeated_users() -> None:
@@ -347,27 +349,27 @@ def test_reports_for_accepts_records_and_repeated_users() -> None:
         {"age": "<30", "smoker": "no", "region": "N", "income": "q0"},
         {"age": "30-49", "smoker": "no", "region": "C", "income": "q3"},
     ]
-    with DeviceState() as state:
-        items = state.reports_for("c", PLAN, records, ["a", "b", "a"], rng=1)
+    with DeviceState.in_memory() as state:
+        items = state.reports_for("c", PLAN, records, ["a", "b", "a"])
         assert items[0] == items[2] and items[0] != items[1]
         assert state.report_for("c", PLAN, records[2], "a") == items[0]
-        assert state.reports_for("c", PLAN, [], [], rng=1) == []
+        assert state.reports_for("c", PLAN, [], []) == []
         assert state.reports_for("c", PLAN, np.empty((0, 4), dtype=np.int64), []) == []
 
 
 def test_reports_for_under_a_new_phase_plan_keeps_stored_reports(tmp_path: Path) -> None:
     path = tmp_path / "device.db"
     with DeviceState(path) as state:
-        _, first = state.report_for("c", PLAN, RECORD, 3, rng=1)
-        items = state.reports_for("c", OTHER_PLAN, _codes(10, 3), list(range(10)), rng=2)
+        _, first = state.report_for("c", PLAN, RECORD, 3)
+        items = state.reports_for("c", OTHER_PLAN, _codes(10, 3), list(range(10)))
     assert items[3][1] == first and first.plan_digest == PLAN.digest
     others = [r for i, (_, r) in enumerate(items) if i != 3]
     assert all(r.plan_digest == OTHER_PLAN.digest for r in others)
     assert len(_rows(path)) == 10
 
 
-def test_reports_for_bad_input_is_named_and_stores_nothing() -> None:
-    with DeviceState() as state:
+def test_reports_for_bad_input_is_named_and_stores_nothing(entropy_draws: list[int]) -> None:
+    with DeviceState.in_memory() as state:
         with pytest.raises(DeviceError, match=r"user_ids \(3 given\) must match the records \(4\)"):
             state.reports_for("c", PLAN, _codes(4, 0), [1, 2, 3])
         bad = _codes(4, 0)
@@ -378,7 +380,6 @@ def test_reports_for_bad_input_is_named_and_stores_nothing() -> None:
             state.reports_for("c", PLAN, [RECORD, [0, 0, 0, 0]], [1, 2])
         with pytest.raises(CalmkitError, match="region"):
             state.reports_for("c", PLAN, [RECORD, {**RECORD, "region": "X"}], [1, 2])
-        rng = np.random.default_rng(1)
-        before = rng.bit_generator.state
-        state.report_for("c", PLAN, RECORD, 1, rng)  # nothing was stored for user 1
-        assert rng.bit_generator.state != before
+        entropy_draws.clear()
+        state.report_for("c", PLAN, RECORD, 1)  # nothing was stored for user 1: a new report
+        assert entropy_draws

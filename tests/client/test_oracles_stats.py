@@ -53,12 +53,24 @@ def test_f_independent_variance_is_the_exact_one_at_f_zero() -> None:
         )
 
 
-@pytest.mark.parametrize("oracle", [GRR(1.0, 9), OUE(1.5, 21)], ids=lambda o: o.name)
-def test_single_report_is_the_batch_code_on_one_cell(oracle: FrequencyOracle) -> None:
+def test_single_grr_report_is_the_batch_code_on_one_cell() -> None:
+    oracle = GRR(1.0, 9)
     for cell in range(oracle.L):
         single = oracle.perturb_one(cell, np.random.default_rng(cell))
         batch = oracle.perturb(np.array([cell]), np.random.default_rng(cell))[0]
-        assert single == (int(batch) if oracle.name == "GRR" else batch.tobytes())
+        assert single == int(batch)
+
+
+@pytest.mark.parametrize("L", [5, 8, 21])
+def test_single_oue_report_maps_whole_words_to_bits(L: int) -> None:
+    # one report draws L + 1 whole words: bit u is word_u < T, the true bit word_L < 2^63
+    oracle = OUE(1.5, L)
+    for cell in range(L):
+        single = oracle.perturb_one(cell, np.random.default_rng(100 + cell))
+        words = np.random.default_rng(100 + cell).bit_generator.random_raw(L + 1)
+        bits = [int(w) < oracle._t_flip for w in words[:L]]
+        bits[cell] = int(words[L]) < 2**63
+        assert single == np.packbits(np.array(bits, dtype=np.uint8)).tobytes()
 
 
 def test_grr_batch_equals_consecutive_single_reports() -> None:
@@ -70,7 +82,7 @@ def test_grr_batch_equals_consecutive_single_reports() -> None:
 
 def test_oue_support_counts_match_unpacked_bits() -> None:
     oracle = OUE(1.0, 37)
-    payloads = oracle.perturb(np.arange(1000) % 37, rng=3)
+    payloads = oracle.perturb(np.arange(1000) % 37, rng=np.random.default_rng(3))
     bits = np.unpackbits(payloads, axis=1, count=37)
     np.testing.assert_array_equal(oracle.support(payloads), bits.sum(axis=0))
     assert not np.unpackbits(payloads, axis=1)[:, 37:].any()  # padding stays zero

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import pytest
 import calmkit_client.randomness as randomness
 from calmkit_client import (
     Attribute,
+    CalmkitError,
     Plan,
     PlanError,
     Report,
@@ -47,8 +49,11 @@ def test_report_carries_only_digest_view_payload_and_id() -> None:
 
 
 @pytest.mark.parametrize("user", ["alice", "bob", 12345, "carol"])
-def test_payload_is_exactly_the_oracles_output(user: str | int) -> None:
-    report = make_report(PLAN, RECORD, user, rng=np.random.default_rng(3))
+def test_payload_is_exactly_the_oracles_output(
+    user: str | int, seeded_entropy: Callable[[int], None]
+) -> None:
+    seeded_entropy(3)
+    report = make_report(PLAN, RECORD, user)
     view = PLAN.assign(user)
     assert report.view == view and report.plan_digest == PLAN.digest
     expected = PLAN.oracle(view).perturb_one(_cell(PLAN, RECORD, view), np.random.default_rng(3))
@@ -56,11 +61,15 @@ def test_payload_is_exactly_the_oracles_output(user: str | int) -> None:
     report.check(PLAN)
 
 
-def test_view_and_report_id_do_not_depend_on_the_record() -> None:
+def test_view_and_report_id_do_not_depend_on_the_record(
+    seeded_entropy: Callable[[int], None],
+) -> None:
     other = {"age": "<30", "smoker": "no", "region": "N", "income": "q0"}
     for user in ["u1", "u2", "u3", "u4", "u5", "u6"]:
-        a = make_report(PLAN, RECORD, user, rng=np.random.default_rng(8))
-        b = make_report(PLAN, other, user, rng=np.random.default_rng(8))
+        seeded_entropy(8)
+        a = make_report(PLAN, RECORD, user)
+        seeded_entropy(8)
+        b = make_report(PLAN, other, user)
         assert a.view == b.view and a.report_id == b.report_id
 
 
@@ -97,7 +106,7 @@ def test_bad_record_is_a_schema_error_naming_the_field() -> None:
 
 
 def test_report_check_rejects_foreign_or_malformed_reports() -> None:
-    good = make_report(PLAN, RECORD, "alice", rng=1)
+    good = make_report(PLAN, RECORD, "alice")
     with pytest.raises(PlanError, match="plan_digest"):
         dataclasses.replace(good, plan_digest="0" * 64).check(PLAN)
     with pytest.raises(PlanError, match=r"view \(7\)"):
@@ -119,7 +128,7 @@ def test_batch_reports_follow_the_same_assignment_and_projection() -> None:
     n = 5000
     codes = np.stack([rng.integers(0, s, n) for s in SCHEMA.sizes], axis=1)
     ids = np.arange(n, dtype=np.uint64) * 7919
-    batches = make_reports(PLAN, codes, ids, rng=5)
+    batches = make_reports(PLAN, codes, ids, rng=np.random.default_rng(5))
     assert [b.view for b in batches] == [0, 1, 2]
     rows = np.concatenate([b.rows for b in batches])
     assert sorted(rows.tolist()) == list(range(n))
@@ -131,3 +140,23 @@ def test_batch_reports_follow_the_same_assignment_and_projection() -> None:
         assert b.payloads.shape[0] == b.n and b.report_ids.shape == (b.n, 16)
     with pytest.raises(PlanError, match=r"user_ids \(3 given\)"):
         make_reports(PLAN, codes, ids[:3])
+
+
+@pytest.mark.parametrize("rng", [3, np.random.default_rng(3), np.random.SeedSequence(3)])
+def test_the_device_api_takes_no_seed(rng: object) -> None:
+    # a report made from a guessable seed is a report anyone can re-derive
+    with pytest.raises(TypeError, match="rng"):
+        make_report(PLAN, RECORD, "u", rng=rng)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        make_report(PLAN, RECORD, "u", rng)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("seed", [0, 3, np.int64(7), np.random.SeedSequence(1)])
+def test_batch_primitives_refuse_seeds_and_name_the_fix(seed: object) -> None:
+    codes = np.zeros((3, SCHEMA.d), dtype=np.int64)
+    with pytest.raises(CalmkitError, match=r"rng \(.*\) must be None .*default_rng\(seed\)"):
+        make_reports(PLAN, codes, [1, 2, 3], seed)  # type: ignore[arg-type]
+    with pytest.raises(CalmkitError, match=r"rng \(.*\) must be None"):
+        PLAN.oracle(0).perturb(np.array([0, 1]), seed)  # type: ignore[arg-type]
+    with pytest.raises(CalmkitError, match=r"rng \(.*\) must be None"):
+        PLAN.oracle(0).perturb_one(0, seed)  # type: ignore[arg-type]

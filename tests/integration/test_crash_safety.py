@@ -52,7 +52,7 @@ def test_acknowledged_reports_survive_sigkill(tmp_path: Path) -> None:
     batches = []
     for start in range(0, POP.n, BATCH):
         users = np.arange(start, min(start + BATCH, POP.n), dtype=np.uint64)
-        items = device.reports_for("crash", info.plan, POP.codes[users], users, rng)
+        items = device.reports_for("crash", info.plan, POP.codes[users], users)
         batches.append(client_wire.batch_to_proto("crash", info.plan.digest, items))
     sent = {r.report_id for b in batches for r in b.reports}
     acked: set[bytes] = set()

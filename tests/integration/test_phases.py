@@ -18,7 +18,7 @@ from calmkit_client.collector import Collector
 from calmkit_client.device import DeviceState
 from calmkit_simulator import synthetic_population
 
-POP = synthetic_population(n=6000, sizes=(2, 3, 2, 2, 4), strength=1.5, rng=3)
+POP = synthetic_population(n=6000, sizes=(2, 3, 2, 2, 4), strength=1.5)
 IDS = np.arange(POP.n, dtype=np.uint64)
 
 
@@ -36,14 +36,14 @@ def test_the_plan_changes_after_the_pilot_and_users_report_once(tmp_path: Path) 
         assert {a for v in pilot_plan.views for a in v} == set(range(5))
         state = DeviceState(tmp_path / "devices.db")
         with Collector(address, "p", info.submit_token, state, batch_size=250) as client:
-            first = client.submit_many(POP.codes[:target], IDS[:target], rng=1)
+            first = client.submit_many(POP.codes[:target], IDS[:target])
             assert first.accepted == target
             current = client.plan(refresh=True)
             assert current.digest != pilot_plan.digest  # the server planned phase 1
-            rest = client.submit_many(POP.codes[target:], IDS[target:], rng=2)
+            rest = client.submit_many(POP.codes[target:], IDS[target:])
             assert rest.accepted == POP.n - target
             # pilot users asking again get their pilot report back: duplicates only
-            again = client.submit_many(POP.codes[:50], IDS[:50], rng=3)
+            again = client.submit_many(POP.codes[:50], IDS[:50])
             assert (again.accepted, again.duplicates) == (0, 50)
         state.close()
         with AdminClient(address) as admin:

@@ -4,7 +4,7 @@ field; access control; health and reflection; memoised resubmission."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -62,11 +62,14 @@ def _create(address: str, collection_id: str = "c1", **opts: object) -> client_w
                                        seed=7, **opts)  # fmt: skip
 
 
-def test_counts_and_answers_equal_the_in_process_pipeline(server: Server, tmp_path: Path) -> None:
+def test_counts_and_answers_equal_the_in_process_pipeline(
+    server: Server, tmp_path: Path, seeded_entropy: Callable[[int], None]
+) -> None:
     info = _create(server.address)
     state = DeviceState(tmp_path / "device.db")
+    seeded_entropy(11)  # the device's entropy is default_rng(11): reproducible below
     with Collector(server.address, "c1", info.submit_token, state, batch_size=700) as client:
-        ack = client.submit_many(POP.codes, IDS, rng=np.random.default_rng(11))
+        ack = client.submit_many(POP.codes, IDS)
     assert (ack.accepted, ack.duplicates) == (POP.n, 0)
     # the same reports in process: the device made them with make_reports and this rng
     expected = SupportCounts.from_reports(
@@ -108,10 +111,10 @@ def test_resubmission_is_memoised_and_acknowledged_once(server: Server, tmp_path
 
 
 def _batch(
-    info: client_wire.CollectionInfo, users: slice, seed: int, state: DeviceState | None = None
+    info: client_wire.CollectionInfo, users: slice, state: DeviceState | None = None
 ) -> object:
-    state = state or DeviceState(None)
-    items = state.reports_for("c1", info.plan, POP.codes[users], IDS[users], seed)
+    state = state or DeviceState.in_memory()
+    items = state.reports_for("c1", info.plan, POP.codes[users], IDS[users])
     return client_wire.batch_to_proto("c1", info.plan.digest, items)
 
 
@@ -134,19 +137,19 @@ def test_bad_field_rejects_the_whole_batch_and_names_it(
     server: Server, field: str, mutate: object, message: str
 ) -> None:
     info = _create(server.address)
-    batch = _batch(info, slice(0, 10), 1)
+    batch = _batch(info, slice(0, 10))
     mutate(batch.reports[2], info.plan)  # type: ignore[operator, attr-defined]
     with pytest.raises(CalmkitError, match=message.replace("[", r"\[").replace("]", r"\]")):
         _submit(server.address, batch, info.submit_token)
     assert int(server.storage.support("c1").n.sum()) == 0  # nothing of it counted
-    good = _batch(info, slice(10, 20), 2)
+    good = _batch(info, slice(10, 20))
     assert _submit(server.address, good, info.submit_token).accepted == 10  # still serving
 
 
 def test_payload_values_are_checked_against_the_view_oracle(server: Server) -> None:
     info = _create(server.address, views=[[0, 1], [0, 1, 2, 3, 4]])
     assert info.plan.oracles == ("GRR", "OUE")  # 6 cells: GRR; 96 cells: OUE
-    batch = _batch(info, slice(0, 200), 3)
+    batch = _batch(info, slice(0, 200))
     grr = next(r for r in batch.reports if r.view == 0)
     oue = next(r for r in batch.reports if r.view == 1)
     saved = grr.cell
@@ -164,21 +167,21 @@ def test_status_codes(server: Server) -> None:
     info = _create(server.address)
     with pytest.raises(CollectionExists):
         _create(server.address)
-    device = DeviceState(None)
-    batch = _batch(info, slice(0, 5), 4, device)
+    device = DeviceState.in_memory()
+    batch = _batch(info, slice(0, 5), device)
     with pytest.raises(AccessDenied):
         _submit(server.address, batch, "wrong-token-wrong-token")
     assert _submit(server.address, batch, info.submit_token).accepted == 5
     assert _submit(server.address, batch, info.submit_token).duplicates == 5  # a retry
     device.forget("c1")  # a device that forgot its reports makes new ones: refused
-    other = _batch(info, slice(0, 5), 5, device)
+    other = _batch(info, slice(0, 5), device)
     with pytest.raises(ReportConflict):
         _submit(server.address, other, info.submit_token)
-    stale = _batch(info, slice(5, 10), 6)
+    stale = _batch(info, slice(5, 10))
     stale.plan_digest = "0" * 64
     with pytest.raises(PlanMismatch):
         _submit(server.address, stale, info.submit_token)
-    missing = _batch(info, slice(5, 10), 6)
+    missing = _batch(info, slice(5, 10))
     missing.collection_id = "nope"
     with pytest.raises(CollectionNotFound):
         _submit(server.address, missing, info.submit_token)
@@ -189,7 +192,7 @@ def test_status_codes(server: Server) -> None:
         with pytest.raises(CalmkitError, match="a9"):
             admin.query("c1", ["a0", "a9"])
     with pytest.raises(CollectionClosed):
-        _submit(server.address, _batch(info, slice(5, 10), 7), info.submit_token)
+        _submit(server.address, _batch(info, slice(5, 10)), info.submit_token)
     assert int(server.storage.support("c1").n.sum()) == 5
 
 
@@ -274,7 +277,7 @@ def test_cli_collection_and_query_commands(
     assert created["collection_id"] == "cli" and created["state"] == "open"
     assert len(created["views"]) == created["m"] and "submit_token" in created
     with Collector(server.address, "cli", created["submit_token"]) as client:
-        client.submit_many(POP.codes, IDS, rng=1)
+        client.submit_many(POP.codes, IDS)
     assert main(["collection", "close", *base, "--collection", "cli", "--json"]) == 0
     closed = json.loads(capsys.readouterr().out)
     assert closed["state"] == "closed" and closed["reports"] == POP.n
@@ -296,7 +299,7 @@ def test_oversized_batch_is_refused_whole(server: Server) -> None:
     from calmkit_aggregator.wire import MAX_BATCH
 
     info = _create(server.address)
-    batch = _batch(info, slice(0, 1), 8)
+    batch = _batch(info, slice(0, 1))
     one = batch.reports[0]
     batch.reports.extend([one] * MAX_BATCH)  # MAX_BATCH + 1 reports
     with pytest.raises(CalmkitError, match=rf"reports \({MAX_BATCH + 1} in one batch\)"):
