@@ -19,6 +19,7 @@ from calmkit_aggregator.pilot import PILOT_FRACTION
 from calmkit_aggregator.planner import PLANNERS
 from calmkit_client import CalmkitError
 
+from .catalog import MIRROR_ENV
 from .collect import PATHS
 from .datasets import DATASETS, load_dataset
 from .service_cli import add_commands
@@ -109,12 +110,16 @@ def _plan(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return 0
     if pilot > 0:
-        print(f"pilot: {args.n - n_main} users ({pilot:.0%}) report on {len(fixed)} disjoint "
-              "attribute pairs; the views below are chosen again from their reports")
+        print(
+            f"pilot: {args.n - n_main} users ({pilot:.0%}) report on {len(fixed)} disjoint "
+            "attribute pairs; the views below are chosen again from their reports"
+        )
         print("second phase, as planned from the prior (before any report):")
-    print(f"l = {chosen.l}, m = {plan.m} ({chosen.design}), predicted SSE "
-          f"{chosen.predicted.sse:.3g} (noise {chosen.predicted.noise:.3g}, "
-          f"bias {chosen.predicted.bias:.3g}); oracles {sorted(set(plan.oracles or ()))}")
+    print(
+        f"l = {chosen.l}, m = {plan.m} ({chosen.design}), predicted SSE "
+        f"{chosen.predicted.sse:.3g} (noise {chosen.predicted.noise:.3g}, "
+        f"bias {chosen.predicted.bias:.3g}); oracles {sorted(set(plan.oracles or ()))}"
+    )
     for note in chosen.notes(names):
         print("note:", note)
     print("candidates (best first): " + ", ".join(
@@ -299,6 +304,67 @@ def _planner_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def _datasets(args: argparse.Namespace) -> int:
+    from .catalog import CATALOG, dataset_path, fetch
+    from .datasets import default_data_dir, user_data_dir
+
+    if args.action == "list":
+        return _list_datasets(args, CATALOG, dataset_path, default_data_dir, user_data_dir)
+    if args.action == "path":
+        print(dataset_path(args.names[0], args.data_dir))
+        return 0
+    fetchable = sorted(n for n, s in CATALOG.items() if s.fetchable)
+    names = fetchable if args.names == ["all"] else args.names
+
+    def say(line: str) -> None:
+        if not args.json:
+            print(line, file=sys.stderr)
+
+    for name in names:
+        done = fetch(name, args.data_dir, args.mirror, progress=say)
+        files = [str(p) for p in done.files]
+        if args.json:
+            print(json.dumps({"name": name, "already": done.already, "files": files}))
+        else:
+            verb = "already present" if done.already else "fetched and verified"
+            print(f"{name}: {verb}: {', '.join(files)}")
+    return 0
+
+
+def _list_datasets(args, catalog, dataset_path, default_data_dir, user_data_dir) -> int:  # type: ignore[no-untyped-def]
+    rows = []
+    for src in catalog.values():
+        where = dataset_path(src.name, args.data_dir)
+        rows.append({
+            "name": src.name, "title": src.title, "source": src.home,
+            "licence": src.licence, "citation": src.citation,
+            "downloads": [{"url": d.url, "sha256": d.sha256, "size": d.size}
+                          for d in src.downloads],
+            "files": dict(src.outputs), "fetchable": src.fetchable,
+            "present": where.is_file(), "path": str(where),
+            "notes": [*src.notes, *([src.manual] if src.manual else [])],
+        })  # fmt: skip
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    folder = args.data_dir or default_data_dir() or user_data_dir()
+    print(f"data folder: {folder}  (fetch writes to {args.data_dir or user_data_dir()})")
+    for src, row in zip(catalog.values(), rows):
+        size = sum(d.size or 0 for d in src.downloads)
+        state = "present" if row["present"] else "fetchable" if src.fetchable else "manual"
+        print(f"  {src.name:8s} {state:9s} {src.title}")
+        print(f"           source: {src.home}")
+        print(f"           licence: {src.licence}")
+        print(f"           cite: {src.citation}")
+        if size:
+            print(f"           download: {size / 1e6:.1f} MB, SHA-256 pinned")
+        for rel, digest in src.outputs.items():
+            print(f"           {rel}  sha256 {digest}")
+        for note in row["notes"]:
+            print(f"           note: {note}")
+    return 0
+
+
 def _progress(total: int, desc: str):  # type: ignore[no-untyped-def]
     """A tqdm bar on a terminal, else None."""
     if not sys.stderr.isatty():
@@ -315,6 +381,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     add_commands(sub)
+
+    data = sub.add_parser(
+        "datasets",
+        help="the datasets calmkit knows: list, fetch (download + verify), path",
+        description="list: every dataset with its source, licence and SHA-256s; fetch NAME.. "
+        "(or all): download from the official source, verify, unpack into the per-user data "
+        "folder (or --data-dir); path NAME: where the loaders look for it.",
+    )
+    data.add_argument("action", choices=("list", "fetch", "path"), help="what to do")
+    data.add_argument("names", nargs="*", metavar="NAME",
+                      help="dataset names (fetch: one or more, or all; path: one)")  # fmt: skip
+    data.add_argument("--data-dir", "--dir", default=None,
+                      help="data folder (default: $CALMKIT_DATA, else the per-user "
+                      "data folder)")  # fmt: skip
+    data.add_argument("--mirror", default=None,
+                      help=f"a folder or URL with the source files under their original names "
+                      f"(default: the official sources; or ${MIRROR_ENV})")  # fmt: skip
+    data.add_argument("--json", action="store_true", help="machine-readable output")
+    data.set_defaults(run=_datasets)
 
     pop = sub.add_parser("population", help="load a dataset and describe it")
     pop.add_argument(
@@ -414,7 +499,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "datasets":
+        if args.action == "path" and len(args.names) != 1:
+            parser.error(f"datasets path takes one NAME ({len(args.names)} given)")
+        if args.action == "fetch" and not args.names:
+            parser.error("datasets fetch needs NAME... (or all)")
     args.argv = None if argv is None else list(argv)[1:]
     try:
         return int(args.run(args))

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import platformdirs
 
 from calmkit_client import Attribute, CalmkitError, Schema
 
@@ -44,6 +45,7 @@ __all__ = [
     "load_retail",
     "load_transactions",
     "load_wide",
+    "user_data_dir",
 ]
 
 
@@ -51,12 +53,23 @@ class DatasetError(CalmkitError):
     """A dataset is missing or malformed."""
 
 
+def user_data_dir() -> Path:
+    """The per-user folder ``calmkit datasets fetch`` writes to: Linux
+    ``~/.local/share/calmkit/datasets`` ($XDG_DATA_HOME), macOS
+    ``~/Library/Application Support/calmkit/datasets``, Windows
+    ``%LOCALAPPDATA%\\calmkit\\datasets``."""
+    return platformdirs.user_data_path("calmkit", appauthor=False) / "datasets"
+
+
 def default_data_dir() -> Path | None:
-    """``$CALMKIT_DATA``, else the first existing ``../shared/datasets`` relative to the
-    project checkout or the working directory, else ``None``."""
+    """``$CALMKIT_DATA``, else the per-user folder :func:`user_data_dir` if it exists
+    (what ``calmkit datasets fetch`` fills), else a ``../shared/datasets`` beside the
+    project checkout or the working directory (development), else ``None``."""
     env = os.environ.get("CALMKIT_DATA")
     if env:
         return Path(env)
+    if user_data_dir().is_dir():
+        return user_data_dir()
     here = Path(__file__).resolve().parents[2]
     for base in (here, Path.cwd()):
         candidate = base.parent / "shared" / "datasets"
@@ -65,10 +78,20 @@ def default_data_dir() -> Path | None:
     return None
 
 
-def _need(path: Path) -> Path:
+def _need(path: Path, what: str = "dataset file", hint: str = "") -> Path:
     if not path.is_file():
-        raise DatasetError(f"dataset file ({path}) must exist (set --data-dir or CALMKIT_DATA)")
+        raise DatasetError(f"{what} ({path}) does not exist{hint}")
     return path
+
+
+def _need_data(path: Path) -> Path:
+    """A file of a named dataset: the message says how to get it."""
+    name = path.parent.name if path.parent.name != "wide" else path.stem
+    return _need(
+        path,
+        hint=f": run `calmkit datasets fetch {name}` (or pass --data-dir / set CALMKIT_DATA "
+        "to a folder that has it)",
+    )
 
 
 def _population_from_labels(
@@ -129,7 +152,7 @@ def load_adult(data_dir: Path | str, max_categories: int | None = None) -> Popul
     rows: list[list[str]] = []
     total = 0
     for fname in ("adult.data", "adult.test"):
-        for line in _need(folder / fname).read_text().splitlines():
+        for line in _need_data(folder / fname).read_text().splitlines():
             if not line.strip() or line.startswith("|"):
                 continue
             total += 1
@@ -166,7 +189,7 @@ def load_csv(
     their sorted distinct values. Rows with an empty field are dropped (counted in
     ``notes``); a value outside a given domain is an error naming column and value.
     """
-    path = _need(Path(path))
+    path = _need(Path(path), "CSV file")
     with path.open(newline="") as fh:
         reader = csv.reader(fh)
         try:
@@ -181,7 +204,7 @@ def load_csv(
         )
     kept = [r for r in rows if all(v != "" for v in r)]
     if isinstance(domains, (str, Path)):
-        domains = json.loads(_need(Path(domains)).read_text())
+        domains = json.loads(_need(Path(domains), "domains file").read_text())
     orders: dict[str, list[str]] = {}
     for col, dom in (domains or {}).items():
         if col not in header:
@@ -194,13 +217,14 @@ def load_csv(
 def load_nltcs(data_dir: Path | str) -> Population:
     """NLTCS: 16 binary disability items (nltcs.csv with nltcs-domain.json)."""
     folder = Path(data_dir) / "nltcs"
+    _need_data(folder / "nltcs.csv")
     return load_csv(folder / "nltcs.csv", folder / "nltcs-domain.json", name="nltcs")
 
 
 def load_acs(data_dir: Path | str) -> Population:
     """ACS: 23 binary attributes as binarized by PrivBayes (acs.csv)."""
     path = Path(data_dir) / "acs" / "acs.csv"
-    with _need(path).open() as fh:
+    with _need_data(path).open() as fh:
         header = fh.readline().strip().split(",")
     return load_csv(path, {col: 2 for col in header}, name="acs")
 
@@ -209,7 +233,7 @@ def load_wide(data_dir: Path | str, name: str) -> Population:
     """A wide binary dataset of ``wide/`` (plants: 69 attributes, dna: 180): many
     attributes, few users each. Categories are the values seen, so a column that never
     varies has one category."""
-    return load_csv(Path(data_dir) / "wide" / f"{name}.csv", name=name)
+    return load_csv(_need_data(Path(data_dir) / "wide" / f"{name}.csv"), name=name)
 
 
 # --- transactions -----------------------------------------------------------------------
@@ -240,11 +264,13 @@ def load_transactions(path: Path | str, d: int, name: str | None = None) -> Popu
 
 
 def load_retail(data_dir: Path | str, d: int = 16) -> Population:
-    return load_transactions(Path(data_dir) / "retail" / "retail.dat", d, name="retail")
+    path = _need_data(Path(data_dir) / "retail" / "retail.dat")
+    return load_transactions(path, d, name="retail")
 
 
 def load_kosarak(data_dir: Path | str, d: int = 16) -> Population:
-    return load_transactions(Path(data_dir) / "kosarak" / "kosarak_prefix.dat", d, name="kosarak")
+    path = _need_data(Path(data_dir) / "kosarak" / "kosarak_prefix.dat")
+    return load_transactions(path, d, name="kosarak")
 
 
 # --- one entry point ------------------------------------------------------------------------
@@ -293,7 +319,8 @@ def load_dataset(
         folder = Path(data_dir) if data_dir is not None else default_data_dir()
         if folder is None:
             raise DatasetError(
-                f"dataset ({name!r}) needs a data folder: pass --data-dir or set CALMKIT_DATA"
+                f"dataset ({name!r}) is not on this machine: run `calmkit datasets fetch "
+                f"{name}` (or pass --data-dir / set CALMKIT_DATA)"
             )
         pop = loaders[name](folder)
     else:

@@ -58,9 +58,7 @@ SETTINGS = (
     Setting("dna", "dna d=180, n=3,186", 2, (1.0, 2.0)),
     Setting("synthetic", "synthetic d=64, n=10^5", 3, (1.0,), d=64, n=100_000),
 )
-QUICK_SETTINGS = (
-    Setting("synthetic", "synthetic d=8, n=2^12", 3, (0.5, 2.0), d=8, n=1 << 12),
-)
+QUICK_SETTINGS = (Setting("synthetic", "synthetic d=8, n=2^12", 3, (0.5, 2.0), d=8, n=1 << 12),)
 
 
 @dataclass(frozen=True)
@@ -116,12 +114,14 @@ def planner_tasks(
         except DatasetError:
             n, sizes = s.n, None
         for eps in s.epsilons:
+
             def task(
                 options: tuple[tuple[str, Any], ...], s: Setting = s, eps: float = eps
             ) -> Task:
                 return Task(s.dataset, "calm", float(eps), s.k, s.k, d=s.d, n=s.n,
                             max_categories=s.max_categories, options=options, reps=reps,
                             queries=queries, seed=seed, shared_seed=True)  # fmt: skip
+
             default: tuple[tuple[str, Any], ...] = (("planner", "pipeline"),)
             if pilot is not None:
                 default += (("pilot", pilot),)
@@ -194,8 +194,9 @@ def model_check(tasks: list[PlannerTask], data_dir: str | None = None) -> dict[s
             plan = plan_collection(schema, t.epsilon, pop.n, setting.k, planner="paper",
                                    l=t.l, m=t.m)  # fmt: skip
             users = [pop.n / len(plan.views)] * len(plan.views)
-            out[t.task.key()] = predict_error(sizes, plan.views, users, t.epsilon,
-                                              Workload(k=setting.k), profile, n=pop.n).sse
+            out[t.task.key()] = predict_error(
+                sizes, plan.views, users, t.epsilon, Workload(k=setting.k), profile, n=pop.n
+            ).sse
     return out
 
 

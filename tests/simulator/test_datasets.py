@@ -83,7 +83,7 @@ def test_csv_errors_name_the_problem(tmp_path: Path) -> None:
         load_csv(path, {"a": ["x"]})
     with pytest.raises(DatasetError, match=r"domain column \('c'\)"):
         load_csv(path, {"c": 2})
-    with pytest.raises(DatasetError, match="must exist"):
+    with pytest.raises(DatasetError, match=r"CSV file \(.*missing.csv\) does not exist"):
         load_csv(tmp_path / "missing.csv")
     with pytest.raises(DatasetError, match=r"dataset \('mnist'\) must be one of"):
         load_dataset("mnist")
