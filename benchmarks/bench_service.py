@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from calmkit_aggregator.admin import AdminClient
-from calmkit_aggregator.service import create_server, graceful_stop
+from calmkit_aggregator.server import create_server, graceful_stop
 from calmkit_aggregator.storage import Storage
 from calmkit_client import Collector, DeviceState
 from calmkit_simulator import synthetic_population

@@ -16,12 +16,13 @@ __all__ = ["AdminClient"]
 
 class AdminClient:
     """Admin calls with the server's bearer ``token`` (None: a loopback server
-    without a token file)."""
+    without a token file); ``root_certificates`` (PEM) for a TLS server."""
 
     def __init__(
-        self, address: str, token: str | None = None, retry: RetryPolicy | None = None
-    ) -> None:
-        self._channel = open_channel(address)
+        self, address: str, token: str | None = None, retry: RetryPolicy | None = None,
+        root_certificates: bytes | None = None,
+    ) -> None:  # fmt: skip
+        self._channel = open_channel(address, root_certificates)
         self._stub = client_wire.aggregator_stub(self._channel)
         self._metadata = [("authorization", f"Bearer {token}")] if token else []
         self._retry = retry or RetryPolicy()

@@ -1,7 +1,6 @@
-"""The aggregator gRPC service (DESIGN.md "Service"; issue 4).
-
-``create_server(address, storage)`` -> ``(server, port)``, started, serving
-``calmkit.v1.Aggregator`` plus gRPC health checking and reflection. A batch of reports
+"""The aggregator gRPC service (DESIGN.md "Service"; issue 4): the handlers of
+``calmkit.v1.Aggregator`` (served by :func:`calmkit_aggregator.server.create_server`
+with gRPC health checking and reflection). A batch of reports
 is validated whole, committed to storage in one transaction, counted, and only then
 acknowledged. Errors map to status codes (bad input INVALID_ARGUMENT naming the field,
 unknown collection NOT_FOUND, closed collection or other plan FAILED_PRECONDITION,
@@ -14,41 +13,43 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import secrets
 import threading
 import time
+import traceback
 from collections.abc import Callable
-from concurrent import futures
 from typing import Any
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from calmkit_client import CalmkitError, Plan
-from calmkit_client.collector import ERROR_KEY, MAX_MESSAGE_BYTES
+from calmkit_client.collector import ERROR_KEY
+from calmkit_client.echo import bounded
 from calmkit_client.errors import (
     AccessDenied,
     CollectionClosed,
     CollectionExists,
     CollectionNotFound,
     PlanMismatch,
+    RateLimited,
     ReportConflict,
+    ServiceUnavailable,
 )
+from calmkit_client.ids import check_collection_id
 
 from . import wire
 from .calm import MarginalEstimator, reconstruct
 from .pilot import PhasedDesign, pilot_plan, pilot_size
 from .planner import plan_collection
+from .rate_limit import RateLimit
 from .storage import Storage
 from .support import SupportCounts
 from .uncertainty import MAX_REPLICATES, Bootstrap, bootstrap
 
-__all__ = ["AggregatorService", "create_server", "graceful_stop", "is_loopback", "log_json"]
+__all__ = ["AggregatorService", "log_json"]
 
 log = logging.getLogger("calmkit.aggregator")
 
@@ -61,30 +62,40 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (CollectionClosed, grpc.StatusCode.FAILED_PRECONDITION),
     (PlanMismatch, grpc.StatusCode.FAILED_PRECONDITION),
     (AccessDenied, grpc.StatusCode.UNAUTHENTICATED),
+    (ServiceUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (CalmkitError, grpc.StatusCode.INVALID_ARGUMENT),
 ]
 
 
 def log_json(event: str, **fields: Any) -> None:
-    """One structured log line: ``{"event": .., "t": .., **fields}``."""
+    """One structured log line: ``{"event": .., "t": .., **fields}``; a str field is
+    cut to :data:`~calmkit_client.echo.MAX_DETAIL_CHARS`."""
+    fields = {k: bounded(v) if isinstance(v, str) else v for k, v in fields.items()}
     log.info(json.dumps({"event": event, "t": round(time.time(), 3), **fields}, default=str))
 
 
 def _rpc(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Map calmkit errors to gRPC statuses; anything else is INTERNAL (and logged)."""
+    """Check the request's collection id, then map calmkit errors to gRPC statuses;
+    anything else is INTERNAL (logged with its traceback). Messages and log lines are
+    bounded (docs/security.md "Client strings in errors and logs")."""
 
     @functools.wraps(method)
     def wrapper(self: AggregatorService, request: Any, context: grpc.ServicerContext) -> Any:
         try:
+            self._check_id(request)
             return method(self, request, context)
         except CalmkitError as exc:
             code = next(c for cls, c in _CODES if isinstance(exc, cls))
-            log_json("refused", rpc=method.__name__, code=code.name, error=str(exc))
+            detail = bounded(str(exc))
+            log_json("refused", rpc=method.__name__, code=code.name, error=detail)
             context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__),))
-            context.abort(code, str(exc))
+            context.abort(code, detail)
         except Exception as exc:  # keep serving; the message says what failed
-            log.exception("internal error in %s", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            trace = "".join(traceback.format_tb(exc.__traceback__))
+            detail = bounded(f"{type(exc).__name__}: {exc}")
+            log.error("internal error in %s: %s\n%s", method.__name__, detail, trace)
+            context.abort(grpc.StatusCode.INTERNAL, detail)
 
     return wrapper
 
@@ -103,8 +114,11 @@ def _bearer(context: grpc.ServicerContext) -> str | None:
 class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
     """The ``calmkit.v1.Aggregator`` implementation over a :class:`Storage`."""
 
-    def __init__(self, storage: Storage, admin_token: str | None = None) -> None:
+    def __init__(
+        self, storage: Storage, admin_token: str | None = None, rate_limit: float | None = None
+    ) -> None:
         self.storage = storage
+        self._rate = RateLimit(rate_limit) if rate_limit is not None else None
         self._admin_hash = _hash_token(admin_token) if admin_token else None
         self._estimates: dict[str, tuple[int, SupportCounts, MarginalEstimator]] = {}
         self._bootstraps: dict[str, tuple[int, int, Bootstrap]] = {}
@@ -112,6 +126,17 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
         self._advance_lock = threading.Lock()
 
     # -- access ------------------------------------------------------------------------
+    def _check_id(self, request: Any) -> None:
+        """A collection id the storage does not hold must follow the rules
+        (:func:`~calmkit_client.ids.check_collection_id`) before anything looks it up;
+        ids stored before the rules existed stay addressable. CreateCollection's
+        empty id means "pick one"."""
+        collection_id = getattr(request, "collection_id", None)
+        if collection_id is None or collection_id in self.storage:
+            return
+        if collection_id or not wire.picks_collection_id(request):
+            check_collection_id(collection_id)
+
     def _require_admin(self, context: grpc.ServicerContext) -> None:
         if self._admin_hash is None:
             return  # loopback-only server without a token file
@@ -183,6 +208,8 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
         t0 = time.perf_counter()
         record = self.storage.get_collection(request.collection_id)
         self._require_submit(context, record.submit_token_hash)
+        if self._rate is not None:
+            self._rate.charge(record.submit_token_hash, len(request.reports))
         phase = record.phase_of(request.plan_digest)  # any phase's plan is still valid
         reports = wire.reports_from_proto(request, record.plans[phase])
         outcome = self.storage.add_reports(request.collection_id, request.plan_digest, reports)
@@ -272,60 +299,3 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
         return wire.marginal_to_proto(
             answer, ordered, variance.variance(attrs), total, record.state, method, replicates
         )
-
-
-def is_loopback(address: str) -> bool:
-    """Whether ``HOST:PORT`` binds only the loopback interface."""
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def create_server(
-    address: str,
-    storage: Storage,
-    admin_token: str | None = None,
-    max_workers: int = 8,
-) -> tuple[grpc.Server, int]:
-    """Start the service on ``address`` (``HOST:0`` picks a free port) and return
-    ``(server, port)``. Without an admin token the address must be loopback."""
-    if admin_token is None and not is_loopback(address):
-        raise CalmkitError(
-            f"address ({address!r}) must be loopback (127.0.0.1, ::1, localhost) when no "
-            "token file protects the admin calls"
-        )
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers),
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ],
-    )
-    wire.add_servicer(AggregatorService(storage, admin_token), server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", wire.SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection(
-        (wire.SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-    try:
-        port = server.add_insecure_port(address)
-    except RuntimeError as exc:
-        raise CalmkitError(f"address ({address!r}) could not be bound: {exc}") from None
-    server.start()
-    server.calmkit_health = health_servicer  # type: ignore[attr-defined]
-    return server, port
-
-
-def graceful_stop(server: grpc.Server, grace: float = 10.0) -> None:
-    """Report NOT_SERVING to health checks, refuse new calls, let in-flight ones (an
-    ingesting batch is committed before its ack) finish within ``grace`` seconds."""
-    health_servicer = getattr(server, "calmkit_health", None)
-    if health_servicer is not None:
-        health_servicer.enter_graceful_shutdown()
-    server.stop(grace).wait()

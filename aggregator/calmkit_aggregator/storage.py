@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from calmkit_client import REPORT_ID_BYTES, FrequencyOracle, Plan
+from calmkit_client.echo import show as _show
 from calmkit_client.errors import (
     CalmkitError,
     CollectionClosed,
@@ -53,7 +54,9 @@ from calmkit_client.errors import (
     OracleError,
     PlanMismatch,
     ReportConflict,
+    ServiceUnavailable,
 )
+from calmkit_client.ids import check_collection_id
 
 from .pilot import PhasedDesign, combine_phases
 from .support import SupportCounts
@@ -76,7 +79,6 @@ _LOOKUP_CHUNK = 500
 # Page cache (negative: KiB): report ids are random keys, so inserts touch random pages.
 _CACHE_KIB = -64 * 1024
 # Longest value repr an error message shows.
-_SHOW_CHARS = 80
 
 _PHASES = """CREATE TABLE phases (
     collection_id TEXT NOT NULL REFERENCES collections (id),
@@ -230,14 +232,21 @@ class _Batch:
         return self.pseudonyms[i], self.views[i], self.payloads[i]
 
 
-def _show(value: object) -> str:
-    """``repr(value)``, shortened for error messages."""
-    text = repr(value)
-    return text if len(text) <= _SHOW_CHARS else text[: _SHOW_CHARS - 3] + "..."
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _create_private(path: str) -> None:
+    """Create a new database file with mode 0600 (SQLite gives its -wal and -shm files
+    the database's mode); an existing file keeps its mode."""
+    if path == ":memory:" or path.startswith("file:") or os.path.exists(path):
+        return
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise CalmkitError(f"db ({path!r}) cannot be created: {exc.strerror}") from None
 
 
 class Storage:
@@ -252,12 +261,20 @@ class Storage:
         self.path = os.fspath(path)
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
-        self._conn: sqlite3.Connection | None = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False
-        )
+        _create_private(self.path)
+        try:
+            self._conn: sqlite3.Connection | None = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise CalmkitError(f"db ({self.path!r}) cannot be opened: {exc}") from None
         try:
             self._configure(self._conn)
             self._load(self._conn)
+        except sqlite3.OperationalError as exc:
+            self._conn.close()
+            self._conn = None
+            raise CalmkitError(f"db ({self.path!r}) cannot be opened for writing: {exc}") from None
         except BaseException:
             self._conn.close()
             self._conn = None
@@ -325,7 +342,7 @@ class Storage:
         if phases.size and (phases.min() < 0 or phases.max() > record.phase):
             bad = int(phases.min() if phases.min() < 0 else phases.max())
             raise CalmkitError(
-                f"stored phase ({bad}) of collection {record.collection_id!r} must be in "
+                f"stored phase ({bad}) of collection {_show(record.collection_id)} must be in "
                 f"[0, {record.phase}]"
             )
         for phase, plan in enumerate(record.plans):
@@ -334,7 +351,7 @@ class Storage:
             if v.size and (v.min() < 0 or v.max() >= plan.m):
                 bad = int(v.min() if v.min() < 0 else v.max())
                 raise CalmkitError(
-                    f"stored view ({bad}) of collection {record.collection_id!r} must be in "
+                    f"stored view ({bad}) of collection {_show(record.collection_id)} must be in "
                     f"[0, {plan.m})"
                 )
             positions = np.flatnonzero(in_phase)
@@ -349,7 +366,7 @@ class Storage:
                 except (CalmkitError, TypeError, ValueError) as exc:
                     raise CalmkitError(
                         f"stored payloads of view {j} (phase {phase}) of collection "
-                        f"{record.collection_id!r} are invalid: {exc}"
+                        f"{_show(record.collection_id)} are invalid: {exc}"
                     ) from None
                 entry.n[phase][j] = idx.size
 
@@ -375,7 +392,7 @@ class Storage:
         with self._lock:
             conn = self._connection()
             if collection_id in self._entries:
-                raise CollectionExists(f"collection_id ({collection_id!r}) already exists")
+                raise CollectionExists(f"collection_id ({_show(collection_id)}) already exists")
             with _transaction(conn):
                 conn.execute(
                     "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash,"
@@ -438,7 +455,7 @@ class Storage:
             if phase != current + 1:
                 raise CalmkitError(f"phase ({phase}) must be the next phase ({current + 1})")
             if entry.record.state != OPEN:
-                raise CollectionClosed(f"collection_id ({collection_id!r}) is closed")
+                raise CollectionClosed(f"collection_id ({_show(collection_id)}) is closed")
             first = entry.record.plans[0]
             if plan.schema != first.schema or plan.epsilon != first.epsilon:
                 raise CalmkitError("plan must keep the collection's schema and epsilon")
@@ -504,24 +521,31 @@ class Storage:
         unique: dict[bytes, int],
         by_pseudonym: dict[bytes, int],
     ) -> list[int]:
-        """Batch positions of the reports not yet stored; :class:`ReportConflict` if a
-        stored report shares a report id or a pseudonym but not its content (its
-        phase included)."""
+        """Batch positions of the reports not yet stored.
+
+        A report whose (report id, pseudonym) pair is stored is a retry: acknowledged
+        as a duplicate and the stored report stands, whatever the content sent. A report
+        id stored under another pseudonym, or a pseudonym holding another report id,
+        is a :class:`ReportConflict`. No answer depends on a stored report's view,
+        payload or phase, and no error names a stored value (docs/security.md
+        "Conflicting reports"): a submit-token holder who learns a victim's pseudonym
+        cannot probe the victim's report.
+        """
         stored = _lookup(conn, _BY_REPORT_ID, collection_id, list(unique))
-        for report_id, pseudonym, view, payload, stored_phase in stored:
+        for report_id, pseudonym, _view, _payload, _phase in stored:
             i = unique[report_id]
-            if (pseudonym, view, payload) != batch.key(i) or stored_phase != phase:
+            if pseudonym != batch.pseudonyms[i]:
                 raise ReportConflict(
-                    f"reports[{i}].report_id ({_show(report_id)}) already holds a different "
-                    f"report in collection {collection_id!r}"
+                    f"reports[{i}].report_id ({_show(report_id)}) is already used in "
+                    f"collection {_show(collection_id)}"
                 )
         owners = _lookup(conn, _BY_PSEUDONYM, collection_id, list(by_pseudonym))
         for report_id, pseudonym in owners:
             i = by_pseudonym[pseudonym]
             if report_id != batch.ids[i]:
                 raise ReportConflict(
-                    f"reports[{i}].pseudonym ({_show(pseudonym)}) already holds another report "
-                    f"(report_id {_show(report_id)}) in collection {collection_id!r}"
+                    f"reports[{i}].pseudonym ({_show(pseudonym)}) already holds a report in "
+                    f"collection {_show(collection_id)} (a device reports once per collection)"
                 )
         if not stored:
             return sorted(unique.values())
@@ -546,7 +570,7 @@ class Storage:
             if isinstance(phase, bool) or not isinstance(phase, int) or not (
                 0 <= phase <= entry.record.phase
             ):
-                raise CalmkitError(f"phase ({phase!r}) must be in [0, {entry.record.phase}]")
+                raise CalmkitError(f"phase ({_show(phase)}) must be in [0, {entry.record.phase}]")
             return entry.support(phase)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -571,13 +595,17 @@ class Storage:
     # -- helpers (call with the lock held) ----------------------------------------------
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            raise CalmkitError(f"storage ({self.path!r}) is closed")
+            raise ServiceUnavailable("storage is closed (the server is shutting down)")
         return self._conn
+
+    def __contains__(self, collection_id: object) -> bool:
+        """Whether a collection with this id is stored."""
+        return isinstance(collection_id, str) and collection_id in self._entries
 
     def _entry(self, collection_id: str) -> _Entry:
         entry = self._entries.get(collection_id) if isinstance(collection_id, str) else None
         if entry is None:
-            raise CollectionNotFound(f"collection_id ({collection_id!r}) not found")
+            raise CollectionNotFound(f"collection_id ({_show(collection_id)}) not found")
         return entry
 
     def _open_entry(self, collection_id: str) -> _Entry:
@@ -585,7 +613,8 @@ class Storage:
         entry = self._entry(collection_id)
         if entry.record.state != OPEN:
             raise CollectionClosed(
-                f"collection_id ({collection_id!r}) is {entry.record.state}: it accepts no reports"
+                f"collection_id ({_show(collection_id)}) is {entry.record.state}: it accepts "
+                "no reports"
             )
         return entry
 
@@ -654,11 +683,12 @@ def _stored_plan(collection_id: str, phase: int, plan_json: str, digest: str) ->
         plan = Plan.from_json(plan_json)
     except CalmkitError as exc:
         raise CalmkitError(
-            f"plan_json of collection {collection_id!r} (phase {phase}) is invalid: {exc}"
+            f"plan_json of collection {_show(collection_id)} (phase {phase}) is invalid: {exc}"
         ) from None
     if plan.digest != digest:
         raise CalmkitError(
-            f"digest ({digest!r}) of collection {collection_id!r} (phase {phase}) must match "
+            f"digest ({_show(digest)}) of collection {_show(collection_id)} (phase {phase}) "
+            "must match "
             f"its plan ({plan.digest!r})"
         )
     return plan
@@ -666,8 +696,7 @@ def _stored_plan(collection_id: str, phase: int, plan_json: str, digest: str) ->
 
 # -- validation ----------------------------------------------------------------------------
 def _check_collection_args(collection_id: str, plan: Plan, k: int, token_hash: bytes) -> None:
-    if not isinstance(collection_id, str) or not collection_id:
-        raise CalmkitError(f"collection_id ({collection_id!r}) must be a non-empty string")
+    check_collection_id(collection_id)
     if not isinstance(plan, Plan):
         raise CalmkitError(f"plan ({_show(plan)}) must be a Plan")
     if not _is_int(k) or not 1 <= int(k) <= plan.schema.d:
@@ -691,7 +720,8 @@ def _validate(plan: Plan, reports: list[StoredReport]) -> _Batch:
     raw_views = [r.view for r in reports]
     bad = next((i for i, v in enumerate(raw_views) if not _is_int(v) or not 0 <= v < plan.m), None)
     if bad is not None:
-        raise CalmkitError(f"reports[{bad}].view ({raw_views[bad]!r}) must be in [0, {plan.m})")
+        shown = _show(raw_views[bad])
+        raise CalmkitError(f"reports[{bad}].view ({shown}) must be in [0, {plan.m})")
     views = np.array(raw_views, dtype=np.int64).reshape(-1)
     payloads: list[int | bytes] = [r.payload for r in reports]
     order = np.argsort(views, kind="stable")

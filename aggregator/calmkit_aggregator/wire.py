@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from calmkit_client import CalmkitError, Plan
 from calmkit_client.report import REPORT_ID_BYTES
@@ -41,8 +43,39 @@ AggregatorServicer = pb_grpc.AggregatorServicer
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Aggregator"].full_name
 
 
+def picks_collection_id(request: Any) -> bool:
+    """Whether an empty collection_id asks the server to pick one (CreateCollection)."""
+    return isinstance(request, pb.CreateCollectionRequest)
+
+
 def add_servicer(servicer: Any, server: Any) -> None:
-    pb_grpc.add_AggregatorServicer_to_server(servicer, server)
+    """Register ``servicer``'s methods; requests arrive as bytes and are parsed here,
+    so a message that does not decode is INVALID_ARGUMENT (not INTERNAL)."""
+    methods = pb.DESCRIPTOR.services_by_name["Aggregator"].methods
+    handlers = {
+        m.name: grpc.unary_unary_rpc_method_handler(
+            _parsing(getattr(servicer, m.name), getattr(pb, m.input_type.name)),
+            request_deserializer=None,
+            response_serializer=getattr(pb, m.output_type.name).SerializeToString,
+        )
+        for m in methods
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+
+
+def _parsing(handler: Any, message: Any) -> Any:
+    def parse_then_handle(raw: bytes, context: grpc.ServicerContext) -> Any:
+        try:
+            request = message.FromString(raw)
+        except DecodeError:
+            context.set_trailing_metadata((("calmkit-error", "CalmkitError"),))
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"request ({len(raw)} bytes) is not a valid {message.DESCRIPTOR.full_name} message",
+            )
+        return handler(request, context)
+
+    return parse_then_handle
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@
 :class:`Collector` is what an app embeds: ``submit(record)`` makes (or recalls, see
 :class:`~calmkit_client.device.DeviceState`) the user's one report for the collection
 and sends it; ``submit_many`` does the same for many users in batches. Calls are
-retried with exponential backoff and a deadline, on UNAVAILABLE and DEADLINE_EXCEEDED
-only: report ids make a resent batch idempotent on the server.
+retried with exponential backoff and a deadline, on UNAVAILABLE, DEADLINE_EXCEEDED and
+the server's rate limit only: report ids make a resent batch idempotent on the server.
 """
 
 from __future__ import annotations
@@ -30,8 +30,11 @@ from .errors import (
     CollectionExists,
     CollectionNotFound,
     PlanMismatch,
+    RateLimited,
     ReportConflict,
+    ServiceUnavailable,
 )
+from .ids import check_collection_id
 from .plan import Plan
 from .schema import Label
 
@@ -40,6 +43,8 @@ __all__ = ["ERROR_KEY", "RETRYABLE", "Collector", "RetryPolicy", "call_with_retr
 T = TypeVar("T")
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# RESOURCE_EXHAUSTED is retried only when the server names it a rate limit (a message
+# over the size limit would fail again).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
@@ -76,6 +81,8 @@ _ERRORS: dict[str, type[CalmkitError]] = {
         PlanMismatch,
         ReportConflict,
         AccessDenied,
+        ServiceUnavailable,
+        RateLimited,
     )
 }
 ERROR_KEY = "calmkit-error"  # trailing metadata: the server's error class name
@@ -97,8 +104,17 @@ def _translate(err: grpc.RpcError) -> Exception:
         grpc.StatusCode.UNAUTHENTICATED: AccessDenied,
         grpc.StatusCode.PERMISSION_DENIED: AccessDenied,
         grpc.StatusCode.INVALID_ARGUMENT: CalmkitError,
+        grpc.StatusCode.UNAVAILABLE: ServiceUnavailable,
     }
     return by_code.get(err.code(), CollectionError)(f"{err.code().name}: {detail}")
+
+
+def _retryable(err: grpc.RpcError) -> bool:
+    if err.code() in RETRYABLE:
+        return True
+    trailers: Any = err.trailing_metadata() or ()
+    named = {str(item[1]) for item in trailers if item[0] == ERROR_KEY}
+    return err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and RateLimited.__name__ in named
 
 
 def call_with_retry(
@@ -108,14 +124,15 @@ def call_with_retry(
     metadata: Sequence[tuple[str, str]] = (),
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """``fn(request, timeout=..., metadata=...)``, retried on UNAVAILABLE and
-    DEADLINE_EXCEEDED only; other statuses raise the matching calmkit error at once."""
+    """``fn(request, timeout=..., metadata=...)``, retried on UNAVAILABLE,
+    DEADLINE_EXCEEDED and the server's rate limit only; other statuses raise the
+    matching calmkit error at once."""
     wait = policy.initial
     for attempt in range(policy.attempts):
         try:
             return fn(request, timeout=policy.timeout, metadata=tuple(metadata))
         except grpc.RpcError as err:
-            if err.code() not in RETRYABLE:
+            if not _retryable(err):
                 raise _translate(err) from None
             if attempt == policy.attempts - 1:
                 raise CollectionError(
@@ -127,13 +144,23 @@ def call_with_retry(
     raise AssertionError("unreachable")
 
 
-def open_channel(address: str) -> grpc.Channel:
-    """An insecure channel (loopback or a trusted network; put TLS in front otherwise)."""
+def open_channel(address: str, root_certificates: bytes | None = None) -> grpc.Channel:
+    """A channel to ``address``: TLS verified against ``root_certificates`` (PEM
+    bytes of the CA, or of a self-signed server certificate) when given, else
+    plaintext (for a loopback server, or one behind a TLS-terminating proxy)."""
     options = [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ]
-    return grpc.insecure_channel(address, options=options)
+    if root_certificates is None:
+        return grpc.insecure_channel(address, options=options)
+    pem = b"-----BEGIN CERTIFICATE-----"
+    if not isinstance(root_certificates, bytes) or pem not in root_certificates:
+        raise CalmkitError(
+            "root_certificates must be PEM bytes containing -----BEGIN CERTIFICATE-----"
+        )
+    credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+    return grpc.secure_channel(address, credentials, options=options)
 
 
 class Collector:
@@ -149,6 +176,10 @@ class Collector:
     device (default :data:`~calmkit_client.budget.DEFAULT_BUDGET`: 4 and 10): a plan
     whose epsilon does not fit is refused with
     :class:`~calmkit_client.errors.BudgetExceeded` before any report is made.
+
+    ``root_certificates`` (PEM bytes) makes the channel TLS, verified against them;
+    without them the channel is plaintext (for a loopback server only, or behind a
+    TLS-terminating proxy).
     """
 
     def __init__(
@@ -161,14 +192,14 @@ class Collector:
         batch_size: int = 1000,
         channel: grpc.Channel | None = None,
         budget: PrivacyBudget = DEFAULT_BUDGET,
+        root_certificates: bytes | None = None,
     ) -> None:
-        if not isinstance(collection_id, str) or not collection_id:
-            raise CalmkitError(f"collection_id ({collection_id!r}) must be a non-empty string")
+        check_collection_id(collection_id)
         if not 1 <= batch_size <= 10_000:
             raise CalmkitError(f"batch_size ({batch_size}) must be in [1, 10000]")
         self.collection_id = collection_id
         self.batch_size = batch_size
-        self._channel = channel or open_channel(address)
+        self._channel = channel or open_channel(address, root_certificates)
         self._owns_channel = channel is None
         self._stub = wire.aggregator_stub(self._channel)
         self._metadata = [("authorization", f"Bearer {submit_token}")] if submit_token else []

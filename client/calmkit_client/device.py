@@ -52,6 +52,7 @@ import platformdirs
 from .assignment import UserId, encode_user_id
 from .budget import DEFAULT_BUDGET, PrivacyBudget
 from .errors import BudgetExceeded, CalmkitError
+from .ids import check_collection_id
 from .plan import Plan
 from .report import Report, make_report, make_reports
 from .schema import Label
@@ -113,15 +114,11 @@ class DeviceError(CalmkitError):
 
 
 def _check_collection_id(collection_id: object) -> bytes:
-    """The UTF-8 bytes of a valid collection id (non-empty str without NUL)."""
-    if not isinstance(collection_id, str) or not collection_id:
-        raise DeviceError(f"collection_id ({collection_id!r}) must be a non-empty string")
-    if "\0" in collection_id:
-        raise DeviceError(f"collection_id ({collection_id!r}) must not contain NUL")
+    """The ASCII bytes of a valid collection id (see :mod:`calmkit_client.ids`)."""
     try:
-        return collection_id.encode("utf-8")
-    except UnicodeEncodeError:
-        raise DeviceError(f"collection_id ({collection_id!r}) must be valid Unicode") from None
+        return check_collection_id(collection_id).encode("ascii")
+    except CalmkitError as exc:
+        raise DeviceError(str(exc)) from None
 
 
 def _check_plan(plan: object) -> Plan:

@@ -52,3 +52,13 @@ class AccessDenied(CollectionError):
 # -- the device's privacy ledger ------------------------------------------------------------
 class BudgetExceeded(CalmkitError):
     """A new report would spend more privacy than the device's budget allows."""
+
+
+# -- the service's transient refusals (the client retries them with backoff) ---------------
+class ServiceUnavailable(CollectionError):
+    """The server cannot serve the call now, e.g. it is shutting down (UNAVAILABLE)."""
+
+
+class RateLimited(CollectionError):
+    """A submit token sent reports faster than the server's rate limit
+    (RESOURCE_EXHAUSTED)."""

@@ -44,6 +44,9 @@ _CHUNK_WORDS = 1 << 16
 _EPS_RTOL = 1e-12
 
 
+MAX_EPSILON = 44.0  # ln(2^64) = 44.36: beyond it q < 2^-64 has no 64-bit threshold
+
+
 def validate_epsilon(epsilon: object, name: str = "epsilon") -> float:
     """``float(epsilon)`` if it is a finite real > 0, else :class:`OracleError`."""
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.integer, np.floating)):
@@ -51,6 +54,18 @@ def validate_epsilon(epsilon: object, name: str = "epsilon") -> float:
     value = float(epsilon)
     if not (math.isfinite(value) and value > 0):
         raise OracleError(f"{name} ({value!r}) must be finite and > 0")
+    return value
+
+
+def validate_oracle_epsilon(epsilon: object, name: str = "epsilon") -> float:
+    """:func:`validate_epsilon`, and at most :data:`MAX_EPSILON` (what a frequency
+    oracle's 64-bit thresholds can realise), else :class:`OracleError`."""
+    value = validate_epsilon(epsilon, name)
+    if value > MAX_EPSILON:
+        raise OracleError(
+            f"{name} ({value!r}) must be <= {MAX_EPSILON:g} (a 64-bit threshold cannot "
+            "realise a flip probability below 2^-64)"
+        )
     return value
 
 
@@ -69,7 +84,7 @@ class FrequencyOracle(ABC):
     name: ClassVar[str]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", validate_epsilon(self.epsilon))
+        object.__setattr__(self, "epsilon", validate_oracle_epsilon(self.epsilon))
         if isinstance(self.L, bool) or not isinstance(self.L, (int, np.integer)) or self.L < 2:
             raise OracleError(f"L ({self.L!r}) must be an int >= 2")
         object.__setattr__(self, "L", int(self.L))
@@ -468,7 +483,7 @@ def make_oracle(name: str, L: int, epsilon: float) -> FrequencyOracle:
 
 def choose_oracle(L: int, epsilon: float) -> FrequencyOracle:
     """The oracle with the smaller variance (§2.2.3): GRR iff ``L < 3 e^eps + 2``."""
-    eps = validate_epsilon(epsilon)
+    eps = validate_oracle_epsilon(epsilon)
     if isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 2:
         raise OracleError(f"L ({L!r}) must be an int >= 2")
     return GRR(eps, int(L)) if L < 3 * math.exp(eps) + 2 else OUE(eps, int(L))

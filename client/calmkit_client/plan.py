@@ -22,7 +22,7 @@ import numpy as np
 
 from .assignment import UserId, hash_user_id, hash_user_ids, share_bounds, views_of_hashes
 from .errors import CalmkitError, PlanError
-from .oracles import FrequencyOracle, choose_oracle, make_oracle, validate_epsilon
+from .oracles import FrequencyOracle, choose_oracle, make_oracle, validate_oracle_epsilon
 from .schema import AttrRef, Schema
 
 __all__ = ["MAX_VIEW_CELLS", "PLAN_FORMAT", "Plan"]
@@ -59,7 +59,7 @@ class Plan:
         if not isinstance(self.schema, Schema):
             raise PlanError(f"schema ({self.schema!r}) must be a Schema")
         try:
-            eps = validate_epsilon(self.epsilon)
+            eps = validate_oracle_epsilon(self.epsilon)
         except CalmkitError as exc:
             raise PlanError(str(exc)) from None
         object.__setattr__(self, "epsilon", eps)

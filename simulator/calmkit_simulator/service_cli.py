@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import shlex
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -21,16 +24,51 @@ from calmkit_client import CalmkitError, Schema, SchemaError
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 
 
+def _read_secret_file(option: str, path: str) -> bytes:
+    """A file holding a secret: readable, and not by other users (like ssh keys)."""
+    try:
+        mode = os.stat(path).st_mode
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise CalmkitError(f"{option} ({path!r}) must be readable: {exc.strerror}") from None
+    if os.name == "posix" and mode & 0o077:
+        raise CalmkitError(
+            f"{option} ({path!r}) must not be readable by other users (mode "
+            f"{stat.S_IMODE(mode):04o}): run chmod 600 {shlex.quote(path)}"
+        )
+    return data
+
+
 def _read_token(path: str | None) -> str | None:
     if path is None:
         return None
     try:
-        token = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise CalmkitError(f"token_file ({path!r}) must be readable: {exc.strerror}") from None
+        token = _read_secret_file("token_file", path).decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise CalmkitError(f"token_file ({path!r}) must be UTF-8 text") from None
     if len(token) < 16:
         raise CalmkitError(f"token_file ({path!r}) must hold a token of >= 16 characters")
     return token
+
+
+def _read_ca(path: str | None) -> bytes | None:
+    """``--tls-ca``: the PEM certificate(s) that sign (or are) the server's."""
+    if path is None:
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise CalmkitError(f"tls_ca ({path!r}) must be readable: {exc.strerror}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise CalmkitError(f"tls_ca ({path!r}) must be a PEM certificate file")
+    return data
+
+
+def _admin(args: argparse.Namespace) -> Any:
+    from calmkit_aggregator.admin import AdminClient
+
+    return AdminClient(args.address, _read_token(args.token_file),
+                       root_certificates=_read_ca(args.tls_ca))  # fmt: skip
 
 
 def _progress(total: int, desc: str, enabled: bool) -> Any:
@@ -45,23 +83,35 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
 
 # -- serve --------------------------------------------------------------------------------
 def _serve(args: argparse.Namespace) -> int:
-    from calmkit_aggregator.service import create_server, graceful_stop, log_json
+    from calmkit_aggregator.server import ServerTls, create_server, graceful_stop
+    from calmkit_aggregator.service import log_json
     from calmkit_aggregator.storage import Storage
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     token = _read_token(args.token_file)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise CalmkitError("tls_cert and tls_key must be given together")
+    tls = None
+    if args.tls_cert is not None:
+        _read_secret_file("tls_key", args.tls_key)  # the key file's mode is checked
+        tls = ServerTls.from_files(args.tls_cert, args.tls_key)
     storage = Storage(args.db)
     try:
-        server, port = create_server(args.address, storage, admin_token=token)
-    except Exception:
+        server, port = create_server(
+            args.address, storage, admin_token=token, tls=tls, insecure=args.insecure,
+            rate_limit=args.rate_limit,
+        )  # fmt: skip
+    except BaseException:
         storage.close()
         raise
     host = args.address.rsplit(":", 1)[0]
-    print(f"calmkit serve: listening on {host}:{port} (db {args.db})", flush=True)
+    scheme = "TLS" if tls is not None else "plaintext"
+    print(f"calmkit serve: listening on {host}:{port} ({scheme}, db {args.db})", flush=True)
     if token is None:
         print("calmkit serve: no --token-file, so admin calls are open; bound to loopback only",
               flush=True)  # fmt: skip
-    log_json("serving", address=f"{host}:{port}", db=args.db, admin_token=token is not None)
+    log_json("serving", address=f"{host}:{port}", db=args.db, admin_token=token is not None,
+             tls=tls is not None, rate_limit=args.rate_limit)  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -118,9 +168,7 @@ def _info_dict(info: Any) -> dict[str, Any]:
 
 
 def _collection(args: argparse.Namespace) -> int:
-    from calmkit_aggregator.admin import AdminClient
-
-    with AdminClient(args.address, _read_token(args.token_file)) as admin:
+    with _admin(args) as admin:
         if args.action == "create":
             info = admin.create_collection(
                 _schema_from_args(args), args.epsilon, args.n, args.k,
@@ -187,10 +235,8 @@ def _format_table(answer: Any, fmt: str) -> str:
 
 
 def _query(args: argparse.Namespace) -> int:
-    from calmkit_aggregator.admin import AdminClient
-
     attrs = [a.strip() for a in args.attrs.split(",") if a.strip()]
-    with AdminClient(args.address, _read_token(args.token_file)) as admin:
+    with _admin(args) as admin:
         answer = admin.query(args.collection, attrs, args.replicates)
     print(_format_table(answer, args.format))
     return 0
@@ -207,7 +253,7 @@ def _demo(args: argparse.Namespace) -> int:
     temporary SQLite database, a synthetic population reporting through the real
     client over gRPC, then 2- and 3-way marginals beside the truth."""
     from calmkit_aggregator.admin import AdminClient
-    from calmkit_aggregator.service import create_server, graceful_stop
+    from calmkit_aggregator.server import create_server, graceful_stop
     from calmkit_aggregator.storage import Storage
     from calmkit_client import wire as client_wire
     from calmkit_client.collector import Collector
@@ -316,12 +362,25 @@ def add_commands(sub: Any) -> None:
     serve.add_argument("--token-file", default=None, help="admin bearer token (required "
                        "to bind a non-loopback address)")  # fmt: skip
     serve.add_argument("--grace", type=float, default=10.0, help="shutdown grace seconds")
+    serve.add_argument("--tls-cert", default=None, metavar="FILE",
+                       help="PEM certificate chain: serve TLS (with --tls-key)")
+    serve.add_argument("--tls-key", default=None, metavar="FILE",
+                       help="PEM private key of --tls-cert (mode 0600)")
+    serve.add_argument("--insecure", action="store_true",
+                       help="allow a non-loopback --address without TLS (only behind a "
+                       "TLS-terminating proxy or on a private network)")
+    serve.add_argument("--rate-limit", type=float, default=None, metavar="REPORTS_PER_S",
+                       help="cap each submit token at this many reports per second "
+                       "(default: no cap)")
     serve.set_defaults(run=_serve)
 
     col = sub.add_parser("collection", help="create, close, list or show collections")
     col.add_argument("action", choices=["create", "close", "status", "list"])
     col.add_argument("--address", default=DEFAULT_ADDRESS)
-    col.add_argument("--token-file", default=None)
+    col.add_argument("--token-file", default=None,
+                       help="admin bearer token file (mode 0600)")
+    col.add_argument("--tls-ca", default=None, metavar="FILE",
+                       help="PEM certificate that signs (or is) a TLS server's certificate")
     col.add_argument("--collection", help="collection id (close, status)")
     col.add_argument("--id", default=None, help="create: the new collection's id")
     col.add_argument("--domain", help="create: category counts, e.g. 2,3,2")
@@ -345,7 +404,10 @@ def add_commands(sub: Any) -> None:
 
     query = sub.add_parser("query", help="a marginal table of a collection")
     query.add_argument("--address", default=DEFAULT_ADDRESS)
-    query.add_argument("--token-file", default=None)
+    query.add_argument("--token-file", default=None,
+                       help="admin bearer token file (mode 0600)")
+    query.add_argument("--tls-ca", default=None, metavar="FILE",
+                       help="PEM certificate that signs (or is) a TLS server's certificate")
     query.add_argument("--collection", required=True)
     query.add_argument("--attrs", required=True, help="attribute names, comma-separated")
     query.add_argument("--format", choices=["table", "csv", "json"], default="table")

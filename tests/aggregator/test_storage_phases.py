@@ -11,7 +11,7 @@ import pytest
 
 from calmkit_aggregator import SupportCounts
 from calmkit_aggregator.pilot import PhasedDesign
-from calmkit_aggregator.storage import SCHEMA_VERSION, Storage, StoredReport
+from calmkit_aggregator.storage import SCHEMA_VERSION, BatchOutcome, Storage, StoredReport
 from calmkit_client import Plan, Schema
 from calmkit_client.errors import CalmkitError, CollectionClosed, PlanMismatch, ReportConflict
 from tests.aggregator.test_storage import TOKEN_HASH, assert_counts_equal, simulate
@@ -75,10 +75,10 @@ def test_unknown_digests_and_cross_phase_conflicts_are_refused(tmp_path: Path) -
         early, _ = _phased(store)
         with pytest.raises(PlanMismatch, match="must be one of the collection's plans"):
             store.add_reports("p", "f" * 64, early[:1])
-        # the same report id resent under the other phase is another report: refused
+        # the same (report id, pseudonym) resent under the other phase is a retry: the
+        # stored report stands, whatever the content (nothing stored is revealed)
         moved = StoredReport(early[0].report_id, early[0].pseudonym, 2, 0)
-        with pytest.raises(ReportConflict, match="report_id"):
-            store.add_reports("p", MAIN.digest, [moved])
+        assert store.add_reports("p", MAIN.digest, [moved]) == BatchOutcome(0, 1)
         # one report per user over all phases
         again = StoredReport(b"\x01" * 16, early[1].pseudonym, 2, 0)
         with pytest.raises(ReportConflict, match="pseudonym"):

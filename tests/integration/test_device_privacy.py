@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator.admin import AdminClient
-from calmkit_aggregator.service import create_server, graceful_stop
+from calmkit_aggregator.server import create_server, graceful_stop
 from calmkit_aggregator.storage import Storage
 from calmkit_client import BudgetExceeded, CalmkitError, Collector, DeviceState, PrivacyBudget
 from calmkit_simulator import synthetic_population

@@ -12,7 +12,7 @@ import numpy as np
 from calmkit_aggregator import reconstruct
 from calmkit_aggregator.admin import AdminClient
 from calmkit_aggregator.pilot import pilot_size
-from calmkit_aggregator.service import create_server, graceful_stop
+from calmkit_aggregator.server import create_server, graceful_stop
 from calmkit_aggregator.storage import Storage
 from calmkit_client.collector import Collector
 from calmkit_client.device import DeviceState

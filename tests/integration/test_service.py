@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from calmkit_aggregator import SupportCounts, reconstruct
 from calmkit_aggregator.admin import AdminClient
-from calmkit_aggregator.service import create_server, graceful_stop
+from calmkit_aggregator.server import create_server, graceful_stop
 from calmkit_aggregator.storage import Storage
 from calmkit_client import CalmkitError, make_reports
 from calmkit_client import wire as client_wire

@@ -1,0 +1,269 @@
+"""Serving the aggregator safely (issue 12, docs/security.md).
+
+``create_server(address, storage)`` -> ``(server, port)``, started. The service runs on
+a ``grpc.aio`` server in its own event-loop thread behind a blocking facade
+(:class:`Server`):
+
+- **Slow streams cannot starve it.** The event loop reads request bodies; a handler
+  gets a worker thread (``max_workers`` of them, for SQLite and numpy work) only once
+  its whole message has arrived, so streams that send headers and stall hold no
+  worker. Health checks are answered on the loop itself and do not queue behind
+  ingest. At most ``max_concurrent_rpcs`` calls are in flight, a connection carries at
+  most ``MAX_STREAMS_PER_CONNECTION`` streams, and connections are recycled after
+  ``MAX_CONNECTION_AGE_S`` (plus a grace period), so a stalled stream cannot live for
+  ever.
+- **A port in use is refused** (``grpc.so_reuseport`` off): a second server on the
+  same port fails with :class:`~calmkit_client.CalmkitError` instead of silently
+  sharing the traffic.
+- **TLS** with a PEM certificate chain and key (:class:`ServerTls`). A bind beyond
+  loopback without TLS is refused unless ``insecure=True``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from calmkit_client import CalmkitError
+from calmkit_client.collector import MAX_MESSAGE_BYTES
+
+from . import wire
+from .service import AggregatorService
+from .storage import Storage
+
+__all__ = ["Server", "ServerTls", "create_server", "graceful_stop", "is_loopback"]
+
+MAX_CONCURRENT_RPCS = 2048  # calls in flight (beyond: RESOURCE_EXHAUSTED)
+MAX_STREAMS_PER_CONNECTION = 64
+MAX_CONNECTION_AGE_S = 300  # then GOAWAY; clients reconnect transparently
+MAX_CONNECTION_AGE_GRACE_S = 60  # in-flight calls get this long to finish
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``HOST:PORT`` binds only the loopback interface."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True, repr=False)
+class ServerTls:
+    """A server's TLS identity: a PEM certificate chain and its PEM private key."""
+
+    certificate_chain: bytes
+    private_key: bytes
+
+    def __post_init__(self) -> None:
+        for field, value, marker in (
+            ("certificate_chain", self.certificate_chain, b"-----BEGIN CERTIFICATE-----"),
+            ("private_key", self.private_key, b"PRIVATE KEY-----"),
+        ):
+            if not isinstance(value, bytes) or marker not in value:
+                raise CalmkitError(f"tls {field} must be PEM bytes containing {marker.decode()}")
+
+    @classmethod
+    def from_files(cls, cert_file: str | Path, key_file: str | Path) -> ServerTls:
+        """Read ``--tls-cert`` and ``--tls-key``; a missing or non-PEM file is a clear
+        error naming the option and path."""
+        values = []
+        for option, path in (("tls_cert", cert_file), ("tls_key", key_file)):
+            try:
+                values.append(Path(path).read_bytes())
+            except OSError as exc:
+                msg = f"{option} ({str(path)!r}) must be readable: {exc.strerror}"
+                raise CalmkitError(msg) from None
+        try:
+            return cls(values[0], values[1])
+        except CalmkitError as exc:
+            raise CalmkitError(f"{exc} (files {str(cert_file)!r}, {str(key_file)!r})") from None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials([(self.private_key, self.certificate_chain)])
+
+    def __repr__(self) -> str:  # never print the key
+        chain = len(self.certificate_chain)
+        return f"ServerTls(certificate_chain=<{chain} bytes>, private_key=<hidden>)"
+
+
+class _Stopping:
+    """What :meth:`Server.stop` returns: ``wait()`` blocks until the server is down."""
+
+    def __init__(self, done: futures.Future[None]) -> None:
+        self._done = done
+
+    def wait(self, timeout: float | None = None) -> bool:
+        try:
+            self._done.result(timeout)
+        except futures.TimeoutError:
+            return False
+        return True
+
+
+class Server:
+    """A started ``grpc.aio`` server running on its own event-loop thread; the blocking
+    methods here are what the CLI, tests and benchmarks use."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
+                 server: grpc.aio.Server, health_servicer: health_aio.HealthServicer,
+                 workers: futures.ThreadPoolExecutor, port: int, tls: bool) -> None:  # fmt: skip
+        self._loop = loop
+        self._thread = thread
+        self._server = server
+        self._health = health_servicer
+        self._workers = workers
+        self.port = port
+        self.tls = tls
+        self._stopped: futures.Future[None] | None = None
+        self._lock = threading.Lock()
+
+    def _call(self, coro: object) -> futures.Future[object]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+
+    def enter_graceful_shutdown(self) -> None:
+        """Health checks answer NOT_SERVING from now on (load balancers drain us)."""
+        if self._loop.is_running():
+            self._call(self._health.enter_graceful_shutdown()).result()
+
+    def stop(self, grace: float | None = None) -> _Stopping:
+        """Refuse new calls, let in-flight ones finish within ``grace`` seconds, then
+        cancel the rest and end the loop thread. Idempotent."""
+        with self._lock:
+            if self._stopped is None:
+                self._stopped = futures.Future()
+                threading.Thread(target=self._shutdown, args=(grace,), daemon=True,
+                                 name="calmkit-grpc-stop").start()  # fmt: skip
+            return _Stopping(self._stopped)
+
+    def _shutdown(self, grace: float | None) -> None:
+        assert self._stopped is not None
+        try:
+            if self._loop.is_running():
+                self._call(self._server.stop(grace)).result()
+                self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._workers.shutdown(wait=True)
+            self._loop.close()
+        finally:
+            self._stopped.set_result(None)
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        """Block until the server stopped (or ``timeout`` passed: then False)."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
+def _options() -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0),  # a second server on a bound port fails (issue 12 item 7)
+        ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_S * 1000),
+        ("grpc.max_connection_age_grace_ms", MAX_CONNECTION_AGE_GRACE_S * 1000),
+    ]
+
+
+async def _start(
+    address: str, service: AggregatorService, tls: ServerTls | None,
+    workers: futures.ThreadPoolExecutor, max_concurrent_rpcs: int,
+) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:  # fmt: skip
+    # The service's handlers are plain functions: grpc.aio reads each request on the
+    # loop and runs the handler on ``workers`` once the message is complete.
+    server = grpc.aio.server(
+        migration_thread_pool=workers, options=_options(),
+        maximum_concurrent_rpcs=max_concurrent_rpcs,
+    )  # fmt: skip
+    wire.add_servicer(service, server)
+    health_servicer = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", wire.SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(
+        (wire.SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    try:
+        if tls is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, tls.credentials())
+    except RuntimeError:  # grpc raises or returns 0 when the bind fails
+        port = 0
+    if port == 0:
+        await server.stop(None)
+        raise CalmkitError(
+            f"address ({address!r}) could not be bound: the port is in use or the host "
+            "is not an address of this machine"
+        )
+    await server.start()
+    return server, health_servicer, port
+
+
+def create_server(
+    address: str,
+    storage: Storage,
+    admin_token: str | None = None,
+    *,
+    tls: ServerTls | None = None,
+    insecure: bool = False,
+    max_workers: int = 8,
+    max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
+    rate_limit: float | None = None,
+) -> tuple[Server, int]:
+    """Start the service on ``address`` (``HOST:0`` picks a free port); return
+    ``(server, port)``.
+
+    Without an admin token the address must be loopback. Beyond loopback, ``tls`` is
+    required unless ``insecure=True`` says that something else (a TLS-terminating
+    proxy, a private network) protects the bearer tokens on the wire. ``rate_limit``
+    caps each submit token at that many reports per second (None: no cap).
+    """
+    if admin_token is None and not is_loopback(address):
+        raise CalmkitError(
+            f"address ({address!r}) must be loopback (127.0.0.1, ::1, localhost) when no "
+            "token file protects the admin calls"
+        )
+    if tls is None and not insecure and not is_loopback(address):
+        raise CalmkitError(
+            f"address ({address!r}) is not loopback, so tokens and reports would cross the "
+            "network in clear: give a TLS certificate and key (--tls-cert/--tls-key), or "
+            "insecure=True (--insecure) if a proxy or private network protects them"
+        )
+    if not 1 <= max_workers <= 256:
+        raise CalmkitError(f"max_workers ({max_workers}) must be in [1, 256]")
+    service = AggregatorService(storage, admin_token, rate_limit=rate_limit)
+    workers = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="calmkit-rpc")
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True, name="calmkit-grpc")
+    thread.start()
+    started = asyncio.run_coroutine_threadsafe(
+        _start(address, service, tls, workers, max_concurrent_rpcs), loop
+    )
+    try:
+        server, health_servicer, port = started.result()
+    except BaseException:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+        workers.shutdown(wait=False)
+        raise
+    return Server(loop, thread, server, health_servicer, workers, port, tls is not None), port
+
+
+def graceful_stop(server: Server, grace: float = 10.0) -> None:
+    """Report NOT_SERVING to health checks, refuse new calls, let in-flight ones (an
+    ingesting batch is committed before its ack) finish within ``grace`` seconds."""
+    server.enter_graceful_shutdown()
+    server.stop(grace).wait()
