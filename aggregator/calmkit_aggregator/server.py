@@ -151,13 +151,22 @@ class Server:
         assert self._stopped is not None
         try:
             if self._loop.is_running():
-                self._call(self._server.stop(grace)).result()
+                self._call(self._stop(grace)).result()
                 self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._workers.shutdown(wait=True)
             self._loop.close()
         finally:
             self._stopped.set_result(None)
+
+    async def _stop(self, grace: float | None) -> None:
+        """Stop the server, then end what is left on the loop (calls still waiting for
+        a request body that never came) so the loop closes clean."""
+        await self._server.stop(grace)
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in rest:
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         """Block until the server stopped (or ``timeout`` passed: then False)."""
