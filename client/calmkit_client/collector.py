@@ -137,7 +137,8 @@ def call_with_retry(
             if attempt == policy.attempts - 1:
                 raise CollectionError(
                     f"server ({err.code().name}: {err.details()}) still failing after "
-                    f"{policy.attempts} attempts"
+                    f"{policy.attempts} attempts (is the address right, the server up, and "
+                    "TLS alike on both sides: root certificates for a TLS server?)"
                 ) from None
             sleep(wait)
             wait = min(wait * policy.multiplier, policy.maximum)
