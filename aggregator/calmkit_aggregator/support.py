@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calmkit_client import Plan, PlanError, ViewReports
+from calmkit_client import Plan, PlanError, Report, ViewReports
 
 __all__ = ["SupportCounts"]
 
@@ -47,14 +47,41 @@ class SupportCounts:
         )
 
     @classmethod
-    def from_reports(cls, plan: Plan, batches: Iterable[ViewReports]) -> SupportCounts:
-        """Count the payloads of :func:`calmkit_client.make_reports` batches."""
+    def from_reports(
+        cls, plan: Plan, reports: Iterable[ViewReports | Report]
+    ) -> SupportCounts:
+        """Count reports made under ``plan``: :func:`calmkit_client.make_reports`
+        batches, single :class:`~calmkit_client.Report` objects (what devices send:
+        :func:`calmkit_client.make_report`), or a mix. A report made under another plan
+        is a :class:`PlanError` naming its position."""
         n = np.zeros(plan.m, np.int64)
         counts = [np.zeros(o.L, np.int64) for o in plan.view_oracles]
-        for batch in batches:
-            j = plan.check_view(batch.view)
-            n[j] += batch.n
-            counts[j] += plan.view_oracles[j].support(batch.payloads)
+        singles: dict[int, list[int | bytes]] = {}
+        for i, item in enumerate(reports):
+            if isinstance(item, ViewReports):
+                j = plan.check_view(item.view)
+                n[j] += item.n
+                counts[j] += plan.view_oracles[j].support(item.payloads)
+            elif isinstance(item, Report):
+                if item.plan_digest != plan.digest:
+                    raise PlanError(
+                        f"reports[{i}].plan_digest ({item.plan_digest[:12]}...) must be the "
+                        f"plan's ({plan.digest[:12]}...)"
+                    )
+                singles.setdefault(plan.check_view(item.view), []).append(item.payload)
+            else:
+                raise PlanError(
+                    f"reports[{i}] ({type(item).__name__}) must be a Report or ViewReports"
+                )
+        for j, payloads in singles.items():  # one vectorised count per view
+            oracle = plan.view_oracles[j]
+            if oracle.name == "OUE":
+                arr = np.frombuffer(b"".join(payloads), np.uint8)  # type: ignore[arg-type]
+                array = arr.reshape(len(payloads), -1)
+            else:
+                array = np.asarray(payloads, dtype=np.int64)
+            n[j] += len(payloads)
+            counts[j] += oracle.support(array)
         return cls(plan, n, tuple(counts))
 
     def merge(self, other: SupportCounts) -> SupportCounts:

@@ -11,9 +11,10 @@
 - Any CSV of categorical columns (header row), with an optional JSON of domains
   ``{column: [labels..] or count}``, so users can bring their own data.
 
-The data folder is ``$CALMKIT_DATA`` if set, else ``../shared/datasets`` beside the
-project or the working directory; :func:`default_data_dir` returns ``None`` when
-there is none (the synthetic population is then the default).
+The data folder is ``$CALMKIT_DATA`` if set, else the per-user folder that ``calmkit
+datasets fetch`` fills (:func:`user_data_dir`), else (in a development checkout) a
+``../shared/datasets`` beside the project; :func:`default_data_dir` returns ``None``
+when there is none (the synthetic population is then the default).
 """
 
 from __future__ import annotations
@@ -190,13 +191,21 @@ def load_csv(
     ``notes``); a value outside a given domain is an error naming column and value.
     """
     path = _need(Path(path), "CSV file")
-    with path.open(newline="") as fh:
-        reader = csv.reader(fh)
-        try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            raise DatasetError(f"CSV ({path}) must have a header row") from None
-        rows = [[v.strip() for v in row] for row in reader if row]
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            try:
+                header = [h.strip() for h in next(reader)]
+            except StopIteration:
+                raise DatasetError(f"CSV ({path}) must have a header row") from None
+            rows = [[v.strip() for v in row] for row in reader if row]
+    except UnicodeDecodeError as exc:
+        raise DatasetError(
+            f"CSV ({path}) must be UTF-8 text: byte {exc.object[exc.start]:#04x} at offset "
+            f"{exc.start} is not (re-save it as UTF-8, e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+    except csv.Error as exc:
+        raise DatasetError(f"CSV ({path}) cannot be parsed: {exc}") from None
     bad = [i for i, r in enumerate(rows) if len(r) != len(header)]
     if bad:
         raise DatasetError(
@@ -204,14 +213,36 @@ def load_csv(
         )
     kept = [r for r in rows if all(v != "" for v in r)]
     if isinstance(domains, (str, Path)):
-        domains = json.loads(_need(Path(domains), "domains file").read_text())
+        domains = _read_domains(_need(Path(domains), "domains file"))
     orders: dict[str, list[str]] = {}
     for col, dom in (domains or {}).items():
         if col not in header:
             raise DatasetError(f"domain column ({col!r}) must be a CSV column {header}")
-        orders[col] = [str(i) for i in range(dom)] if isinstance(dom, int) else list(dom)
+        if isinstance(dom, int) and not isinstance(dom, bool) and dom >= 1:
+            orders[col] = [str(i) for i in range(dom)]
+        elif isinstance(dom, list) and dom and all(isinstance(v, (str, int)) for v in dom):
+            orders[col] = [str(v) for v in dom]
+        else:
+            raise DatasetError(
+                f"domain of {col!r} ({str(dom)[:60]}) must be a count >= 1 or a non-empty "
+                "list of labels"
+            )
     notes = (f"{path.name}: {len(kept)} of {len(rows)} rows kept (rows with empty fields dropped)",)
     return _population_from_labels(name or path.stem, header, kept, orders, set(), notes)
+
+
+def _read_domains(path: Path) -> dict[str, int | list[str]]:
+    """A ``*.domains.json``: ``{column: count or [labels]}``, or a clear error."""
+    try:
+        domains = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetError(f"domains file ({path}) must be JSON: {exc}") from None
+    if not isinstance(domains, dict):
+        raise DatasetError(
+            f"domains file ({path}) must hold an object {{column: count or [labels]}}, "
+            f"not a {type(domains).__name__}"
+        )
+    return domains
 
 
 def load_nltcs(data_dir: Path | str) -> Population:

@@ -172,7 +172,8 @@ def _collection(args: argparse.Namespace) -> int:
         if args.action == "create":
             info = admin.create_collection(
                 _schema_from_args(args), args.epsilon, args.n, args.k,
-                collection_id=args.id or "", theta=args.theta, views=_parse_views(args.views),
+                collection_id=args.collection or "", theta=args.theta,
+                views=_parse_views(args.views),
                 m=args.m, l=args.l, seed=args.seed, planner=args.planner, pilot=args.pilot,
             )  # fmt: skip
         elif args.action == "close":
@@ -345,76 +346,6 @@ def _demo(args: argparse.Namespace) -> int:
     print("  s.e.: the estimate's standard error (parametric bootstrap, 32 replicates)")
     print(f"  done in {seconds:.1f} s")
     return 0
-
-
-def add_commands(sub: Any) -> None:
-    """Register serve, collection, query and demo on the ``calmkit`` parser."""
-    demo = sub.add_parser("demo", help="server + client + queries on one machine (no files)")
-    demo.add_argument("--users", type=int, default=100_000, help="synthetic users (100000)")
-    demo.add_argument("--epsilon", type=float, default=1.0, help="LDP budget (default 1)")
-    demo.add_argument("--seed", type=int, default=0, help="population and plan seed")
-    demo.add_argument("--json", action="store_true", help="one JSON object")
-    demo.set_defaults(run=_demo)
-
-    serve = sub.add_parser("serve", help="run the aggregator service")
-    serve.add_argument("--address", default=DEFAULT_ADDRESS, help="HOST:PORT (port 0: any)")
-    serve.add_argument("--db", required=True, help="SQLite database file (created if missing)")
-    serve.add_argument("--token-file", default=None, help="admin bearer token (required "
-                       "to bind a non-loopback address)")  # fmt: skip
-    serve.add_argument("--grace", type=float, default=10.0, help="shutdown grace seconds")
-    serve.add_argument("--tls-cert", default=None, metavar="FILE",
-                       help="PEM certificate chain: serve TLS (with --tls-key)")
-    serve.add_argument("--tls-key", default=None, metavar="FILE",
-                       help="PEM private key of --tls-cert (mode 0600)")
-    serve.add_argument("--insecure", action="store_true",
-                       help="allow a non-loopback --address without TLS (only behind a "
-                       "TLS-terminating proxy or on a private network)")
-    serve.add_argument("--rate-limit", type=float, default=None, metavar="REPORTS_PER_S",
-                       help="cap each submit token at this many reports per second "
-                       "(default: no cap)")
-    serve.set_defaults(run=_serve)
-
-    col = sub.add_parser("collection", help="create, close, list or show collections")
-    col.add_argument("action", choices=["create", "close", "status", "list"])
-    col.add_argument("--address", default=DEFAULT_ADDRESS)
-    col.add_argument("--token-file", default=None,
-                       help="admin bearer token file (mode 0600)")
-    col.add_argument("--tls-ca", default=None, metavar="FILE",
-                       help="PEM certificate that signs (or is) a TLS server's certificate")
-    col.add_argument("--collection", help="collection id (close, status)")
-    col.add_argument("--id", default=None, help="create: the new collection's id")
-    col.add_argument("--domain", help="create: category counts, e.g. 2,3,2")
-    col.add_argument("--schema", help="create: schema JSON file (Schema.to_dict)")
-    col.add_argument("--epsilon", type=float)
-    col.add_argument("--n", type=int, default=0, help="create: expected users")
-    col.add_argument("--k", type=int, default=3)
-    col.add_argument("--theta", type=float, default=None)
-    col.add_argument("--m", type=int, default=None)
-    col.add_argument("--l", type=int, default=None)
-    col.add_argument("--views", default=None, help="explicit views, e.g. '0,1;1,2'")
-    col.add_argument("--planner", choices=("pipeline", "paper"), default="pipeline",
-                     help="create: pipeline (default; a pilot phase, then the views with the "
-                     "lowest predicted error) or paper (CALM's Algorithm 1)")  # fmt: skip
-    col.add_argument("--pilot", type=float, default=None,
-                     help="create: share of --n users in the pilot phase (default 0.2; 0: "
-                     "none)")  # fmt: skip
-    col.add_argument("--seed", type=int, default=0)
-    col.add_argument("--json", action="store_true")
-    col.set_defaults(run=_collection_checked)
-
-    query = sub.add_parser("query", help="a marginal table of a collection")
-    query.add_argument("--address", default=DEFAULT_ADDRESS)
-    query.add_argument("--token-file", default=None,
-                       help="admin bearer token file (mode 0600)")
-    query.add_argument("--tls-ca", default=None, metavar="FILE",
-                       help="PEM certificate that signs (or is) a TLS server's certificate")
-    query.add_argument("--collection", required=True)
-    query.add_argument("--attrs", required=True, help="attribute names, comma-separated")
-    query.add_argument("--format", choices=["table", "csv", "json"], default="table")
-    query.add_argument("--replicates", type=int, default=0,
-                       help="bootstrap replicates behind the std.err (0: server default 32; "
-                            "at most 1000)")  # fmt: skip
-    query.set_defaults(run=_query)
 
 
 def _collection_checked(args: argparse.Namespace) -> int:

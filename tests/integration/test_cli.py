@@ -104,6 +104,7 @@ def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
         "shrink",
         "planner",
         "chosen",
+        "warnings",
         "seconds",
     }
     assert out["planner"] == "pipeline" and out["chosen"]["pilot_m"] == 3

@@ -1,0 +1,393 @@
+"""The offline commands of ``calmkit``: datasets, population, plan, simulate and
+experiment (their options are defined in :mod:`calmkit_simulator.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from calmkit_client import CalmkitError
+
+from .datasets import load_dataset
+
+MANY_CATEGORIES = 64  # above this, warn: a view's cells outnumber what reports can fill
+
+
+def shape_warnings(pop: Any) -> list[str]:
+    """What in a population's shape will make answers poor or partial: attributes with
+    one category (nothing to collect) or very many (a view over one has that many
+    cells, each estimated from a few noisy reports)."""
+    out = []
+    for attr in pop.schema.attributes:
+        if attr.size == 1:
+            out.append(
+                f"attribute {attr.name!r} has one category ({attr.categories[0]!r}): its "
+                "marginal is known, so no view collects it"
+            )
+        elif attr.size > MANY_CATEGORIES:
+            out.append(
+                f"attribute {attr.name!r} has {attr.size} categories: a view over it has "
+                f">= {attr.size} cells to estimate from {pop.n} users' noisy reports, and its "
+                "answers will be poor; --max-categories C keeps the C-1 most frequent "
+                "categories and pools the rest"
+            )
+    return out
+
+
+def _warn(lines: list[str]) -> None:
+    for line in lines:
+        print(f"calmkit: warning: {line}", file=sys.stderr)
+
+
+def _population(args: argparse.Namespace) -> int:
+    pop = load_dataset(args.dataset, args.data_dir, args.d, args.max_categories)
+    warnings = shape_warnings(pop)
+    if args.json:
+        print(json.dumps({"name": pop.name, "n": pop.n, "d": pop.d,
+                          "sizes": list(pop.schema.sizes), "notes": list(pop.notes),
+                          "warnings": warnings}))  # fmt: skip
+    else:
+        _warn(warnings)
+        print(pop.describe())
+        for attr in pop.schema.attributes:
+            print(f"  {attr.name}: {', '.join(attr.categories)}")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from calmkit_aggregator.choose import choose_views
+    from calmkit_aggregator.pilot import pilot_plan, pilot_size
+    from calmkit_aggregator.planner import workload_of
+    from calmkit_aggregator.planning import choose_plan
+    from calmkit_client import Plan, Schema, SchemaError
+
+    try:
+        sizes = [int(x) for x in args.domain.split(",")]
+    except ValueError:
+        raise SchemaError(f"domain ({args.domain!r}) must be comma-separated ints") from None
+    schema = Schema.from_sizes(sizes)
+    names = schema.names
+    if args.planner == "paper":
+        choice = choose_views(schema.sizes, args.epsilon, args.n, args.k, theta=args.theta,
+                              l=args.l, m=args.m)  # fmt: skip
+        plan = Plan(schema, args.epsilon, choice.views)
+        out: dict[str, object] = {
+            "planner": "paper", "l": choice.l, "m": plan.m,
+            "views": [list(v) for v in plan.views], "oracles": list(plan.oracles or ()),
+            "rule": choice.rule,
+        }  # fmt: skip
+        if args.json:
+            print(json.dumps(out))
+        else:
+            print(choice.summary())
+            for v in out["views"]:  # type: ignore[attr-defined]
+                print("  ", v)
+        return 0
+    pilot = args.pilot if (args.l is None or args.m is None) else 0.0
+    fixed: tuple[tuple[int, ...], ...] = ()
+    users: list[float] = []
+    n_main = args.n
+    if pilot > 0:
+        first = pilot_plan(schema, args.epsilon)
+        cut = pilot_size(args.n, pilot)
+        fixed, n_main = first.views, args.n - cut
+        users = [cut / first.m] * first.m
+    chosen = choose_plan(schema.sizes, args.epsilon, n_main, workload_of(schema, args.k, None),
+                         fixed_views=fixed, fixed_users=users, l=args.l, m=args.m)  # fmt: skip
+    plan = Plan(schema, args.epsilon, chosen.views)
+    ranked = sorted(chosen.candidates, key=lambda c: c.sse)
+    out = {
+        "planner": "pipeline",
+        "l": chosen.l,
+        "m": plan.m,
+        "design": chosen.design,
+        "views": [list(v) for v in plan.views],
+        "oracles": list(plan.oracles or ()),
+        "predicted_sse": chosen.predicted.sse,
+        "predicted_noise": chosen.predicted.noise,
+        "predicted_bias": chosen.predicted.bias,
+        "profile": chosen.profile.to_dict(),
+        "pilot": None if pilot <= 0 else {
+            "fraction": pilot, "users": args.n - n_main, "views": [list(v) for v in fixed],
+        },
+        "not_collected": [names[a] for a in (*chosen.single, *chosen.predicted.uncollected)],
+        "notes": chosen.notes(names),
+        "candidates": [c.to_dict() for c in ranked],
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    if pilot > 0:
+        print(
+            f"pilot: {args.n - n_main} users ({pilot:.0%}) report on {len(fixed)} disjoint "
+            "attribute pairs; the views below are chosen again from their reports"
+        )
+        print("second phase, as planned from the prior (before any report):")
+    print(
+        f"l = {chosen.l}, m = {plan.m} ({chosen.design}), predicted SSE "
+        f"{chosen.predicted.sse:.3g} (noise {chosen.predicted.noise:.3g}, "
+        f"bias {chosen.predicted.bias:.3g}); oracles {sorted(set(plan.oracles or ()))}"
+    )
+    for note in chosen.notes(names):
+        print("note:", note)
+    print("candidates (best first): " + ", ".join(
+        f"l={c.l} m={c.m}{'' if c.design == 'spread' else ' ' + c.design} {c.sse:.3g}"
+        for c in ranked[:8]))  # fmt: skip
+    for v in out["views"][:20]:  # type: ignore[index]
+        print("  ", v)
+    if plan.m > 20:
+        print(f"   ... {plan.m - 20} more (--json lists all)")
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from .experiment import run_mechanism
+    from .mechanisms import make_mechanism
+
+    t0 = time.perf_counter()
+    mechanism = make_mechanism(args.mechanism, theta=args.theta, m=args.m, l=args.l,
+                               path=args.path, shrink=not args.no_shrink,
+                               planner=args.planner, pilot=args.pilot,
+                               rounds=args.rounds, strategy=args.strategy,
+                               budgets=args.budgets, noise=args.noise, delta=args.delta,
+                               workload=args.workload)  # fmt: skip
+    pop = load_dataset(args.dataset, args.data_dir, args.d, args.max_categories, rng=args.seed)
+    if args.n is not None and args.n != pop.n:
+        pop = pop.resample(args.n, rng=args.seed)
+    mechanism.check(pop.schema, pop.n, args.epsilon, args.k)  # fail before any work
+    warnings = shape_warnings(pop)
+    if not args.json:
+        _warn(warnings)
+    bar = None
+    if sys.stderr.isatty() and not args.json:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=args.reps, desc="reps", file=sys.stderr)
+        except ImportError:  # progress bars are optional
+            bar = None
+    results = run_mechanism(pop, mechanism, args.epsilon, args.k, args.queries, args.reps,
+                            rng=args.seed, progress=bar.update if bar else None)  # fmt: skip
+    if bar is not None:
+        bar.close()
+    errors = np.array([r.sse for r in results])
+    chosen = results[0].chosen if results else {}
+    out = {
+        "mechanism": mechanism.name,
+        "dataset": pop.name,
+        "n": pop.n,
+        "d": pop.d,
+        "k": args.k,
+        "epsilon": args.epsilon,
+        "m": chosen.get("m"),
+        "l": chosen.get("l"),
+        "sse_mean": float(errors.mean()),
+        "sse_std": float(errors.std(ddof=1)) if errors.size > 1 else 0.0,
+        "uniform_sse_mean": float(np.mean([r.uniform_sse for r in results])),
+        "seconds_per_rep": float(np.median([r.seconds for r in results])),
+        "privacy_unit": mechanism.privacy_unit,
+        "shrink": not args.no_shrink,
+        "planner": getattr(mechanism, "planner", None),
+        "chosen": chosen,
+        "warnings": warnings,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(pop.describe())
+    chose = ", ".join(f"{k_} = {v}" for k_, v in chosen.items())
+    print(
+        f"{out['mechanism']}{' (' + chose + ')' if chose else ''}: epsilon {args.epsilon}, "
+        f"{args.queries} random {args.k}-way queries x {args.reps} reps"
+    )
+    print(
+        f"  SSE  {out['mechanism']} {out['sse_mean']:.3g} +- {out['sse_std']:.2g}   "
+        f"Uniform {out['uniform_sse_mean']:.3g}"
+    )
+    if chosen.get("not_collected"):
+        print(f"  not collected (one category, or too few users): {chosen['not_collected']}")
+    print(f"  {out['seconds']:.1f} s ({out['seconds_per_rep']:.2f} s per rep)")
+    return 0
+
+
+def _experiment(args: argparse.Namespace) -> int:
+    import os
+    import shlex
+    from pathlib import Path
+
+    from .figures import build_figure
+    from .grid import ResultCache, run_tasks
+    from .report import write_outputs
+
+    if args.figure == "planner":
+        return _planner_experiment(args)
+    figure = build_figure(args.figure, quick=args.quick, seed=args.seed, reps=args.reps,
+                          queries=args.queries, n=args.n, dataset=args.dataset)  # fmt: skip
+    out = Path(args.out)
+    cache = ResultCache(out / ".cache" / "results.sqlite")
+    tasks = figure.tasks()
+    bar = None
+    if sys.stderr.isatty():
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len({t.key() for t in tasks}), desc=figure.name, file=sys.stderr)
+        except ImportError:  # progress bars are optional
+            bar = None
+    jobs = args.jobs or os.cpu_count() or 1
+    command = "calmkit experiment " + shlex.join(sys.argv[2:] if args.argv is None else args.argv)
+    unique = {t.key(): t for t in tasks}
+    cached = len(cache.keys() & unique.keys())
+    t0 = time.perf_counter()
+    try:
+        results = run_tasks(tasks, cache, args.data_dir, jobs=jobs,
+                            progress=bar.update if bar else None)  # fmt: skip
+        elapsed = time.perf_counter() - t0
+        cache.log_run(figure.name, command, len(unique) - cached, elapsed, jobs)
+        runs = cache.runs(figure.name)
+    finally:
+        if bar is not None:
+            bar.close()
+        cache.close()
+    paths = write_outputs(figure, results, out, runs, plot=not args.no_plot)
+    counts: dict[str, int] = {}
+    for r in results.values():
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary = {
+        "figure": figure.name,
+        "tasks": len(results),
+        "status": counts,
+        "seconds": round(elapsed, 1),
+        "outputs": {k: str(v) for k, v in paths.items()},
+    }
+    print(json.dumps(summary) if args.json else
+          f"{figure.name}: {len(results)} tasks {counts} in {elapsed:.0f} s; "
+          f"report {paths['results']}")  # fmt: skip
+    return 0
+
+
+def _planner_experiment(args: argparse.Namespace) -> int:
+    """``calmkit experiment planner``: the default planner against the fixed grid."""
+    import os
+    import shlex
+    from pathlib import Path
+
+    from .grid import ResultCache, run_tasks
+    from .planner_bench import model_check, planner_tasks, planning_times, write_planner_report
+
+    if args.reps is not None and args.reps < 1:
+        raise CalmkitError(f"reps ({args.reps}) must be >= 1")
+    if args.queries < 1:
+        raise CalmkitError(f"queries ({args.queries}) must be >= 1")
+    tasks = planner_tasks(reps=args.reps or (2 if args.quick else 5), queries=args.queries,
+                          seed=args.seed, quick=args.quick, data_dir=args.data_dir)  # fmt: skip
+    out = Path(args.out)
+    cache = ResultCache(out / ".cache" / "results.sqlite")
+    unique = {t.task.key(): t.task for t in tasks}
+    cached = len(cache.keys() & unique.keys())
+    bar = _progress(len(unique), "planner")
+    jobs = args.jobs or os.cpu_count() or 1
+    command = "calmkit experiment " + shlex.join(sys.argv[2:] if args.argv is None else args.argv)
+    t0 = time.perf_counter()
+    try:
+        results = run_tasks(list(unique.values()), cache, args.data_dir, jobs=jobs,
+                            progress=bar.update if bar else None)  # fmt: skip
+        elapsed = time.perf_counter() - t0
+        cache.log_run("planner", command, len(unique) - cached, elapsed, jobs)
+        runs = cache.runs("planner")
+    finally:
+        if bar is not None:
+            bar.close()
+        cache.close()
+    timings = planning_times(repeats=1, dims=(16,)) if args.quick else planning_times(repeats=5)
+    checks = model_check(tasks, args.data_dir)
+    paths = write_planner_report(tasks, results, out, runs, timings, plot=not args.no_plot,
+                                 checks=checks)  # fmt: skip
+    counts: dict[str, int] = {}
+    for r in results.values():
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary = {"figure": "planner", "tasks": len(results), "status": counts,
+               "seconds": round(elapsed, 1),
+               "outputs": {k: str(v) for k, v in paths.items()}}  # fmt: skip
+    print(json.dumps(summary) if args.json else
+          f"planner: {len(results)} tasks {counts} in {elapsed:.0f} s; "
+          f"report {paths['md']}")  # fmt: skip
+    return 0
+
+
+def _datasets(args: argparse.Namespace) -> int:
+    from .catalog import CATALOG, dataset_path, fetch
+    from .datasets import default_data_dir, user_data_dir
+
+    if args.action == "list":
+        return _list_datasets(args, CATALOG, dataset_path, default_data_dir, user_data_dir)
+    if args.action == "path":
+        print(dataset_path(args.names[0], args.data_dir))
+        return 0
+    fetchable = sorted(n for n, s in CATALOG.items() if s.fetchable)
+    names = fetchable if args.names == ["all"] else args.names
+
+    def say(line: str) -> None:
+        if not args.json:
+            print(line, file=sys.stderr)
+
+    for name in names:
+        done = fetch(name, args.data_dir, args.mirror, progress=say)
+        files = [str(p) for p in done.files]
+        if args.json:
+            print(json.dumps({"name": name, "already": done.already, "files": files}))
+        else:
+            verb = "already present" if done.already else "fetched and verified"
+            print(f"{name}: {verb}: {', '.join(files)}")
+    return 0
+
+
+def _list_datasets(args, catalog, dataset_path, default_data_dir, user_data_dir) -> int:  # type: ignore[no-untyped-def]
+    rows = []
+    for src in catalog.values():
+        where = dataset_path(src.name, args.data_dir)
+        rows.append({
+            "name": src.name, "title": src.title, "source": src.home,
+            "licence": src.licence, "citation": src.citation,
+            "downloads": [{"url": d.url, "sha256": d.sha256, "size": d.size}
+                          for d in src.downloads],
+            "files": dict(src.outputs), "fetchable": src.fetchable,
+            "present": where.is_file(), "path": str(where),
+            "notes": [*src.notes, *([src.manual] if src.manual else [])],
+        })  # fmt: skip
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    folder = args.data_dir or default_data_dir() or user_data_dir()
+    print(f"data folder: {folder}  (fetch writes to {args.data_dir or user_data_dir()})")
+    for src, row in zip(catalog.values(), rows):
+        size = sum(d.size or 0 for d in src.downloads)
+        state = "present" if row["present"] else "fetchable" if src.fetchable else "manual"
+        print(f"  {src.name:8s} {state:9s} {src.title}")
+        print(f"           source: {src.home}")
+        print(f"           licence: {src.licence}")
+        print(f"           cite: {src.citation}")
+        if size:
+            print(f"           download: {size / 1e6:.1f} MB, SHA-256 pinned")
+        for rel, digest in src.outputs.items():
+            print(f"           {rel}  sha256 {digest}")
+        for note in row["notes"]:
+            print(f"           note: {note}")
+    return 0
+
+
+def _progress(total: int, desc: str):  # type: ignore[no-untyped-def]
+    """A tqdm bar on a terminal, else None."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress bars are optional
+        return None
+    return tqdm(total=total, desc=desc, file=sys.stderr)

@@ -1,0 +1,161 @@
+"""The command line a newcomer meets (issue 13): help for every option, one-line errors
+naming the option and value (exit 2), warnings instead of silence, and a parser that
+loads without numpy, gRPC or the aggregator."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from calmkit_simulator import cli
+from calmkit_simulator.cli import build_parser, main
+
+INTERNAL = ("issue ", "expected_n", "``", ":func:", ":class:", "DESIGN.md", "../shared")
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("command", sorted(_subparsers()))
+def test_every_option_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = _subparsers()[command]
+    for action in parser._actions:
+        if action.help == argparse.SUPPRESS:  # an old name kept as a hidden alias
+            assert action.option_strings == ["--id"], action
+            continue
+        assert action.help and len(action.help) >= 8, f"{command} {action.option_strings}"
+        assert not any(word in action.help for word in INTERNAL), action.help
+    assert main([command, "--help"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: calmkit {command}")
+    assert not any(word in text for word in INTERNAL)
+    assert "--id" not in text  # the hidden alias
+
+
+def test_defaults_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in ("repetitions (fresh reports each); the SSE is their mean ± sd (default: 20)",
+                  "random k-way queries per repetition (default: 50)",
+                  "(default: fast)"):  # fmt: skip
+        assert shown in text
+
+
+def test_the_parser_mirrors_the_real_names() -> None:
+    from calmkit_aggregator.pilot import PILOT_FRACTION
+    from calmkit_aggregator.planner import PLANNERS
+    from calmkit_simulator.catalog import MIRROR_ENV
+    from calmkit_simulator.collect import PATHS
+    from calmkit_simulator.datasets import DATASETS
+    from calmkit_simulator.figures import FIGURES
+    from calmkit_simulator.mechanisms import MECHANISMS
+    from calmkit_simulator.service_cli import DEFAULT_ADDRESS
+
+    assert cli.DATASETS == DATASETS
+    assert cli.MECHANISMS == tuple(MECHANISMS)
+    assert cli.FIGURES == tuple(sorted(FIGURES))
+    assert (cli.PLANNERS, cli.PILOT_FRACTION, cli.PATHS) == (PLANNERS, PILOT_FRACTION, PATHS)
+    assert (cli.MIRROR_ENV, cli.DEFAULT_ADDRESS) == (MIRROR_ENV, DEFAULT_ADDRESS)
+
+
+def test_help_loads_nothing_heavy() -> None:
+    code = ("import sys\nfrom calmkit_simulator.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = ('numpy', 'grpc', 'calmkit_client', 'calmkit_aggregator', 'scipy')\n"
+            "print(sorted(m for m in heavy if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["simulate", "--k", "2", "--epsilon", "1", "--n", "0"], "n (0) must be an int >= 1"),
+        (["simulate", "--k", "2", "--epsilon", "1", "--d", "0"], "d (0) must be an int >= 1"),
+        (["simulate", "--k", "2", "--epsilon", "1", "--reps", "0"], "reps (0) must be an int >= 1"),
+        (["simulate", "--k", "2", "--epsilon", "1", "--queries", "0"],
+         "queries (0) must be an int >= 1"),
+        (["simulate", "--k", "2", "--epsilon", "nan"], "epsilon (nan) must be finite and > 0"),
+        (["simulate", "--k", "2", "--epsilon", "1", "--max-categories", "1"],
+         "max_categories (1) must be an int >= 2"),
+        (["simulate", "--k", "2", "--epsilon", "1", "--pilot", "1"],
+         "pilot (1.0) must be in [0, 1)"),
+        (["demo", "--users", "-5"], "users (-5) must be an int >= 1"),
+        (["demo", "--users", "many"], "users ('many') must be an int >= 1"),
+        (["simulate", "--k", "2", "--epsilon", "1", "--mechanism", "nope"],
+         "mechanism ('nope') must be one of ['calm', 'uni'"),
+        (["simulate", "--k", "2", "--epsilon", "710", "--reps", "1"],
+         "epsilon (710.0) must be <= 44"),
+        (["plan", "--domain", "2,2,2", "--n", "1000", "--k", "2", "--epsilon", "710"],
+         "epsilon (710.0) must be <= 44"),
+        (["serve", "--db", "x.db", "--rate-limit", "0"], "rate_limit (0.0) must be finite and > 0"),
+    ],
+)  # fmt: skip
+def test_bad_values_are_one_line_naming_option_and_value(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "content, domains, message",
+    [
+        (b"a,b\n\xe9,1\n", None, "must be UTF-8 text: byte 0xe9 at offset 4"),
+        (b"a,b\nx,1\n", "[1, 2]", "must hold an object {column: count or [labels]}, not a list"),
+        (b"a,b\nx,1\n", '{"a": ', "must be JSON"),
+        (b"a,b\nx,1\n", '{"a": 0}', "domain of 'a' (0) must be a count >= 1"),
+        (b"a,b\nx,1\n", '{"c": 2}', "domain column ('c') must be a CSV column"),
+    ],
+)
+def test_bad_csv_inputs_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, domains: str | None,
+    message: str,
+) -> None:  # fmt: skip
+    (tmp_path / "data.csv").write_bytes(content)
+    if domains is not None:
+        (tmp_path / "data.domains.json").write_text(domains)
+    assert main(["population", "--dataset", f"csv:{tmp_path / 'data.csv'}"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_missing_csv_advice_fits_a_local_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["population", "--dataset", f"csv:{tmp_path / 'nope.csv'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"CSV file ({tmp_path / 'nope.csv'}) does not exist" in err
+    assert "CALMKIT_DATA" not in err
+
+
+def test_shapes_that_spoil_answers_are_warned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [f"{i % 2},same,v{i % 200}" for i in range(2000)]
+    (tmp_path / "d.csv").write_text("a,one,wide\n" + "\n".join(rows) + "\n")
+    dataset = f"csv:{tmp_path / 'd.csv'}"
+    assert main(["simulate", "--dataset", dataset, "--k", "2", "--epsilon", "1",
+                 "--reps", "2", "--queries", "2"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "warning: attribute 'one' has one category ('same'): its marginal is known" in err
+    assert "warning: attribute 'wide' has 200 categories" in err and "--max-categories" in err
+    assert "'a'" not in err
+    assert main(["simulate", "--dataset", dataset, "--k", "2", "--epsilon", "1", "--reps", "2",
+                 "--queries", "2", "--max-categories", "8"]) == 0  # fmt: skip
+    assert "200 categories" not in capsys.readouterr().err
+
+
+def test_collection_create_takes_collection_and_the_old_id() -> None:
+    parser = _subparsers()["collection"]
+    assert parser.parse_args(["create", "--collection", "s-1"]).collection == "s-1"
+    assert parser.parse_args(["create", "--id", "s-1"]).collection == "s-1"
