@@ -100,6 +100,16 @@ def _rpc(method: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _support_seed(support: SupportCounts) -> int:
+    """The bootstrap's seed: a digest of the counts, so the same reports always get the
+    same standard errors (the bootstrap only post-processes private counts)."""
+    digest = hashlib.sha256(support.plan.digest.encode())
+    digest.update(np.ascontiguousarray(support.n).tobytes())
+    for counts in support.counts:
+        digest.update(np.ascontiguousarray(counts).tobytes())
+    return int.from_bytes(digest.digest()[:8], "little")
+
+
 def _hash_token(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8")).digest()
 
@@ -269,7 +279,7 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
             cached = self._bootstraps.get(collection_id)
         if cached is not None and cached[:2] == (total, replicates):
             return cached[2]
-        boot = bootstrap(support, estimator, replicates)
+        boot = bootstrap(support, estimator, replicates, rng=_support_seed(support))
         with self._estimate_lock:
             self._bootstraps[collection_id] = (total, replicates, boot)
         return boot

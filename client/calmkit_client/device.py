@@ -54,6 +54,7 @@ from .budget import DEFAULT_BUDGET, PrivacyBudget
 from .errors import BudgetExceeded, CalmkitError
 from .ids import check_collection_id
 from .plan import Plan
+from .randomness import SourceLike
 from .report import Report, make_report, make_reports
 from .schema import Label
 
@@ -343,6 +344,12 @@ class DeviceState:
                 raise
 
     # -- pseudonyms --------------------------------------------------------------------
+    def _bulk_source(self) -> SourceLike:
+        """Where bulk reports (:meth:`reports_for`) draw their randomness: the OS
+        entropy source. Only ``calmkit_simulator.SimulatedDevices`` overrides it, for
+        reproducible simulations (never on a device)."""
+        return None
+
     def _secret_or_raise(self) -> bytes:
         secret = self._secret
         if secret is None:
@@ -572,7 +579,7 @@ class DeviceState:
                 self._charge(conn, collection_id, keys, plan.epsilon, budget, new_users)
                 new_ids = user_ids[new_rows] if isinstance(user_ids, np.ndarray) else new_users
                 made: list[tuple[bytes, str, int, int | bytes, bytes]] = []
-                for batch in make_reports(plan, codes[new_rows], new_ids):
+                for batch in make_reports(plan, codes[new_rows], new_ids, self._bulk_source()):
                     grr = batch.payloads.ndim == 1
                     payloads = batch.payloads.tolist() if grr else batch.payloads
                     for k, row_k in enumerate(batch.rows.tolist()):

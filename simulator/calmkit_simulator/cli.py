@@ -349,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="worker processes (default: all cores)")
     exp.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib)")
     _json(exp, "print a JSON summary instead of text")
+    exp.epilog = ("Exit status: 0 all tasks ran; 3 some task had no data (`calmkit datasets "
+                  "fetch NAME`); 130 interrupted (finished tasks are cached: the same command "
+                  "resumes). Outputs of an earlier run with more finished tasks are never "
+                  "overwritten.")  # fmt: skip
     return parser
 
 

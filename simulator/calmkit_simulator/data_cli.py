@@ -11,8 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from calmkit_client import CalmkitError
-
 from .datasets import load_dataset
 
 MANY_CATEGORIES = 64  # above this, warn: a view's cells outnumber what reports can fill
@@ -216,109 +214,106 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _experiment(args: argparse.Namespace) -> int:
+NO_DATA_EXIT = 3  # calmkit experiment: some task's dataset was absent
+INTERRUPTED_EXIT = 130
+
+
+def _run_grid(name: str, tasks: list[Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Run (or recall) a grid's tasks with progress; on ^C keep what finished (every
+    task is cached as it ends) and say so. Returns results, timing and the runs."""
     import os
     import shlex
     from pathlib import Path
 
-    from .figures import build_figure
     from .grid import ResultCache, run_tasks
+    from .progress import Progress
+
+    unique = {t.key(): t for t in tasks}
+    cache = ResultCache(Path(args.out) / ".cache" / "results.sqlite")
+    progress = Progress(len(unique), name)
+    jobs = args.jobs or os.cpu_count() or 1
+    command = "calmkit experiment " + shlex.join(sys.argv[2:] if args.argv is None else args.argv)
+    cached = len(cache.keys() & unique.keys())
+    t0 = time.perf_counter()
+    interrupted = False
+    try:
+        try:
+            results = run_tasks(list(unique.values()), cache, args.data_dir, jobs=jobs,
+                                progress=progress.update)  # fmt: skip
+        except KeyboardInterrupt:
+            interrupted = True
+            results = {k: r for k, t in unique.items() if (r := cache.get(t)) is not None}
+        elapsed = time.perf_counter() - t0
+        cache.log_run(name, command, len(results) - cached, elapsed, jobs)
+        runs = cache.runs(name)
+    finally:
+        progress.close()
+        cache.close()
+    return {"results": results, "elapsed": elapsed, "runs": runs, "interrupted": interrupted,
+            "total": len(unique)}  # fmt: skip
+
+
+def _finish_grid(name: str, grid: dict[str, Any], paths: dict[str, Any] | None,
+                 report_key: str, args: argparse.Namespace) -> int:  # fmt: skip
+    """Print the summary; the exit status says what a script needs to know."""
+    results = grid["results"]
+    counts: dict[str, int] = {}
+    for r in results.values():
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    missing = sorted({r["message"] for r in results.values() if r["status"] == "missing_data"})
+    summary = {"figure": name, "tasks": len(results), "of": grid["total"], "status": counts,
+               "seconds": round(grid["elapsed"], 1), "interrupted": grid["interrupted"],
+               "outputs": {k: str(v) for k, v in (paths or {}).items()},
+               "kept_existing": paths is None}  # fmt: skip
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        done = f"{len(results)} of {grid['total']} tasks" if grid["interrupted"] else (
+            f"{len(results)} tasks")
+        where = (f"report {paths[report_key]}" if paths is not None else
+                 f"kept the existing report in {args.out}: it has more finished results "
+                 "than this run")  # fmt: skip
+        print(f"{name}: {done} {counts} in {grid['elapsed']:.0f} s; {where}")
+    if grid["interrupted"]:
+        print(f"calmkit: interrupted: {len(results)} of {grid['total']} tasks are done and "
+              "cached; run the same command again to resume", file=sys.stderr)  # fmt: skip
+        return INTERRUPTED_EXIT
+    if missing:
+        print(f"calmkit: error: {counts['missing_data']} tasks had no data ({missing[0]}"
+              f"{f'; and {len(missing) - 1} more' if len(missing) > 1 else ''})",
+              file=sys.stderr)  # fmt: skip
+        return NO_DATA_EXIT
+    return 0
+
+
+def _experiment(args: argparse.Namespace) -> int:
+    from .figures import build_figure
     from .report import write_outputs
 
     if args.figure == "planner":
         return _planner_experiment(args)
     figure = build_figure(args.figure, quick=args.quick, seed=args.seed, reps=args.reps,
                           queries=args.queries, n=args.n, dataset=args.dataset)  # fmt: skip
-    out = Path(args.out)
-    cache = ResultCache(out / ".cache" / "results.sqlite")
-    tasks = figure.tasks()
-    bar = None
-    if sys.stderr.isatty():
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len({t.key() for t in tasks}), desc=figure.name, file=sys.stderr)
-        except ImportError:  # progress bars are optional
-            bar = None
-    jobs = args.jobs or os.cpu_count() or 1
-    command = "calmkit experiment " + shlex.join(sys.argv[2:] if args.argv is None else args.argv)
-    unique = {t.key(): t for t in tasks}
-    cached = len(cache.keys() & unique.keys())
-    t0 = time.perf_counter()
-    try:
-        results = run_tasks(tasks, cache, args.data_dir, jobs=jobs,
-                            progress=bar.update if bar else None)  # fmt: skip
-        elapsed = time.perf_counter() - t0
-        cache.log_run(figure.name, command, len(unique) - cached, elapsed, jobs)
-        runs = cache.runs(figure.name)
-    finally:
-        if bar is not None:
-            bar.close()
-        cache.close()
-    paths = write_outputs(figure, results, out, runs, plot=not args.no_plot)
-    counts: dict[str, int] = {}
-    for r in results.values():
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    summary = {
-        "figure": figure.name,
-        "tasks": len(results),
-        "status": counts,
-        "seconds": round(elapsed, 1),
-        "outputs": {k: str(v) for k, v in paths.items()},
-    }
-    print(json.dumps(summary) if args.json else
-          f"{figure.name}: {len(results)} tasks {counts} in {elapsed:.0f} s; "
-          f"report {paths['results']}")  # fmt: skip
-    return 0
+    grid = _run_grid(figure.name, figure.tasks(), args)
+    paths = write_outputs(figure, grid["results"], args.out, grid["runs"],
+                          plot=not args.no_plot)  # fmt: skip
+    return _finish_grid(figure.name, grid, paths, "results", args)
 
 
 def _planner_experiment(args: argparse.Namespace) -> int:
     """``calmkit experiment planner``: the default planner against the fixed grid."""
-    import os
-    import shlex
-    from pathlib import Path
-
-    from .grid import ResultCache, run_tasks
     from .planner_bench import model_check, planner_tasks, planning_times, write_planner_report
 
-    if args.reps is not None and args.reps < 1:
-        raise CalmkitError(f"reps ({args.reps}) must be >= 1")
-    if args.queries < 1:
-        raise CalmkitError(f"queries ({args.queries}) must be >= 1")
     tasks = planner_tasks(reps=args.reps or (2 if args.quick else 5), queries=args.queries,
                           seed=args.seed, quick=args.quick, data_dir=args.data_dir)  # fmt: skip
-    out = Path(args.out)
-    cache = ResultCache(out / ".cache" / "results.sqlite")
-    unique = {t.task.key(): t.task for t in tasks}
-    cached = len(cache.keys() & unique.keys())
-    bar = _progress(len(unique), "planner")
-    jobs = args.jobs or os.cpu_count() or 1
-    command = "calmkit experiment " + shlex.join(sys.argv[2:] if args.argv is None else args.argv)
-    t0 = time.perf_counter()
-    try:
-        results = run_tasks(list(unique.values()), cache, args.data_dir, jobs=jobs,
-                            progress=bar.update if bar else None)  # fmt: skip
-        elapsed = time.perf_counter() - t0
-        cache.log_run("planner", command, len(unique) - cached, elapsed, jobs)
-        runs = cache.runs("planner")
-    finally:
-        if bar is not None:
-            bar.close()
-        cache.close()
+    grid = _run_grid("planner", [t.task for t in tasks], args)
+    if grid["interrupted"]:
+        return _finish_grid("planner", grid, None, "md", args)
     timings = planning_times(repeats=1, dims=(16,)) if args.quick else planning_times(repeats=5)
     checks = model_check(tasks, args.data_dir)
-    paths = write_planner_report(tasks, results, out, runs, timings, plot=not args.no_plot,
-                                 checks=checks)  # fmt: skip
-    counts: dict[str, int] = {}
-    for r in results.values():
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    summary = {"figure": "planner", "tasks": len(results), "status": counts,
-               "seconds": round(elapsed, 1),
-               "outputs": {k: str(v) for k, v in paths.items()}}  # fmt: skip
-    print(json.dumps(summary) if args.json else
-          f"planner: {len(results)} tasks {counts} in {elapsed:.0f} s; "
-          f"report {paths['md']}")  # fmt: skip
-    return 0
+    paths = write_planner_report(tasks, grid["results"], args.out, grid["runs"], timings,
+                                 plot=not args.no_plot, checks=checks)  # fmt: skip
+    return _finish_grid("planner", grid, paths, "md", args)
 
 
 def _datasets(args: argparse.Namespace) -> int:
@@ -380,14 +375,3 @@ def _list_datasets(args, catalog, dataset_path, default_data_dir, user_data_dir)
         for note in row["notes"]:
             print(f"           note: {note}")
     return 0
-
-
-def _progress(total: int, desc: str):  # type: ignore[no-untyped-def]
-    """A tqdm bar on a terminal, else None."""
-    if not sys.stderr.isatty():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # progress bars are optional
-        return None
-    return tqdm(total=total, desc=desc, file=sys.stderr)

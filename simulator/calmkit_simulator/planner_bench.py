@@ -270,12 +270,19 @@ def write_planner_report(
     timings: list[dict[str, Any]] | None = None,
     plot: bool = True,
     checks: dict[str, float] | None = None,
-) -> dict[str, Path]:
+) -> dict[str, Path] | None:
     """``DIR/data/planner.csv`` (every task), ``DIR/planner.md`` (the summary table,
-    the planning times, every grid point) and ``DIR/figures/planner.png``."""
+    the planning times, every grid point) and ``DIR/figures/planner.png``. An existing
+    report with more finished tasks is kept (None), as in
+    :func:`~calmkit_simulator.report.write_outputs`."""
+    from .report import existing_ok_rows
+
     root = Path(out)
-    (root / "data").mkdir(parents=True, exist_ok=True)
     paths = {"csv": root / "data" / "planner.csv", "md": root / "planner.md"}
+    finished = sum((results.get(t.task.key()) or {}).get("status") == "ok" for t in tasks)
+    if existing_ok_rows(paths["csv"]) > finished:
+        return None
+    (root / "data").mkdir(parents=True, exist_ok=True)
     with paths["csv"].open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["setting", "k", "epsilon", "role", "l", "m", "status", "sse_mean",

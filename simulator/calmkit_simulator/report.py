@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .figures import FIGURES, Figure, Panel
-from .grid import task_rows
+from .grid import summarize
 
 __all__ = ["write_outputs"]
 
@@ -26,33 +26,24 @@ def write_outputs(
     out: Path | str,
     runs: list[dict[str, Any]],
     plot: bool = True,
-) -> dict[str, Path]:
+) -> dict[str, Path] | None:
     """CSV, PNG (unless ``plot=False``), the markdown section and ``results.md``;
-    ``runs``: the runs that computed this figure's tasks (:meth:`ResultCache.runs`)."""
+    ``runs``: the runs that computed this figure's tasks (:meth:`ResultCache.runs`).
+
+    Existing outputs of the figure with more finished results (rows with status
+    ``ok``) than these are kept and nothing is written: returns None. So a run without
+    the data, or an interrupted one, never replaces a complete result."""
     root = Path(out)
-    (root / "data").mkdir(parents=True, exist_ok=True)
+    rows = _rows(figure, results)
     paths = {"csv": root / "data" / f"{figure.name}.csv"}
-    seen: set[tuple[Any, ...]] = set()
+    if existing_ok_rows(paths["csv"]) > sum(r["status"] == "ok" for r in rows):
+        return None
+    (root / "data").mkdir(parents=True, exist_ok=True)
     with paths["csv"].open("w", newline="") as fh:
-        writer = None
-        for panel in figure.panels:
-            for p, row in zip(panel.points, task_rows([q.task for q in panel.points], results)):
-                ident = (panel.label, p.series, p.x, p.row)
-                if ident in seen:
-                    continue
-                seen.add(ident)
-                full = {
-                    "figure": figure.name,
-                    "panel": panel.label,
-                    "series": p.series,
-                    "x": p.x,
-                    "row": "" if p.row is None else p.row,
-                    **row,
-                }
-                if writer is None:
-                    writer = csv.DictWriter(fh, fieldnames=list(full))
-                    writer.writeheader()
-                writer.writerow(full)
+        if rows:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
     if plot:
         from .plots import plot_figure
 
@@ -64,6 +55,30 @@ def write_outputs(
     paths["results"] = root / "results.md"
     paths["results"].write_text(_joined(root))
     return paths
+
+
+def _rows(figure: Figure, results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The CSV rows: one per (panel, series, x, row) point."""
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for panel in figure.panels:
+        for p in panel.points:
+            ident = (panel.label, p.series, p.x, p.row)
+            if ident in seen or p.task.key() not in results:  # (a partial run)
+                continue
+            seen.add(ident)
+            row = summarize(p.task, results[p.task.key()])
+            out.append({"figure": figure.name, "panel": panel.label, "series": p.series,
+                        "x": p.x, "row": "" if p.row is None else p.row, **row})  # fmt: skip
+    return out
+
+
+def existing_ok_rows(path: Path) -> int:
+    """Rows with status ``ok`` in an existing figure CSV (0 if there is none)."""
+    if not path.is_file():
+        return 0
+    with path.open(newline="") as fh:
+        return sum(row.get("status") == "ok" for row in csv.DictReader(fh))
 
 
 def _joined(root: Path) -> str:

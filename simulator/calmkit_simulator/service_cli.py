@@ -258,8 +258,8 @@ def _demo(args: argparse.Namespace) -> int:
     from calmkit_aggregator.storage import Storage
     from calmkit_client import wire as client_wire
     from calmkit_client.collector import Collector
-    from calmkit_client.device import DeviceState
 
+    from .devices import SimulatedDevices
     from .synthetic import synthetic_population
 
     t0 = time.perf_counter()
@@ -274,7 +274,8 @@ def _demo(args: argparse.Namespace) -> int:
                     pop.schema, args.epsilon, pop.n, 3, collection_id="demo", seed=args.seed
                 )
                 bar = _progress(pop.n, "reports", sys.stderr.isatty() and not args.json)
-                state = DeviceState(Path(tmp) / "devices.db")
+                # simulated devices: seeded, so the same --seed prints the same tables
+                state = SimulatedDevices.seeded(args.seed)
                 ids = np.arange(pop.n, dtype=np.uint64)
                 # users arrive in waves; each wave fetches the plan again, so once the
                 # pilot has its reports the next waves report under the second phase
@@ -296,56 +297,79 @@ def _demo(args: argparse.Namespace) -> int:
         finally:
             graceful_stop(server, 5.0)
             storage.close()
+    schema = pop.schema
     rows = []
     for q, answer in answers:
         truth = pop.marginal(q)
+        labels = [schema.attributes[a].categories for a in q]
+        cells = [
+            {"labels": [labels[i][c] for i, c in enumerate(index)],
+             "true": float(truth[index]), "estimate": float(answer.values[index]),
+             "std_error": float(np.sqrt(answer.variance[index]))}
+            for index in np.ndindex(truth.shape)
+        ]  # fmt: skip
         rows.append({
             "attrs": list(answer.attributes), "method": answer.method,
             "sse": float(((answer.values - truth) ** 2).sum()),
             "uniform_sse": float(((truth - 1.0 / truth.size) ** 2).sum()),
-            "truth": truth, "estimate": answer.values,
-            "std_error": np.sqrt(answer.variance),
+            "cells": cells,
         })  # fmt: skip
     phases = [{"reports": int(r)} for r in closed.phase_reports]
     phases[0]["views"] = info.plan.m
     if len(phases) > 1:
         phases[-1]["views"] = closed.plan.m
     out = {
+        "users": pop.n, "epsilon": args.epsilon, "seed": args.seed,
         "acknowledged": ack.accepted + ack.duplicates,
         "counted": closed.reports,
         "phases": phases,
-        "queries": [
-            {"attrs": r["attrs"], "method": r["method"], "sse": r["sse"],
-             "uniform_sse": r["uniform_sse"]}
-            for r in rows
-        ],
+        "queries": rows,
     }  # fmt: skip
     seconds = time.perf_counter() - t0
     if args.json:
         print(json.dumps(out))
         return 0
-    plan = closed.plan
-    print(f"calmkit demo: {pop.describe().splitlines()[0]}")
+    _print_demo(out, pop, info, closed, address, seconds)
+    return 0
+
+
+DEMO_CELLS = 12  # table rows printed per query (--json has every cell)
+
+
+def _print_demo(out: dict[str, Any], pop: Any, info: Any, closed: Any, address: str,
+                seconds: float) -> None:  # fmt: skip
+    plan, phases = closed.plan, out["phases"]
+    print(f"calmkit demo: {pop.describe().splitlines()[0]} (seed {out['seed']})")
     print(f"  server on {address}, SQLite storage in a temporary directory")
-    print(f"  collection {closed.collection_id}, epsilon {args.epsilon}")
+    print(f"  collection {closed.collection_id}, epsilon {out['epsilon']} per user")
     if len(phases) > 1:
-        print(f"  pilot: {phases[0]['reports']} users reported on {info.plan.m} attribute pairs; "
-              f"from their reports the server chose {plan.m} views of "
+        print(f"  pilot: {phases[0]['reports']} users reported on {info.plan.m} attribute "
+              f"pairs; from their reports\n  the server chose {plan.m} views of "
               f"{max(len(v) for v in plan.views)} attributes for the other "
               f"{phases[1]['reports']} users (plan {plan.digest[:12]})")  # fmt: skip
     else:
         print(f"  one phase: m = {plan.m} views (plan {plan.digest[:12]})")
     print(f"  {out['acknowledged']} reports acknowledged, {out['counted']} counted; closed")
-    for r in rows:
-        print(f"  {r['method']:10s} {','.join(r['attrs'])}: SSE {r['sse']:.2e} "
-              f"(Uniform {r['uniform_sse']:.2e})")  # fmt: skip
-        flat_t, flat_e = r["truth"].reshape(-1), r["estimate"].reshape(-1)
-        print("     true " + " ".join(f"{x:.3f}" for x in flat_t[:12]))
-        print("     est. " + " ".join(f"{x:.3f}" for x in flat_e[:12]))
-        print("     s.e. " + " ".join(f"{x:.3f}" for x in r["std_error"].reshape(-1)[:12]))
-    print("  s.e.: the estimate's standard error (parametric bootstrap, 32 replicates)")
+    print("  answers: 'projection' sums down a view that holds every queried attribute;")
+    print("  'maxent' (no view holds them all) is the maximum-entropy table that agrees with")
+    print("  the views' overlapping marginals. SSE: sum of squared errors over the cells;")
+    print("  Uniform: the error of answering 1/cells everywhere, knowing nothing.")
+    for r in out["queries"]:
+        names = r["attrs"]
+        ratio = r["uniform_sse"] / r["sse"] if r["sse"] > 0 else float("inf")
+        print(f"\n  {' x '.join(names)}: {r['method']}, SSE {r['sse']:.2e} "
+              f"(Uniform {r['uniform_sse']:.2e}, {ratio:.0f}x larger)")  # fmt: skip
+        width = [max(len(n), *(len(c["labels"][i]) for c in r["cells"]))
+                 for i, n in enumerate(names)]  # fmt: skip
+        head = "  ".join(n.ljust(w) for n, w in zip(names, width))
+        print(f"    {head}    true  estimate  std.err")
+        for c in r["cells"][:DEMO_CELLS]:
+            cell = "  ".join(lab.ljust(w) for lab, w in zip(c["labels"], width))
+            print(f"    {cell}  {c['true']:6.3f}  {c['estimate']:8.3f}  {c['std_error']:7.3f}")
+        if len(r["cells"]) > DEMO_CELLS:
+            print(f"    ... {len(r['cells']) - DEMO_CELLS} more cells (--json has every cell)")
+    print("\n  std.err: the estimate's standard error (parametric bootstrap, 32 replicates)")
     print(f"  done in {seconds:.1f} s")
-    return 0
 
 
 def _collection_checked(args: argparse.Namespace) -> int:

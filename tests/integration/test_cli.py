@@ -17,9 +17,9 @@ def test_demo_json_counts_every_acknowledged_report(capsys: pytest.CaptureFixtur
 
     assert main(["demo", "--users", "20000", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"acknowledged", "counted", "phases", "queries"}
+    assert set(out) == {"users", "epsilon", "seed", "acknowledged", "counted", "phases", "queries"}
     assert out["acknowledged"] == out["counted"] == 20000
-    # a pilot of 10% of the expected users, then the second phase's views
+    # a pilot of 20% of the expected users, then the second phase's views
     pilot, main_phase = out["phases"]
     assert pilot["reports"] >= 4000 and pilot["reports"] + main_phase["reports"] == 20000
     assert pilot["views"] == 4 and main_phase["views"] >= 1
@@ -27,6 +27,32 @@ def test_demo_json_counts_every_acknowledged_report(capsys: pytest.CaptureFixtur
     pop = synthetic_population(n=20000, sizes=DEMO_SIZES, strength=1.5, rng=0)
     uniform = [((pop.marginal(q) - 1 / pop.marginal(q).size) ** 2).sum() for q in DEMO_QUERIES]
     assert np.mean([q["sse"] for q in out["queries"]]) < np.mean(uniform)
+    # every table, labelled: the cells' true values are the population's marginal
+    for q, query in zip(DEMO_QUERIES, out["queries"]):
+        truth = pop.marginal(q)
+        assert len(query["cells"]) == truth.size
+        first, last = query["cells"][0], query["cells"][-1]
+        assert first["labels"] == ["0"] * len(q) and first["true"] == pytest.approx(truth.flat[0])
+        assert last["true"] == pytest.approx(truth.flat[-1])
+        est = np.array([c["estimate"] for c in query["cells"]])
+        assert est.sum() == pytest.approx(1.0) and all(c["std_error"] > 0 for c in query["cells"])
+
+
+def test_demo_is_repeatable_with_seed(capsys: pytest.CaptureFixture[str]) -> None:
+    runs = []
+    for seed in (5, 5, 6):
+        assert main(["demo", "--users", "6000", "--seed", str(seed), "--json"]) == 0
+        runs.append(json.loads(capsys.readouterr().out)["queries"])
+    assert runs[0] == runs[1]  # estimates, standard errors, everything
+    assert runs[0] != runs[2]
+
+
+def test_demo_text_labels_its_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--users", "6000"]) == 0
+    text = capsys.readouterr().out
+    assert "'projection' sums down a view" in text and "'maxent' (no view holds them all)" in text
+    assert "a0 x a1:" in text and "a0  a1    true  estimate  std.err" in text
+    assert "Uniform" in text
 
 
 def test_population_describes_own_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -217,3 +217,76 @@ def test_planner_experiment_writes_its_own_report(tmp_path: Path) -> None:
     ratios = np.array([float(cells[7]) for cells in rows])
     assert ratios.size >= 10 and np.all(np.isfinite(ratios))
     assert 0.5 <= float(np.exp(np.log(ratios).mean())) <= 2.0
+
+
+# -- a newcomer's runs (issue 13): no data, interruptions, progress off a terminal ---------
+def test_no_data_exits_3_and_keeps_a_complete_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "docs"
+    argv = ["experiment", "fig4", "--quick", "--out", str(out), "--no-plot", "--jobs", "1"]
+    _run([*argv, "--dataset", "synthetic", "--json"], capsys)
+    before = {p.name: p.read_bytes() for p in (out / "data").iterdir()}
+    before["results.md"] = (out / "results.md").read_bytes()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code = cli.main([*argv, "--dataset", "nltcs", "--data-dir", str(empty), "--json"])
+    assert code == 3
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["status"] == {"missing_data": 12} and summary["kept_existing"] is True
+    assert "12 tasks had no data" in captured.err and "calmkit datasets fetch" in captured.err
+    after = {p.name: p.read_bytes() for p in (out / "data").iterdir()}
+    after["results.md"] = (out / "results.md").read_bytes()
+    assert after == before  # nothing committed was replaced by "no data"
+
+
+def test_interrupted_run_leaves_a_partial_report_then_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from calmkit_simulator import grid
+
+    real, calls = grid.run_task, []
+
+    def interrupted(task: Task, where: str | None) -> dict[str, object]:
+        calls.append(task)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(task, where)
+
+    monkeypatch.setattr(grid, "run_task", interrupted)
+    out = tmp_path / "res"
+    argv = ["experiment", "fig4", "--quick", "--dataset", "synthetic", "--out", str(out),
+            "--no-plot", "--jobs", "1"]  # fmt: skip
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    assert "interrupted: 4 of 12 tasks are done and cached" in err
+    report = (out / "results.md").read_text()
+    assert "4 of 12 tasks done" in report
+    rows = list(csv.DictReader((out / "data" / "fig4.csv").open()))
+    assert 4 <= len(rows) < 24 and all(r["status"] == "ok" for r in rows)
+    monkeypatch.setattr(grid, "run_task", real)
+    summary = _run([*argv, "--json"], capsys)  # resumes: 8 left to compute
+    assert summary["status"] == {"ok": 12} and summary["interrupted"] is False
+    assert "12 of 12 tasks done" in (out / "results.md").read_text()
+    assert len(list(csv.DictReader((out / "data" / "fig4.csv").open()))) == 24
+
+
+def test_progress_lines_off_a_terminal() -> None:
+    import io
+
+    from calmkit_simulator.progress import Progress
+
+    now = [0.0]
+    stream = io.StringIO()  # not a terminal: lines, no bar
+    progress = Progress(40, "fig4", every=30.0, stream=stream, clock=lambda: now[0])
+    for _ in range(10):
+        now[0] += 10.0  # a task every 10 s
+        progress.update(1)
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert lines == [
+        "fig4: 3/40 tasks (8%), 0m30s elapsed, ETA 6m10s",
+        "fig4: 6/40 tasks (15%), 1m00s elapsed, ETA 5m40s",
+        "fig4: 9/40 tasks (22%), 1m30s elapsed, ETA 5m10s",
+    ]
