@@ -226,9 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "Schema.to_dict) instead of --domain")  # fmt: skip
     col.add_argument("--epsilon", type=_positive_float, default=None,
                      help="create: each user's LDP budget (required)")
-    col.add_argument("--n", type=NON_NEGATIVE, default=0,
-                     help="create: how many users are expected to report (plans the views "
-                     "and the pilot; 0: unknown)")  # fmt: skip
+    col.add_argument("--n", type=POSITIVE, default=None,
+                     help="create: how many users are expected to report (the planner needs "
+                     "it; may be omitted with --views)")  # fmt: skip
     col.add_argument("--k", type=POSITIVE, default=3,
                      help="create: the size of the marginals to be queried")
     _planning(col, create=True)

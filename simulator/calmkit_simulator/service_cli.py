@@ -171,7 +171,7 @@ def _collection(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
         if args.action == "create":
             info = admin.create_collection(
-                _schema_from_args(args), args.epsilon, args.n, args.k,
+                _schema_from_args(args), args.epsilon, args.n or 0, args.k,
                 collection_id=args.collection or "", theta=args.theta,
                 views=_parse_views(args.views),
                 m=args.m, l=args.l, seed=args.seed, planner=args.planner, pilot=args.pilot,
@@ -377,4 +377,9 @@ def _collection_checked(args: argparse.Namespace) -> int:
         raise CalmkitError(f"collection (none given) must be set for '{args.action}'")
     if args.action == "create" and args.epsilon is None:
         raise CalmkitError("epsilon (none given) must be set for 'create'")
+    if args.action == "create" and args.n is None and not args.views:
+        raise CalmkitError(
+            "n (none given) must be set for 'create': how many users are expected to report "
+            "(the planner needs it), or give --views"
+        )
     return _collection(args)

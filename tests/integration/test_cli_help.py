@@ -96,6 +96,8 @@ def test_help_loads_nothing_heavy() -> None:
         (["plan", "--domain", "2,2,2", "--n", "1000", "--k", "2", "--epsilon", "710"],
          "epsilon (710.0) must be <= 44"),
         (["serve", "--db", "x.db", "--rate-limit", "0"], "rate_limit (0.0) must be finite and > 0"),
+        (["collection", "create", "--domain", "2,2", "--epsilon", "1"],
+         "n (none given) must be set for 'create'"),
     ],
 )  # fmt: skip
 def test_bad_values_are_one_line_naming_option_and_value(
