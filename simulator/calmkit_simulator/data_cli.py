@@ -161,18 +161,14 @@ def _simulate(args: argparse.Namespace) -> int:
     warnings = shape_warnings(pop)
     if not args.json:
         _warn(warnings)
-    bar = None
-    if sys.stderr.isatty() and not args.json:
-        try:
-            from tqdm import tqdm
+    from .progress import Progress
 
-            bar = tqdm(total=args.reps, desc="reps", file=sys.stderr)
-        except ImportError:  # progress bars are optional
-            bar = None
+    progress = Progress(args.reps, f"{args.mechanism} reps") if not args.json else None
+    update = progress.update if progress is not None else None
     results = run_mechanism(pop, mechanism, args.epsilon, args.k, args.queries, args.reps,
-                            rng=args.seed, progress=bar.update if bar else None)  # fmt: skip
-    if bar is not None:
-        bar.close()
+                            rng=args.seed, progress=update)  # fmt: skip
+    if progress is not None:
+        progress.close()
     errors = np.array([r.sse for r in results])
     chosen = results[0].chosen if results else {}
     out = {
@@ -230,7 +226,7 @@ def _run_grid(name: str, tasks: list[Any], args: argparse.Namespace) -> dict[str
 
     unique = {t.key(): t for t in tasks}
     cache = ResultCache(Path(args.out) / ".cache" / "results.sqlite")
-    progress = Progress(len(unique), name)
+    progress = Progress(len(unique), f"{name} tasks")
     jobs = args.jobs or os.cpu_count() or 1
     command = "calmkit experiment " + shlex.join(sys.argv[2:] if args.argv is None else args.argv)
     cached = len(cache.keys() & unique.keys())

@@ -55,7 +55,7 @@ class Progress:
         rate = self.done / elapsed if elapsed > 0 else 0.0
         eta = f", ETA {_clock((self.total - self.done) / rate)}" if rate > 0 else ""
         pct = 100 * self.done / self.total if self.total else 100.0
-        print(f"{self.desc}: {self.done}/{self.total} tasks ({pct:.0f}%), "
+        print(f"{self.desc}: {self.done}/{self.total} ({pct:.0f}%), "
               f"{_clock(elapsed)} elapsed{eta}", file=self.stream, flush=True)  # fmt: skip
 
     def close(self) -> None:

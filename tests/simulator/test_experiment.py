@@ -279,14 +279,14 @@ def test_progress_lines_off_a_terminal() -> None:
 
     now = [0.0]
     stream = io.StringIO()  # not a terminal: lines, no bar
-    progress = Progress(40, "fig4", every=30.0, stream=stream, clock=lambda: now[0])
+    progress = Progress(40, "fig4 tasks", every=30.0, stream=stream, clock=lambda: now[0])
     for _ in range(10):
         now[0] += 10.0  # a task every 10 s
         progress.update(1)
     progress.close()
     lines = stream.getvalue().splitlines()
     assert lines == [
-        "fig4: 3/40 tasks (8%), 0m30s elapsed, ETA 6m10s",
-        "fig4: 6/40 tasks (15%), 1m00s elapsed, ETA 5m40s",
-        "fig4: 9/40 tasks (22%), 1m30s elapsed, ETA 5m10s",
+        "fig4 tasks: 3/40 (8%), 0m30s elapsed, ETA 6m10s",
+        "fig4 tasks: 6/40 (15%), 1m00s elapsed, ETA 5m40s",
+        "fig4 tasks: 9/40 (22%), 1m30s elapsed, ETA 5m10s",
     ]
