@@ -1,12 +1,15 @@
 """Durable storage of collections and their reports: the service's embedded default.
 
 DESIGN.md "Service" and data flow step 4 (ingest): validate, deduplicate, persist, then
-acknowledge; keep per-view support counts in memory, rebuilt from storage on restart.
+acknowledge. One SQLite file in WAL mode with ``synchronous=FULL``. A batch is
+validated whole (in columns, :mod:`.columns`), deduplicated against in-memory key tables
+(:mod:`.keyset`), then appended to the batch log together with the collection's
+updated support counts in one transaction, committed (so it survives SIGKILL and power
+loss), and only then counted in memory and acknowledged. A batch is accepted whole or
+rejected whole; a rejected batch leaves neither rows nor counts behind.
 
-One SQLite file in WAL mode with ``synchronous=FULL``: a batch is validated whole, then
-written in one transaction, committed (so it survives SIGKILL and power loss) and only
-then counted in memory and acknowledged. A batch is accepted whole or rejected whole;
-a rejected batch leaves neither rows nor counts behind.
+Nothing is keyed by a client's random values on disk, so a batch costs the same with
+10 reports stored or 10 million: one appended row, one rewritten counts row.
 
 Tables (schema version :data:`SCHEMA_VERSION` in ``PRAGMA user_version``):
 
@@ -17,14 +20,19 @@ Tables (schema version :data:`SCHEMA_VERSION` in ``PRAGMA user_version``):
   says how the next phase is planned.
 - ``phases(collection_id, phase, plan_json, digest, created_at)``: the plans of the
   phases after the first (phase 1, 2, ...).
-- ``reports(collection_id, report_id, pseudonym, view, payload, phase)``, keyed by
-  ``(collection_id, report_id)`` (retries are idempotent) with one report per
-  ``(collection_id, pseudonym)`` over all phases (the unique index
-  ``reports_pseudonym``): a user reports once. ``view`` indexes the plan of
-  ``phase``. A GRR payload is an INTEGER cell, an OUE payload a BLOB of
-  ``ceil(L/8)`` packed bytes.
+- ``batches(seq, collection_id, phase, count, report_ids, pseudonyms, views, cells,
+  bits)``: the append-only batch log, one row per accepted batch holding only its new
+  reports, in the columnar layout of :mod:`.columns`.
+- ``support(collection_id, phase, n, counts)``: the support counts of every phase,
+  int64 little-endian (``n``: reports per view; ``counts``: the views' counts
+  concatenated), rewritten in the transaction of each batch, so a restart reads them
+  instead of recounting.
 
-A version 1 file (one phase, no ``phases`` table) is migrated in place on open.
+Report ids (retries are idempotent) and pseudonyms (a user reports once per
+collection, over all phases) are unique per collection: the key tables are rebuilt
+from the batch log when the file is opened, in a background thread, so the service
+serves plans, queries and health at once and a submit waits only for its collection's
+tables. Version 1 and 2 files (one row per report) are migrated in place on open.
 
 Thread safety: one connection shared by the gRPC server's worker threads, every use of
 it and every count update guarded by one lock. Validation runs outside the lock.
@@ -38,26 +46,27 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 
-from calmkit_client import REPORT_ID_BYTES, FrequencyOracle, Plan
+from calmkit_client import Plan
 from calmkit_client.echo import show as _show
 from calmkit_client.errors import (
     CalmkitError,
     CollectionClosed,
     CollectionExists,
     CollectionNotFound,
-    OracleError,
     PlanMismatch,
     ReportConflict,
     ServiceUnavailable,
 )
 from calmkit_client.ids import check_collection_id
 
+from .columns import KEY_BYTES, ReportColumns, columns_from_reports, decode_columns
+from .keyset import KeyTable, as_words
 from .pilot import PhasedDesign, combine_phases
 from .support import SupportCounts
 
@@ -70,15 +79,13 @@ __all__ = [
     "StoredReport",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 PSEUDONYM_BYTES = 16
 TOKEN_HASH_BYTES = 32  # sha256
 OPEN, CLOSED = "open", "closed"
-# Keys per "IN (...)" lookup: well under SQLite's host-parameter limit.
-_LOOKUP_CHUNK = 500
-# Page cache (negative: KiB): report ids are random keys, so inserts touch random pages.
-_CACHE_KIB = -64 * 1024
-# Longest value repr an error message shows.
+# Reports per batch-log row when a version 1/2 file is migrated.
+_MIGRATE_CHUNK = 10_000
+_I64 = np.dtype("<i8")
 
 _PHASES = """CREATE TABLE phases (
     collection_id TEXT NOT NULL REFERENCES collections (id),
@@ -86,6 +93,25 @@ _PHASES = """CREATE TABLE phases (
     plan_json TEXT NOT NULL,
     digest TEXT NOT NULL,
     created_at REAL NOT NULL,
+    PRIMARY KEY (collection_id, phase)
+);"""
+_LOG = """CREATE TABLE batches (
+    seq INTEGER PRIMARY KEY,  -- rowid: appended at the end of the table
+    collection_id TEXT NOT NULL REFERENCES collections (id),
+    phase INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    report_ids BLOB NOT NULL,
+    pseudonyms BLOB NOT NULL,
+    views BLOB NOT NULL,
+    cells BLOB NOT NULL,
+    bits BLOB NOT NULL
+);
+CREATE INDEX batches_collection ON batches (collection_id, seq);
+CREATE TABLE support (
+    collection_id TEXT NOT NULL REFERENCES collections (id),
+    phase INTEGER NOT NULL,
+    n BLOB NOT NULL,
+    counts BLOB NOT NULL,
     PRIMARY KEY (collection_id, phase)
 );"""
 _SCHEMA = f"""
@@ -100,18 +126,8 @@ CREATE TABLE collections (
     closed_at REAL,
     design_json TEXT
 );
-CREATE TABLE reports (
-    collection_id TEXT NOT NULL REFERENCES collections (id),
-    report_id BLOB NOT NULL,
-    pseudonym BLOB NOT NULL,
-    view INTEGER NOT NULL,
-    payload BLOB NOT NULL,  -- no conversion: GRR stores an INTEGER, OUE a BLOB
-    phase INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (collection_id, report_id)
-) WITHOUT ROWID;
--- UNIQUE (collection_id, pseudonym) as a named index, so lookups can name it
-CREATE UNIQUE INDEX reports_pseudonym ON reports (collection_id, pseudonym);
 {_PHASES}
+{_LOG}
 PRAGMA user_version = {SCHEMA_VERSION};
 """
 # Version 1 -> 2: phases.
@@ -185,12 +201,18 @@ class BatchOutcome:
 
 @dataclass
 class _Entry:
-    """In-memory state of one collection: metadata and, per phase, its live support
-    counts (reports per view ``n[phase]`` and ``counts[phase][view]``)."""
+    """In-memory state of one collection: metadata, per phase its live support counts
+    (reports per view ``n[phase]`` and ``counts[phase][view]``), and the key tables of
+    its stored reports (``by_id``: report id -> pseudonym; ``by_pseudonym``: pseudonym
+    -> report id), usable once ``ready`` is set."""
 
     record: CollectionRecord
     n: list[np.ndarray]
     counts: list[list[np.ndarray]]
+    by_id: KeyTable = field(default_factory=KeyTable)
+    by_pseudonym: KeyTable = field(default_factory=KeyTable)
+    ready: threading.Event = field(default_factory=threading.Event)
+    load_error: BaseException | None = None
 
     @classmethod
     def empty(cls, record: CollectionRecord) -> _Entry:
@@ -214,22 +236,25 @@ class _Entry:
         return SupportCounts(self.record.plans[phase], self.n[phase].copy(),
                              tuple(c.copy() for c in self.counts[phase]))  # fmt: skip
 
+    def support_row(self, phase: int) -> tuple[bytes, bytes]:
+        """(n, counts) of ``phase`` as the ``support`` table's blobs."""
+        return (self.n[phase].astype(_I64).tobytes(),
+                np.concatenate(self.counts[phase]).astype(_I64).tobytes())  # fmt: skip
 
-@dataclass(frozen=True)
-class _Batch:
-    """A validated batch: columns (Python values, ready to bind) and per view the batch
-    positions ``rows[j]`` and their validated payload arrays ``arrays[j]``."""
-
-    ids: list[bytes]
-    pseudonyms: list[bytes]
-    views: list[int]
-    payloads: list[int | bytes]
-    rows: tuple[np.ndarray, ...]
-    arrays: tuple[np.ndarray, ...]
-
-    def key(self, i: int) -> tuple[bytes, int, int | bytes]:
-        """What must match for report ``i`` to be a duplicate: (pseudonym, view, payload)."""
-        return self.pseudonyms[i], self.views[i], self.payloads[i]
+    def set_support_row(self, phase: int, n_blob: bytes, counts_blob: bytes) -> None:
+        plan = self.record.plans[phase]
+        sizes = [o.L for o in plan.view_oracles]
+        ok = isinstance(n_blob, bytes) and isinstance(counts_blob, bytes)
+        ok = ok and len(n_blob) == 8 * plan.m and len(counts_blob) == 8 * sum(sizes)
+        n = np.frombuffer(n_blob, dtype=_I64).astype(np.int64) if ok else np.zeros(0)
+        flat = np.frombuffer(counts_blob, dtype=_I64).astype(np.int64) if ok else n
+        if not ok or (n < 0).any() or (flat < 0).any():
+            raise CalmkitError(
+                f"stored support of collection {_show(self.record.collection_id)} (phase "
+                f"{phase}) must hold {plan.m} view counts and {sum(sizes)} cell counts"
+            )
+        self.n[phase] = n
+        self.counts[phase] = list(np.split(flat, np.cumsum(sizes)[:-1]))
 
 
 def _is_int(value: object) -> bool:
@@ -253,8 +278,9 @@ class Storage:
     """Collections and reports in one SQLite file, support counts in memory.
 
     Args:
-        path: the database file (created with the schema when new). Opening an existing
-            file rebuilds every collection's support counts from its reports.
+        path: the database file (created with the schema when new; a version 1 or 2
+            file is migrated). Opening reads every collection and its stored support
+            counts; the key tables behind deduplication load in the background.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -279,96 +305,98 @@ class Storage:
             self._conn.close()
             self._conn = None
             raise
+        self._loader = threading.Thread(
+            target=self._load_keys, name="calmkit-storage-keys", daemon=True
+        )
+        self._loader.start()
 
     # -- opening -----------------------------------------------------------------------
     def _configure(self, conn: sqlite3.Connection) -> None:
-        """WAL, full sync, foreign keys; create or check the schema."""
+        """WAL, full sync, foreign keys; create, migrate or check the schema."""
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode != "wal" and self.path != ":memory:":
             raise CalmkitError(f"journal_mode ({mode!r}) of {self.path!r} must be 'wal'")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA busy_timeout=10000")
-        conn.execute(f"PRAGMA cache_size={_CACHE_KIB}")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version == 0:
             tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
             if tables:
                 raise CalmkitError(f"database ({self.path!r}) is not a calmkit store")
             conn.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")
-        elif version == 1:
-            conn.executescript(f"BEGIN IMMEDIATE; {_MIGRATE_1} COMMIT;")
+        elif version in (1, 2):
+            with _transaction(conn):
+                if version == 1:
+                    _execute_script(conn, _MIGRATE_1)
+                _migrate_rows_to_log(conn)
         elif version != SCHEMA_VERSION:
             raise CalmkitError(
-                f"schema version ({version}) of {self.path!r} must be {SCHEMA_VERSION} (or 1, "
-                "which is migrated)"
+                f"schema version ({version}) of {self.path!r} must be {SCHEMA_VERSION} (or 1 "
+                "or 2, which are migrated)"
             )
 
     def _load(self, conn: sqlite3.Connection) -> None:
-        """Read every collection and rebuild its support counts from its reports."""
-        rows = conn.execute(
-            "SELECT id, plan_json, digest, k, state, submit_token_hash, created_at, closed_at, "
-            "design_json FROM collections ORDER BY created_at, id"
-        ).fetchall()
-        later: dict[str, list[tuple[str, str]]] = {}
-        for cid, _phase, plan_json, digest in conn.execute(
-            "SELECT collection_id, phase, plan_json, digest FROM phases "
-            "ORDER BY collection_id, phase"
-        ):
-            later.setdefault(cid, []).append((plan_json, digest))
-        for cid, plan_json, digest, k, state, token_hash, created, closed, design_json in rows:
-            plans = tuple(
-                _stored_plan(cid, i, text, d)
-                for i, (text, d) in enumerate([(plan_json, digest), *later.get(cid, [])])
-            )
-            design = None if design_json is None else PhasedDesign.from_json(design_json)
+        """Read every collection, its phases' plans and its stored support counts."""
+        for cid, plans, k, state, token_hash, created, closed, design in _read_collections(conn):
             entry = _Entry.empty(
                 CollectionRecord(cid, plans, k, state, token_hash, created, closed, 0, design)
             )
-            self._recount(conn, entry)
+            for phase, n_blob, counts_blob in conn.execute(
+                "SELECT phase, n, counts FROM support WHERE collection_id = ? ORDER BY phase",
+                (cid,),
+            ):
+                if not 0 <= phase < len(plans):
+                    raise CalmkitError(
+                        f"stored phase ({phase}) of collection {_show(cid)} must be in "
+                        f"[0, {len(plans) - 1}]"
+                    )
+                entry.set_support_row(phase, n_blob, counts_blob)
+            if state != OPEN:
+                entry.ready.set()  # a closed collection takes no reports: no key tables
             self._entries[cid] = entry
 
-    @staticmethod
-    def _recount(conn: sqlite3.Connection, entry: _Entry) -> None:
-        """Support counts of one collection from its stored reports, per phase and
-        view in bulk."""
-        record = entry.record
-        rows = conn.execute(
-            "SELECT phase, view, payload FROM reports WHERE collection_id = ?",
-            (record.collection_id,),
-        ).fetchall()
-        phases = np.fromiter((p for p, _, _ in rows), np.int64, count=len(rows))
-        views = np.fromiter((v for _, v, _ in rows), np.int64, count=len(rows))
-        if phases.size and (phases.min() < 0 or phases.max() > record.phase):
-            bad = int(phases.min() if phases.min() < 0 else phases.max())
-            raise CalmkitError(
-                f"stored phase ({bad}) of collection {_show(record.collection_id)} must be in "
-                f"[0, {record.phase}]"
-            )
-        for phase, plan in enumerate(record.plans):
-            in_phase = phases == phase
-            v = views[in_phase]
-            if v.size and (v.min() < 0 or v.max() >= plan.m):
-                bad = int(v.min() if v.min() < 0 else v.max())
-                raise CalmkitError(
-                    f"stored view ({bad}) of collection {_show(record.collection_id)} must be in "
-                    f"[0, {plan.m})"
-                )
-            positions = np.flatnonzero(in_phase)
-            for j, oracle in enumerate(plan.view_oracles):
-                idx = positions[v == j]
-                if not idx.size:
-                    continue
-                values = [rows[i][2] for i in idx.tolist()]
+    def _load_keys(self) -> None:
+        """Background: fill the open collections' key tables from the batch log, on a
+        connection of its own (WAL readers do not block the writer)."""
+        pending = [e for e in self._entries.values() if not e.ready.is_set()]
+        if not pending:
+            return
+        try:
+            conn = sqlite3.connect(self.path, check_same_thread=False)
+        except sqlite3.Error as exc:
+            for entry in pending:
+                entry.load_error = exc
+                entry.ready.set()
+            return
+        try:
+            for entry in pending:
                 try:
-                    arr = _stored_payloads(oracle, values)
-                    entry.counts[phase][j] += oracle.support(arr)
-                except (CalmkitError, TypeError, ValueError) as exc:
-                    raise CalmkitError(
-                        f"stored payloads of view {j} (phase {phase}) of collection "
-                        f"{_show(record.collection_id)} are invalid: {exc}"
-                    ) from None
-                entry.n[phase][j] = idx.size
+                    ids, pseudonyms = _stored_keys(conn, entry.record.collection_id)
+                    entry.by_id.insert(ids, pseudonyms)
+                    entry.by_pseudonym.insert(pseudonyms, ids)
+                except BaseException as exc:  # reported to the submits that wait
+                    entry.load_error = exc
+                finally:
+                    entry.ready.set()
+        finally:
+            conn.close()
+
+    def recount(self, collection_id: str) -> SupportCounts:
+        """The collection's support counts recounted from its batch log (every phase
+        combined, like :meth:`support`): an audit of the stored counts."""
+        with self._lock:
+            conn = self._connection()
+            entry = self._entry(collection_id)
+            plans = entry.record.plans
+            parts = [SupportCounts.zeros(p) for p in plans]
+            for batch in _read_batches(conn, collection_id, plans):
+                phase, columns = batch
+                n, counts = columns.support_deltas()
+                old = parts[phase]
+                summed = tuple(a + b for a, b in zip(old.counts, counts))
+                parts[phase] = SupportCounts(old.plan, old.n + n, summed)
+        return combine_phases(parts)
 
     # -- collections -------------------------------------------------------------------
     def create_collection(
@@ -393,6 +421,7 @@ class Storage:
             conn = self._connection()
             if collection_id in self._entries:
                 raise CollectionExists(f"collection_id ({_show(collection_id)}) already exists")
+            entry = _Entry.empty(record)
             with _transaction(conn):
                 conn.execute(
                     "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash,"
@@ -408,7 +437,8 @@ class Storage:
                         None if design is None else design.to_json(),
                     ),
                 )
-            entry = _Entry.empty(record)
+                _write_support(conn, collection_id, 0, entry, insert=True)
+            entry.ready.set()
             self._entries[collection_id] = entry
             return entry.snapshot()
 
@@ -467,18 +497,29 @@ class Storage:
                     "VALUES (?, ?, ?, ?, ?)",
                     (collection_id, phase, plan.to_json(), plan.digest, time.time()),
                 )
-            entry.record = replace(entry.record, plans=(*entry.record.plans, plan))
-            entry.add_phase(plan)
+                entry.record = replace(entry.record, plans=(*entry.record.plans, plan))
+                entry.add_phase(plan)
+                try:
+                    _write_support(conn, collection_id, phase, entry, insert=True)
+                except BaseException:
+                    entry.record = replace(entry.record, plans=entry.record.plans[:-1])
+                    del entry.n[-1], entry.counts[-1]
+                    raise
             return entry.snapshot()
 
     # -- reports -------------------------------------------------------------------------
     def add_reports(
-        self, collection_id: str, plan_digest: str, reports: Sequence[StoredReport]
+        self,
+        collection_id: str,
+        plan_digest: str,
+        reports: Sequence[StoredReport] | ReportColumns,
     ) -> BatchOutcome:
         """Validate, deduplicate and durably store a batch, then count it.
 
-        The batch is written whole in one committed transaction and only then counted,
-        or nothing of it is written or counted.
+        ``reports``: :class:`StoredReport` objects, or a :class:`~.columns.ReportColumns`
+        decoded against the plan of ``plan_digest``. The batch's new reports are
+        appended to the log with the updated counts in one committed transaction and
+        only then counted, or nothing of it is written or counted.
 
         Raises:
             CollectionNotFound, CollectionClosed, PlanMismatch: collection-level errors.
@@ -492,65 +533,57 @@ class Storage:
             entry = self._open_entry(collection_id)
             phase = entry.record.phase_of(plan_digest)
             plan = entry.record.plans[phase]
-        batch = _validate(plan, list(reports))
-        if not batch.ids:
+        if isinstance(reports, ReportColumns):
+            if reports.plan.digest != plan.digest:
+                raise PlanMismatch(
+                    f"reports (decoded for plan {reports.plan.digest[:12]}) must be decoded "
+                    f"for plan_digest ({_show(plan_digest)})"
+                )
+            batch = reports
+        else:
+            bad = next((i for i, r in enumerate(reports) if not isinstance(r, StoredReport)), None)
+            if bad is not None:
+                raise CalmkitError(f"reports[{bad}] ({_show(reports[bad])}) must be a StoredReport")
+            batch = columns_from_reports(plan, list(reports))
+        if not len(batch):
             return BatchOutcome(0, 0)
-        unique, by_pseudonym = _dedupe_batch(batch)
+        distinct = _dedupe_batch(batch)
+        ids, pseudonyms = as_words(batch.report_ids), as_words(batch.pseudonyms)
+        if not entry.ready.is_set():
+            entry.ready.wait()
+        if entry.load_error is not None:
+            raise ServiceUnavailable(
+                f"collection {_show(collection_id)} cannot take reports: its stored report "
+                f"ids could not be read ({type(entry.load_error).__name__})"
+            )
         with self._lock:
             conn = self._connection()
             entry = self._open_entry(collection_id)
-            with _transaction(conn):
-                new = self._check_stored(conn, collection_id, phase, batch, unique, by_pseudonym)
-                conn.executemany(
-                    "INSERT INTO reports (collection_id, report_id, pseudonym, view, payload, "
-                    "phase) VALUES (?, ?, ?, ?, ?, ?)",
-                    _rows(collection_id, phase, batch, new),
-                )
-                deltas = _deltas(plan, batch, new)
-            for j, (n_j, c_j) in enumerate(deltas):
-                entry.n[phase][j] += n_j
-                entry.counts[phase][j] += c_j
-        return BatchOutcome(len(new), len(batch.ids) - len(new))
-
-    def _check_stored(
-        self,
-        conn: sqlite3.Connection,
-        collection_id: str,
-        phase: int,
-        batch: _Batch,
-        unique: dict[bytes, int],
-        by_pseudonym: dict[bytes, int],
-    ) -> list[int]:
-        """Batch positions of the reports not yet stored.
-
-        A report whose (report id, pseudonym) pair is stored is a retry: acknowledged
-        as a duplicate and the stored report stands, whatever the content sent. A report
-        id stored under another pseudonym, or a pseudonym holding another report id,
-        is a :class:`ReportConflict`. No answer depends on a stored report's view,
-        payload or phase, and no error names a stored value (docs/security.md
-        "Conflicting reports"): a submit-token holder who learns a victim's pseudonym
-        cannot probe the victim's report.
-        """
-        stored = _lookup(conn, _BY_REPORT_ID, collection_id, list(unique))
-        for report_id, pseudonym, _view, _payload, _phase in stored:
-            i = unique[report_id]
-            if pseudonym != batch.pseudonyms[i]:
-                raise ReportConflict(
-                    f"reports[{i}].report_id ({_show(report_id)}) is already used in "
-                    f"collection {_show(collection_id)}"
-                )
-        owners = _lookup(conn, _BY_PSEUDONYM, collection_id, list(by_pseudonym))
-        for report_id, pseudonym in owners:
-            i = by_pseudonym[pseudonym]
-            if report_id != batch.ids[i]:
-                raise ReportConflict(
-                    f"reports[{i}].pseudonym ({_show(pseudonym)}) already holds a report in "
-                    f"collection {_show(collection_id)} (a device reports once per collection)"
-                )
-        if not stored:
-            return sorted(unique.values())
-        seen = {row[0] for row in stored}
-        return sorted(i for rid, i in unique.items() if rid not in seen)
+            new = _new_positions(entry, collection_id, distinct, ids, pseudonyms)
+            if new.size:
+                fresh = batch.take(new)
+                n, counts = fresh.support_deltas()
+                entry.n[phase] += n
+                for j, c in enumerate(counts):
+                    entry.counts[phase][j] += c
+                try:
+                    with _transaction(conn):
+                        blobs = fresh.encode()
+                        conn.execute(
+                            "INSERT INTO batches (collection_id, phase, count, report_ids, "
+                            "pseudonyms, views, cells, bits) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                            (collection_id, phase, len(fresh), blobs["report_ids"],
+                             blobs["pseudonyms"], blobs["views"], blobs["cells"], blobs["bits"]),
+                        )  # fmt: skip
+                        _write_support(conn, collection_id, phase, entry)
+                except BaseException:
+                    entry.n[phase] -= n
+                    for j, c in enumerate(counts):
+                        entry.counts[phase][j] -= c
+                    raise
+                entry.by_id.insert(ids[new], pseudonyms[new])
+                entry.by_pseudonym.insert(pseudonyms[new], ids[new])
+        return BatchOutcome(int(new.size), len(batch) - int(new.size))
 
     def support(self, collection_id: str) -> SupportCounts:
         """A copy of the collection's support counts over every phase (one
@@ -567,13 +600,20 @@ class Storage:
         with self._lock:
             self._connection()
             entry = self._entry(collection_id)
-            if isinstance(phase, bool) or not isinstance(phase, int) or not (
-                0 <= phase <= entry.record.phase
+            if (
+                isinstance(phase, bool)
+                or not isinstance(phase, int)
+                or not (0 <= phase <= entry.record.phase)
             ):
                 raise CalmkitError(f"phase ({_show(phase)}) must be in [0, {entry.record.phase}]")
             return entry.support(phase)
 
     # -- lifecycle -------------------------------------------------------------------------
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until every collection's key tables are loaded; whether they are."""
+        self._loader.join(timeout)
+        return not self._loader.is_alive()
+
     def close(self) -> None:
         """Close the database (idempotent); later calls raise :class:`CalmkitError`."""
         with self._lock:
@@ -619,7 +659,7 @@ class Storage:
         return entry
 
 
-# -- transactions and lookups ------------------------------------------------------------
+# -- transactions and tables --------------------------------------------------------------
 @contextmanager
 def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """``BEGIN IMMEDIATE`` ... ``COMMIT``; ``ROLLBACK`` if the body or the commit fails."""
@@ -633,48 +673,124 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         raise
 
 
-_BY_REPORT_ID = (
-    "SELECT report_id, pseudonym, view, payload, phase FROM reports "
-    "WHERE collection_id = ? AND report_id IN ({})"
-)
-# Named: SQLite's planner would otherwise scan the collection through the primary key.
-_BY_PSEUDONYM = (
-    "SELECT report_id, pseudonym FROM reports INDEXED BY reports_pseudonym "
-    "WHERE collection_id = ? AND pseudonym IN ({})"
-)
+def _execute_script(conn: sqlite3.Connection, script: str) -> None:
+    """Run ``;``-separated statements inside the caller's transaction (``executescript``
+    would commit it first)."""
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
 
 
-def _lookup(
-    conn: sqlite3.Connection, query: str, collection_id: str, keys: list[bytes]
-) -> list[tuple[Any, ...]]:
-    """Rows of ``query`` (:data:`_BY_REPORT_ID` or :data:`_BY_PSEUDONYM`) for ``keys``,
-    in chunks of IN lookups."""
-    out: list[tuple[Any, ...]] = []
-    for lo in range(0, len(keys), _LOOKUP_CHUNK):
-        chunk = keys[lo : lo + _LOOKUP_CHUNK]
-        marks = ",".join("?" * len(chunk))
-        out.extend(conn.execute(query.format(marks), (collection_id, *chunk)))
-    return out
+def _read_collections(conn: sqlite3.Connection) -> Iterator[tuple[Any, ...]]:
+    """(id, plans, k, state, token hash, created, closed, design) of every collection,
+    oldest first, each plan's digest checked."""
+    later: dict[str, list[tuple[str, str]]] = {}
+    for cid, _phase, plan_json, digest in conn.execute(
+        "SELECT collection_id, phase, plan_json, digest FROM phases ORDER BY collection_id, phase"
+    ):
+        later.setdefault(cid, []).append((plan_json, digest))
+    rows = conn.execute(
+        "SELECT id, plan_json, digest, k, state, submit_token_hash, created_at, closed_at, "
+        "design_json FROM collections ORDER BY created_at, id"
+    ).fetchall()
+    for cid, plan_json, digest, k, state, token_hash, created, closed, design_json in rows:
+        plans = tuple(
+            _stored_plan(cid, i, text, d)
+            for i, (text, d) in enumerate([(plan_json, digest), *later.get(cid, [])])
+        )
+        design = None if design_json is None else PhasedDesign.from_json(design_json)
+        yield cid, plans, k, state, token_hash, created, closed, design
 
 
-def _rows(
-    collection_id: str, phase: int, batch: _Batch, positions: list[int]
-) -> Iterator[tuple[str, bytes, bytes, int, int | bytes, int]]:
-    """Insert tuples of the batch reports at ``positions``."""
-    for i in positions:
-        yield (collection_id, batch.ids[i], batch.pseudonyms[i], batch.views[i],
-               batch.payloads[i], phase)  # fmt: skip
+def _write_support(
+    conn: sqlite3.Connection, collection_id: str, phase: int, entry: _Entry, insert: bool = False
+) -> None:
+    """Store ``entry``'s counts of ``phase`` (inside the caller's transaction)."""
+    n_blob, counts_blob = entry.support_row(phase)
+    if insert:
+        conn.execute(
+            "INSERT INTO support (collection_id, phase, n, counts) VALUES (?, ?, ?, ?)",
+            (collection_id, phase, n_blob, counts_blob),
+        )
+    else:
+        conn.execute(
+            "UPDATE support SET n = ?, counts = ? WHERE collection_id = ? AND phase = ?",
+            (n_blob, counts_blob, collection_id, phase),
+        )
 
 
-def _deltas(plan: Plan, batch: _Batch, positions: list[int]) -> list[tuple[int, np.ndarray]]:
-    """Per view: (reports added, support counts added) by the reports at ``positions``."""
-    new = np.zeros(len(batch.ids), dtype=bool)
-    new[positions] = True
-    out = []
-    for oracle, rows, arr in zip(plan.view_oracles, batch.rows, batch.arrays):
-        keep = new[rows]
-        out.append((int(keep.sum()), oracle.support(arr[keep])))
-    return out
+def _stored_keys(conn: sqlite3.Connection, collection_id: str) -> tuple[np.ndarray, np.ndarray]:
+    """Every stored (report id, pseudonym) of a collection as (n, 2) uint64 words each."""
+    ids, pseudonyms = [], []
+    for rid_blob, pseudonym_blob in conn.execute(
+        "SELECT report_ids, pseudonyms FROM batches WHERE collection_id = ? ORDER BY seq",
+        (collection_id,),
+    ):
+        ids.append(rid_blob)
+        pseudonyms.append(pseudonym_blob)
+    as_keys = lambda blobs: np.frombuffer(b"".join(blobs), np.uint8).reshape(-1, KEY_BYTES)  # noqa: E731
+    return as_words(as_keys(ids)), as_words(as_keys(pseudonyms))
+
+
+def _read_batches(
+    conn: sqlite3.Connection, collection_id: str, plans: tuple[Plan, ...]
+) -> Iterator[tuple[int, ReportColumns]]:
+    """Every logged batch of a collection as (phase, columns), validated again."""
+    for seq, phase, count, rid, pseudonym, views, cells, bits in conn.execute(
+        "SELECT seq, phase, count, report_ids, pseudonyms, views, cells, bits FROM batches "
+        "WHERE collection_id = ? ORDER BY seq",
+        (collection_id,),
+    ).fetchall():
+        if not 0 <= phase < len(plans):
+            raise CalmkitError(f"batch {seq} of collection {_show(collection_id)} has phase "
+                               f"({phase}) outside [0, {len(plans) - 1}]")  # fmt: skip
+        try:
+            columns = decode_columns(plans[phase], count, report_ids=rid, pseudonyms=pseudonym,
+                                     views=views, cells=cells, bits=bits)  # fmt: skip
+        except CalmkitError as exc:
+            raise CalmkitError(
+                f"batch {seq} of collection {_show(collection_id)} is invalid: {exc}"
+            ) from None
+        yield phase, columns
+
+
+def _migrate_rows_to_log(conn: sqlite3.Connection) -> None:
+    """Version 2 -> 3 (inside the caller's transaction): the per-report rows of every
+    collection become batch-log rows (in chunks, per phase) and stored counts; the
+    ``reports`` table goes."""
+    _execute_script(conn, _LOG)
+    for cid, plans, *_ in list(_read_collections(conn)):
+        entry = _Entry.empty(CollectionRecord(cid, plans, 1, OPEN, b"", 0.0, None, 0))
+        for phase, plan in enumerate(plans):
+            rows = conn.execute(
+                "SELECT report_id, pseudonym, view, payload FROM reports "
+                "WHERE collection_id = ? AND phase = ? ORDER BY report_id",
+                (cid, phase),
+            ).fetchall()
+            for lo in range(0, len(rows), _MIGRATE_CHUNK):
+                chunk = [StoredReport(bytes(r), bytes(p), v, x if isinstance(x, int) else bytes(x))
+                         for r, p, v, x in rows[lo : lo + _MIGRATE_CHUNK]]  # fmt: skip
+                try:
+                    columns = columns_from_reports(plan, chunk)
+                except CalmkitError as exc:
+                    raise CalmkitError(
+                        f"stored reports of collection {_show(cid)} (phase {phase}) are "
+                        f"invalid: {exc}"
+                    ) from None
+                n, counts = columns.support_deltas()
+                entry.n[phase] += n
+                for j, c in enumerate(counts):
+                    entry.counts[phase][j] += c
+                blobs = columns.encode()
+                conn.execute(
+                    "INSERT INTO batches (collection_id, phase, count, report_ids, pseudonyms, "
+                    "views, cells, bits) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (cid, phase, len(columns), blobs["report_ids"], blobs["pseudonyms"],
+                     blobs["views"], blobs["cells"], blobs["bits"]),
+                )  # fmt: skip
+            _write_support(conn, cid, phase, entry, insert=True)
+    conn.execute("DROP TABLE reports")
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
 def _stored_plan(collection_id: str, phase: int, plan_json: str, digest: str) -> Plan:
@@ -694,7 +810,7 @@ def _stored_plan(collection_id: str, phase: int, plan_json: str, digest: str) ->
     return plan
 
 
-# -- validation ----------------------------------------------------------------------------
+# -- validation and deduplication --------------------------------------------------------
 def _check_collection_args(collection_id: str, plan: Plan, k: int, token_hash: bytes) -> None:
     check_collection_id(collection_id)
     if not isinstance(plan, Plan):
@@ -707,128 +823,79 @@ def _check_collection_args(collection_id: str, plan: Plan, k: int, token_hash: b
         )
 
 
-def _validate(plan: Plan, reports: list[StoredReport]) -> _Batch:
-    """Check every report against ``plan``; the first bad one raises a
-    :class:`CalmkitError` naming ``reports[i].field`` and its value."""
-    bad = next((i for i, r in enumerate(reports) if not isinstance(r, StoredReport)), None)
-    if bad is not None:
-        raise CalmkitError(f"reports[{bad}] ({_show(reports[bad])}) must be a StoredReport")
-    ids = [r.report_id for r in reports]
-    pseudonyms = [r.pseudonym for r in reports]
-    _check_bytes("report_id", ids, REPORT_ID_BYTES)
-    _check_bytes("pseudonym", pseudonyms, PSEUDONYM_BYTES)
-    raw_views = [r.view for r in reports]
-    bad = next((i for i, v in enumerate(raw_views) if not _is_int(v) or not 0 <= v < plan.m), None)
-    if bad is not None:
-        shown = _show(raw_views[bad])
-        raise CalmkitError(f"reports[{bad}].view ({shown}) must be in [0, {plan.m})")
-    views = np.array(raw_views, dtype=np.int64).reshape(-1)
-    payloads: list[int | bytes] = [r.payload for r in reports]
-    order = np.argsort(views, kind="stable")
-    starts = np.searchsorted(views[order], np.arange(plan.m + 1))
-    rows, arrays = [], []
-    for j, oracle in enumerate(plan.view_oracles):
-        rows_j = order[starts[j] : starts[j + 1]]
-        arr = _view_payloads(oracle, j, rows_j, payloads)
-        if oracle.name == "GRR":  # bind Python ints, whatever int type was given
-            for i, p in zip(rows_j.tolist(), arr.tolist()):
-                payloads[i] = p
-        rows.append(rows_j)
-        arrays.append(arr)
-    return _Batch(ids, pseudonyms, views.tolist(), payloads, tuple(rows), tuple(arrays))
+def _content(batch: ReportColumns) -> np.ndarray:
+    """Per report, its whole content (pseudonym, view, payload) as one void value."""
+    width = max([1] + [vp.payloads.reshape(len(vp.rows), -1).shape[1] * 8
+                       for vp in batch.per_view])  # fmt: skip
+    payload = np.zeros((len(batch), width), dtype=np.uint8)
+    for vp in batch.per_view:
+        raw = np.ascontiguousarray(vp.payloads).reshape(len(vp.rows), -1)
+        raw = raw.astype(np.int64) if raw.dtype != np.uint8 else raw
+        data = raw.view(np.uint8).reshape(len(vp.rows), -1)
+        payload[vp.rows, : data.shape[1]] = data
+    views = batch.views.astype("<i8").view(np.uint8).reshape(-1, 8)
+    row = np.concatenate([batch.pseudonyms, views, payload], axis=1)
+    return np.ascontiguousarray(row).view(f"V{row.shape[1]}").ravel()
 
 
-def _check_bytes(field: str, values: list[Any], size: int) -> None:
-    bad = next(
-        (i for i, v in enumerate(values) if not isinstance(v, bytes) or len(v) != size), None
-    )
-    if bad is not None:
-        raise CalmkitError(f"reports[{bad}].{field} ({_show(values[bad])}) must be {size} bytes")
-
-
-def _view_payloads(
-    oracle: FrequencyOracle, view: int, rows: np.ndarray, payloads: list[int | bytes]
-) -> np.ndarray:
-    """The payloads at batch positions ``rows`` (all of view ``view``) as the oracle's
-    validated array: (n,) int64 (GRR) or (n, ceil(L/8)) uint8 (OUE)."""
-    positions = rows.tolist()
-    values = [payloads[i] for i in positions]
-    if oracle.name == "GRR":
-        bad = next((k for k, p in enumerate(values) if not _is_int(p)), None)
-        what = f"an int cell (view {view} is GRR, L={oracle.L})"
-    else:
-        nbytes = (oracle.L + 7) // 8
-        bad = next(
-            (k for k, p in enumerate(values) if not isinstance(p, bytes) or len(p) != nbytes),
-            None,
+def _dedupe_batch(batch: ReportColumns) -> np.ndarray:
+    """Sorted positions of the batch's distinct reports (the first of each report id).
+    Identical repeats collapse; a repeat with other content, or two report ids with one
+    pseudonym, raises :class:`ReportConflict`."""
+    ids = batch.report_ids.view("V16").ravel()
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    if first.size < len(batch):
+        content = _content(batch)
+        differs = np.flatnonzero(content != content[first[inverse]])
+        if differs.size:
+            i = int(differs[0])
+            raise ReportConflict(
+                f"reports[{i}].report_id ({_show(bytes(batch.report_ids[i]))}) repeats "
+                f"reports[{int(first[inverse[i]])}] with different content"
+            )
+    firsts = np.sort(first)
+    pseudonyms = batch.pseudonyms[firsts].view("V16").ravel()
+    _, p_first, p_inverse = np.unique(pseudonyms, return_index=True, return_inverse=True)
+    if p_first.size < firsts.size:
+        again = np.flatnonzero(p_first[p_inverse] != np.arange(firsts.size))
+        k = int(again[0])
+        i, j = int(firsts[k]), int(firsts[p_first[p_inverse[k]]])
+        raise ReportConflict(
+            f"reports[{max(i, j)}].pseudonym ({_show(bytes(batch.pseudonyms[i]))}) already "
+            f"holds reports[{min(i, j)}] in this batch"
         )
-        what = f"{nbytes} bytes (view {view} is OUE, L={oracle.L})"
-    if bad is not None:
-        raise CalmkitError(
-            f"reports[{positions[bad]}].payload ({_show(values[bad])}) must be {what}"
+    return firsts
+
+
+def _new_positions(
+    entry: _Entry, collection_id: str, distinct: np.ndarray, ids: np.ndarray,
+    pseudonyms: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """Of the batch's ``distinct`` positions, those not yet stored.
+
+    A report whose (report id, pseudonym) pair is stored is a retry: acknowledged as a
+    duplicate and the stored report stands, whatever the content sent. A report id
+    stored under another pseudonym, or a pseudonym holding another report id, is a
+    :class:`ReportConflict`. No answer depends on a stored report's view, payload or
+    phase, and no error names a stored value (docs/security.md "Conflicting reports"):
+    a submit-token holder who learns a victim's pseudonym cannot probe the victim's
+    report.
+    """
+    found, owner = entry.by_id.lookup(ids[distinct])
+    mine = (owner == pseudonyms[distinct]).all(axis=1)
+    taken = np.flatnonzero(found & ~mine)
+    if taken.size:
+        i = int(distinct[taken[0]])
+        raise ReportConflict(
+            f"reports[{i}].report_id ({_show(ids[i].tobytes())}) is already used in "
+            f"collection {_show(collection_id)}"
         )
-    try:
-        return oracle.check_payloads(_payload_array(oracle, values))
-    except OracleError:
-        k, exc = _first_bad_payload(oracle, values)
-        raise CalmkitError(
-            f"reports[{positions[k]}].payload ({_show(values[k])}) is not a valid view {view} "
-            f"payload: {exc}"
-        ) from None
-
-
-def _payload_array(oracle: FrequencyOracle, values: list[Any]) -> np.ndarray:
-    """Type-checked payloads of one view as an array: ints (n,) or bytes (n, nbytes)."""
-    if oracle.name == "GRR":
-        return np.array(values) if values else np.zeros(0, np.int64)
-    nbytes = (oracle.L + 7) // 8
-    return np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), nbytes)
-
-
-def _first_bad_payload(oracle: FrequencyOracle, values: list[Any]) -> tuple[int, OracleError]:
-    """The first payload the oracle rejects, with its error (error path only)."""
-    for k in range(len(values)):
-        try:
-            oracle.check_payloads(_payload_array(oracle, values[k : k + 1]))
-        except OracleError as exc:
-            return k, exc
-    raise AssertionError("check_payloads rejected the batch but no single row")  # pragma: no cover
-
-
-def _dedupe_batch(batch: _Batch) -> tuple[dict[bytes, int], dict[bytes, int]]:
-    """``report_id -> first position`` and ``pseudonym -> position`` of the batch's
-    distinct reports. Identical repeats collapse; a repeat with other content, or two
-    report ids with one pseudonym, raises :class:`ReportConflict`."""
-    n = len(batch.ids)
-    unique = dict(zip(reversed(batch.ids), range(n - 1, -1, -1)))
-    if len(unique) < n:
-        for i, rid in enumerate(batch.ids):
-            first = unique[rid]
-            if first != i and batch.key(i) != batch.key(first):
-                raise ReportConflict(
-                    f"reports[{i}].report_id ({_show(rid)}) repeats reports[{first}] with "
-                    f"different content"
-                )
-    firsts = sorted(unique.values())
-    by_pseudonym = dict(zip((batch.pseudonyms[i] for i in reversed(firsts)), reversed(firsts)))
-    if len(by_pseudonym) < len(firsts):
-        for i in firsts:
-            first = by_pseudonym[batch.pseudonyms[i]]
-            if first != i:
-                raise ReportConflict(
-                    f"reports[{max(i, first)}].pseudonym ({_show(batch.pseudonyms[i])}) already "
-                    f"holds reports[{min(i, first)}] in this batch"
-                )
-    return unique, by_pseudonym
-
-
-def _stored_payloads(oracle: FrequencyOracle, values: list[Any]) -> np.ndarray:
-    """Stored payload values of one view as the oracle's array (reload path)."""
-    if oracle.name == "GRR":
-        if not all(_is_int(v) for v in values):
-            raise CalmkitError("GRR payloads must be INTEGER cells")
-    else:
-        nbytes = (oracle.L + 7) // 8
-        if not all(isinstance(v, bytes) and len(v) == nbytes for v in values):
-            raise CalmkitError(f"OUE payloads must be BLOBs of {nbytes} bytes")
-    return oracle.check_payloads(_payload_array(oracle, values))
+    new = distinct[~found]
+    held, _ = entry.by_pseudonym.lookup(pseudonyms[new])
+    if held.any():
+        i = int(new[np.flatnonzero(held)[0]])
+        raise ReportConflict(
+            f"reports[{i}].pseudonym ({_show(pseudonyms[i].tobytes())}) already holds a report "
+            f"in collection {_show(collection_id)} (a device reports once per collection)"
+        )
+    return new

@@ -146,9 +146,14 @@ def test_schema_and_pragmas(tmp_path: Path, plan: Plan) -> None:
     raw = sqlite3.connect(path)
     try:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
-        cols = [r[1] for r in raw.execute("PRAGMA table_info(reports)")]
-        assert cols == ["collection_id", "report_id", "pseudonym", "view", "payload", "phase"]
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        cols = [r[1] for r in raw.execute("PRAGMA table_info(batches)")]
+        assert cols == ["seq", "collection_id", "phase", "count", "report_ids", "pseudonyms",
+                        "views", "cells", "bits"]  # fmt: skip
+        cols = [r[1] for r in raw.execute("PRAGMA table_info(support)")]
+        assert cols == ["collection_id", "phase", "n", "counts"]
+        tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert "reports" not in tables  # no table keyed by clients' random values
         (plan_json,) = raw.execute("SELECT plan_json FROM collections").fetchone()
         assert Plan.from_json(plan_json) == plan
     finally:
@@ -270,11 +275,24 @@ def test_reload_rejects_tampered_rows(tmp_path: Path, plan: Plan) -> None:
         store.create_collection("abc", plan, 2, TOKEN_HASH)
         store.add_reports("abc", plan.digest, reports)
     raw = sqlite3.connect(path)
-    with raw:
-        raw.execute("UPDATE reports SET payload = 99 WHERE view = 0")
+    with raw:  # a view out of range in the batch log: the audit names the batch
+        (views,) = raw.execute("SELECT views FROM batches").fetchone()
+        raw.execute("UPDATE batches SET views = ?", (views[:-4] + (99).to_bytes(4, "little"),))
+    raw.close()
+    with (
+        Storage(path) as store,
+        pytest.raises(
+            CalmkitError,
+            match=r"batch 1 of collection 'abc' is invalid: reports\[49\]\.view \(99\)",
+        ),
+    ):
+        store.recount("abc")
+    raw = sqlite3.connect(path)
+    with raw:  # stored counts of the wrong size: refused on open
+        raw.execute("UPDATE support SET n = x'00'")
     raw.close()
     with pytest.raises(
-        CalmkitError, match=r"stored payloads of view 0 \(phase 0\) of collection 'abc'"
+        CalmkitError, match=r"stored support of collection 'abc' \(phase 0\) must hold 3 view"
     ):
         Storage(path)
     raw = sqlite3.connect(path)
@@ -373,7 +391,7 @@ def _bad(plan: Plan, reports: list[StoredReport], kind: str) -> tuple[StoredRepo
     if kind == "grr_cell":
         return (
             StoredReport(grr.report_id, grr.pseudonym, 0, 6),
-            r"reports\[7\]\.payload \(6\) is not a valid view 0 payload: .*\[0, 6\)",
+            r"reports\[7\]\.payload \(6\) must be an int cell in \[0, 6\) \(view 0 is GRR\)",
         )
     if kind == "grr_negative":
         return StoredReport(grr.report_id, grr.pseudonym, 0, -1), r"reports\[7\]\.payload \(-1\)"
@@ -394,7 +412,7 @@ def _bad(plan: Plan, reports: list[StoredReport], kind: str) -> tuple[StoredRepo
     if kind == "oue_padding":
         return (
             StoredReport(oue.report_id, oue.pseudonym, 2, b"\x00\x01"),
-            r"reports\[7\]\.payload \(b'\\x00\\x01'\) is not a valid view 2 payload: .*padding",
+            r"reports\[7\]\.bits \(last byte 0x01\) must have its 1 padding bits zero",
         )
     if kind == "report_id":
         return (

@@ -100,6 +100,7 @@ def test_acknowledged_reports_survive_sigkill(tmp_path: Path) -> None:
     assert proc.wait(timeout=30) == 0
     device.close()
     with sqlite3.connect(db) as conn:
-        stored = [bytes(r[0]) for r in conn.execute("SELECT report_id FROM reports")]
+        blobs = b"".join(r[0] for r in conn.execute("SELECT report_ids FROM batches"))
+        stored = [blobs[i : i + 16] for i in range(0, len(blobs), 16)]
     assert len(stored) == len(set(stored)) == status.reports == POP.n  # each exactly once
     assert acked == sent == set(stored)  # every ack counted, nothing invented

@@ -1,0 +1,118 @@
+"""An in-memory hash table of 16-byte keys, each with a 16-byte value, in numpy arrays.
+
+Storage uses it to deduplicate reports (report id -> pseudonym, and the set of
+pseudonyms) at a cost per batch that does not grow with the number of stored reports:
+open addressing with linear probing at load <= 1/2, every lookup and insert vectorised
+over the batch (one numpy pass per probe step, a handful of steps). Keys are chosen by
+clients, so slots come from a keyed mix of the key with a per-table random salt: a
+client cannot aim keys at one run of slots.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+__all__ = ["KeyTable", "as_words"]
+
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64's finaliser constants
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_MIN_SLOTS = 1024
+
+
+def as_words(keys: np.ndarray) -> np.ndarray:
+    """(n, 16) uint8 keys -> (n, 2) uint64 words (a copy in native order)."""
+    keys = np.ascontiguousarray(keys, dtype=np.uint8)
+    if keys.ndim != 2 or keys.shape[1] != 16:
+        raise ValueError(f"keys (shape {keys.shape}) must have shape (n, 16)")
+    return keys.view(np.uint64).reshape(-1, 2).copy()
+
+
+class KeyTable:
+    """16-byte keys -> 16-byte values; keys and values as (n, 2) uint64 words
+    (:func:`as_words`)."""
+
+    def __init__(self, capacity: int = 0) -> None:
+        salt = np.frombuffer(os.urandom(16), dtype=np.uint64)
+        self._salt = (salt[0], salt[1])
+        self._size = 0
+        self._alloc(_slots_for(capacity))
+
+    def __len__(self) -> int:
+        return self._size
+
+    def _alloc(self, slots: int) -> None:
+        self._used = np.zeros(slots, dtype=bool)
+        self._keys = np.zeros((slots, 2), dtype=np.uint64)
+        self._values = np.zeros((slots, 2), dtype=np.uint64)
+        self._mask = np.uint64(slots - 1)
+
+    def _home(self, keys: np.ndarray) -> np.ndarray:
+        """Each key's first slot: a salted splitmix64 finaliser of its two words."""
+        with np.errstate(over="ignore"):
+            h = (keys[:, 0] ^ self._salt[0]) + (keys[:, 1] ^ self._salt[1]) * _MIX2
+            h ^= h >> np.uint64(30)
+            h *= _MIX1
+            h ^= h >> np.uint64(27)
+            h *= _MIX2
+            h ^= h >> np.uint64(31)
+        return h & self._mask
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found (n,) bool, values (n, 2) uint64: zeros where not found)."""
+        n = keys.shape[0]
+        found = np.zeros(n, dtype=bool)
+        values = np.zeros((n, 2), dtype=np.uint64)
+        slot = self._home(keys)
+        pending = np.arange(n)
+        while pending.size:
+            s = slot[pending]
+            used = self._used[s]
+            hit = (
+                used
+                & (self._keys[s, 0] == keys[pending, 0])
+                & (self._keys[s, 1] == keys[pending, 1])
+            )
+            found[pending[hit]] = True
+            values[pending[hit]] = self._values[s[hit]]
+            pending = pending[used & ~hit]
+            slot[pending] = (slot[pending] + np.uint64(1)) & self._mask
+        return found, values
+
+    def insert(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Add keys that are absent and distinct (the caller checked with
+        :meth:`lookup`), growing the table to keep its load <= 1/2."""
+        if keys.shape[0] == 0:
+            return
+        if 2 * (self._size + keys.shape[0]) > self._used.size:
+            old = self._used
+            old_keys, old_values = self._keys[old], self._values[old]
+            self._alloc(_slots_for(self._size + keys.shape[0]))
+            self._size = 0
+            self._place(old_keys, old_values)
+        self._place(keys, values)
+
+    def _place(self, keys: np.ndarray, values: np.ndarray) -> None:
+        slot = self._home(keys)
+        pending = np.arange(keys.shape[0])
+        while pending.size:
+            s = slot[pending]
+            free = ~self._used[s]
+            # of the keys whose slot is free, the first per slot takes it
+            taken, first = np.unique(s[free], return_index=True)
+            winners = pending[free][first]
+            self._used[taken] = True
+            self._keys[taken] = keys[winners]
+            self._values[taken] = values[winners]
+            placed = np.zeros(keys.shape[0], dtype=bool)
+            placed[winners] = True
+            pending = pending[~placed[pending]]
+            moved = self._used[slot[pending]]  # still there: its slot is taken, probe on
+            slot[pending[moved]] = (slot[pending[moved]] + np.uint64(1)) & self._mask
+        self._size += keys.shape[0]
+
+
+def _slots_for(count: int) -> int:
+    """A power of two >= 2 * count (and >= the minimum)."""
+    return max(_MIN_SLOTS, 1 << int(np.ceil(np.log2(max(2 * count, 1)))))
