@@ -215,13 +215,28 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
     # -- reports -----------------------------------------------------------------------
     @_rpc
     def SubmitReports(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._submit(request, context, len(request.reports), wire.reports_from_proto)
+
+    @_rpc
+    def SubmitColumnar(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._submit(request, context, request.count, wire.columns_from_proto)
+
+    def _submit(
+        self,
+        request: Any,
+        context: grpc.ServicerContext,
+        count: int,
+        decode: Callable[[Any, Plan], Any],
+    ) -> Any:
+        """Authenticate, charge the rate limit, decode against the plan the batch
+        names, store, then acknowledge (after the commit)."""
         t0 = time.perf_counter()
         record = self.storage.get_collection(request.collection_id)
         self._require_submit(context, record.submit_token_hash)
         if self._rate is not None:
-            self._rate.charge(record.submit_token_hash, len(request.reports))
+            self._rate.charge(record.submit_token_hash, count)
         phase = record.phase_of(request.plan_digest)  # any phase's plan is still valid
-        reports = wire.reports_from_proto(request, record.plans[phase])
+        reports = decode(request, record.plans[phase])
         outcome = self.storage.add_reports(request.collection_id, request.plan_digest, reports)
         log_json(
             "submitted", collection=request.collection_id, accepted=outcome.accepted,

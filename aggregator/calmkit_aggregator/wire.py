@@ -19,6 +19,7 @@ from calmkit_client.wire import plan_to_proto, schema_from_proto
 from calmkit_proto.v1 import calmkit_pb2 as pb
 from calmkit_proto.v1 import calmkit_pb2_grpc as pb_grpc
 
+from .columns import ReportColumns, decode_columns
 from .maxent import Answer
 from .pilot import PILOT_FRACTION
 from .planner import PLANNERS
@@ -32,6 +33,7 @@ __all__ = [
     "add_servicer",
     "collection_list_to_proto",
     "collection_to_proto",
+    "columns_from_proto",
     "create_from_proto",
     "marginal_to_proto",
     "reports_from_proto",
@@ -173,6 +175,22 @@ def reports_from_proto(msg: Any, plan: Plan) -> list[StoredReport]:
                 raise CalmkitError(f"reports[{i}].{name} ({len(value)} bytes) must be {size}")
         out.append(StoredReport(bytes(r.report_id), bytes(r.pseudonym), int(r.view), payload))
     return out
+
+
+def columns_from_proto(msg: Any, plan: Plan) -> ReportColumns:
+    """Validate a ``ColumnarBatch`` against ``plan`` with whole-array operations
+    (:func:`~.columns.decode_columns`); the first bad field raises, naming it."""
+    if msg.count > MAX_BATCH:
+        raise CalmkitError(f"count ({msg.count} reports in one batch) must be at most {MAX_BATCH}")
+    return decode_columns(
+        plan,
+        int(msg.count),
+        report_ids=msg.report_ids,
+        pseudonyms=msg.pseudonyms,
+        views=msg.views,
+        cells=msg.cells,
+        bits=msg.bits,
+    )
 
 
 def ack_to_proto(accepted: int, duplicates: int) -> Any:

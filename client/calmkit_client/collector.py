@@ -29,6 +29,7 @@ from .errors import (
     CollectionError,
     CollectionExists,
     CollectionNotFound,
+    NotSupported,
     PlanMismatch,
     RateLimited,
     ReportConflict,
@@ -82,6 +83,7 @@ _ERRORS: dict[str, type[CalmkitError]] = {
         ReportConflict,
         AccessDenied,
         ServiceUnavailable,
+        NotSupported,
         RateLimited,
     )
 }
@@ -105,6 +107,7 @@ def _translate(err: grpc.RpcError) -> Exception:
         grpc.StatusCode.PERMISSION_DENIED: AccessDenied,
         grpc.StatusCode.INVALID_ARGUMENT: CalmkitError,
         grpc.StatusCode.UNAVAILABLE: ServiceUnavailable,
+        grpc.StatusCode.UNIMPLEMENTED: NotSupported,
     }
     return by_code.get(err.code(), CollectionError)(f"{err.code().name}: {detail}")
 
@@ -211,6 +214,7 @@ class Collector:
         self._state = state if state is not None else DeviceState()
         self._retry = retry or RetryPolicy()
         self._plan: Plan | None = None
+        self._columnar = True  # until a server answers that it has no SubmitColumnar
 
     def plan(self, refresh: bool = False) -> Plan:
         """The collection's current plan (its digest verified), fetched on first use
@@ -232,12 +236,22 @@ class Collector:
         total = wire.Acknowledgement()
         for digest, group in by_digest.items():
             for start in range(0, len(group), self.batch_size):
-                batch = wire.batch_to_proto(
-                    self.collection_id, digest, group[start : start + self.batch_size]
-                )
-                ack = call_with_retry(self._stub.SubmitReports, batch, self._retry, self._metadata)
-                total = total + wire.ack_from_proto(ack)
+                total = total + self._submit(digest, group[start : start + self.batch_size])
         return total
+
+    def _submit(self, digest: str, items: Sequence[tuple[bytes, Any]]) -> wire.Acknowledgement:
+        """One batch: in columns (``SubmitColumnar``), or as one message per report
+        (``SubmitReports``) to a server too old for columns."""
+        if self._columnar:
+            batch = wire.columnar_batch_to_proto(self.collection_id, digest, items)
+            try:
+                ack = call_with_retry(self._stub.SubmitColumnar, batch, self._retry, self._metadata)
+                return wire.ack_from_proto(ack)
+            except NotSupported:
+                self._columnar = False
+        batch = wire.batch_to_proto(self.collection_id, digest, items)
+        ack = call_with_retry(self._stub.SubmitReports, batch, self._retry, self._metadata)
+        return wire.ack_from_proto(ack)
 
     def submit(
         self,

@@ -59,6 +59,10 @@ class ServiceUnavailable(CollectionError):
     """The server cannot serve the call now, e.g. it is shutting down (UNAVAILABLE)."""
 
 
+class NotSupported(CollectionError):
+    """The server does not offer the call (UNIMPLEMENTED): an older calmkit server."""
+
+
 class RateLimited(CollectionError):
     """A submit token sent reports faster than the server's rate limit
     (RESOURCE_EXHAUSTED)."""

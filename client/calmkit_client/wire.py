@@ -101,6 +101,9 @@ def _report_to_proto(report: Report, pseudonym: bytes) -> Any:
     )
 
 
+_U32 = np.dtype("<u4")
+
+
 def batch_to_proto(
     collection_id: str, plan_digest: str, items: Sequence[tuple[bytes, Report]]
 ) -> Any:
@@ -114,6 +117,32 @@ def batch_to_proto(
         collection_id=collection_id,
         plan_digest=plan_digest,
         reports=[_report_to_proto(r, p) for p, r in items],
+    )
+
+
+def columnar_batch_to_proto(
+    collection_id: str, plan_digest: str, items: Sequence[tuple[bytes, Report]]
+) -> Any:
+    """A ``ColumnarBatch`` of ``(pseudonym, report)`` pairs made under ``plan_digest``:
+    views and GRR cells as little-endian uint32, OUE payloads, report ids and
+    pseudonyms each concatenated into one bytes field."""
+    reports = [r for _, r in items]
+    for i, report in enumerate(reports):
+        if report.plan_digest != plan_digest:
+            raise PlanError(
+                f"reports[{i}].plan_digest ({report.plan_digest!r}) must be {plan_digest!r}"
+            )
+    n = len(reports)
+    oue = [isinstance(r.payload, bytes) for r in reports]
+    return pb.ColumnarBatch(
+        collection_id=collection_id,
+        plan_digest=plan_digest,
+        count=n,
+        views=np.fromiter((r.view for r in reports), _U32, count=n).tobytes(),
+        cells=np.fromiter((r.payload for r, o in zip(reports, oue) if not o), _U32).tobytes(),
+        bits=b"".join(r.payload for r, o in zip(reports, oue) if o),  # type: ignore[misc]
+        report_ids=b"".join(r.report_id for r in reports),
+        pseudonyms=b"".join(p for p, _ in items),
     )
 
 

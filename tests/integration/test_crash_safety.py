@@ -1,7 +1,8 @@
 """Crash safety: ``calmkit serve`` killed with SIGKILL at random moments during ingest,
-restarted on the same database, several times. Every acknowledged report is counted
-exactly once, none is invented, and resending a batch whose ack was lost does not
-double count (DESIGN.md "Service": commit, then acknowledge)."""
+restarted on the same database, ten times, with old-format and columnar batches mixed.
+Every acknowledged report is counted exactly once, none is invented, resending a batch
+whose ack was lost does not double count (DESIGN.md "Service": commit, then
+acknowledge), and the stored counts equal a recount of the batch log."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator.admin import AdminClient
+from calmkit_aggregator.storage import Storage
 from calmkit_client import CollectionError
 from calmkit_client import wire as client_wire
 from calmkit_client.collector import RetryPolicy, call_with_retry, open_channel
@@ -49,12 +51,14 @@ def test_acknowledged_reports_survive_sigkill(tmp_path: Path) -> None:
     with AdminClient(address) as admin:
         info = admin.create_collection(POP.schema, 1.0, POP.n, 2, collection_id="crash")
     device = DeviceState(tmp_path / "device.db")  # reports made once, resent as they are
-    batches = []
-    for start in range(0, POP.n, BATCH):
+    batches, ids = [], []  # every other batch in columns
+    for k, start in enumerate(range(0, POP.n, BATCH)):
         users = np.arange(start, min(start + BATCH, POP.n), dtype=np.uint64)
         items = device.reports_for("crash", info.plan, POP.codes[users], users)
-        batches.append(client_wire.batch_to_proto("crash", info.plan.digest, items))
-    sent = {r.report_id for b in batches for r in b.reports}
+        encode = client_wire.columnar_batch_to_proto if k % 2 else client_wire.batch_to_proto
+        batches.append(encode("crash", info.plan.digest, items))
+        ids.append([r.report_id for _, r in items])
+    sent = {rid for batch_ids in ids for rid in batch_ids}
     acked: set[bytes] = set()
     next_batch = 0
     kills = 0
@@ -68,17 +72,19 @@ def test_acknowledged_reports_survive_sigkill(tmp_path: Path) -> None:
         policy = RetryPolicy(attempts=1, timeout=5.0)
         while next_batch < len(batches) and not stop.is_set():
             batch = batches[next_batch]
+            columnar = next_batch % 2
             try:
-                call_with_retry(stub.SubmitReports, batch, policy, metadata)
+                call = stub.SubmitColumnar if columnar else stub.SubmitReports
+                call_with_retry(call, batch, policy, metadata)
             except CollectionError:
                 lost_acks += 1
                 return  # the server died: this batch's ack is lost; resend it later
-            acked.update(r.report_id for r in batch.reports)
+            acked.update(ids[next_batch])
             next_batch += 1
         channel.close()
 
-    # kill once ingest passes each of 4 random batch numbers, plus a random few ms
-    for target in np.sort(rng.choice(np.arange(20, len(batches) - 20), 4, replace=False)):
+    # kill once ingest passes each of 10 random batch numbers, plus a random few ms
+    for target in np.sort(rng.choice(np.arange(20, len(batches) - 20), 10, replace=False)):
         stop = threading.Event()
         worker = threading.Thread(target=ingest, args=(address, stop))
         worker.start()
@@ -91,7 +97,7 @@ def test_acknowledged_reports_survive_sigkill(tmp_path: Path) -> None:
         worker.join()
         kills += 1
         proc, address = _start(db)
-    assert kills == 4 and 0 < next_batch < len(batches) and lost_acks >= 1
+    assert kills == 10 and 0 < next_batch < len(batches) and lost_acks >= 1
     ingest(address, threading.Event())  # finish, resending the batch whose ack was lost
     assert next_batch == len(batches)
     with AdminClient(address) as admin:
@@ -104,3 +110,9 @@ def test_acknowledged_reports_survive_sigkill(tmp_path: Path) -> None:
         stored = [blobs[i : i + 16] for i in range(0, len(blobs), 16)]
     assert len(stored) == len(set(stored)) == status.reports == POP.n  # each exactly once
     assert acked == sent == set(stored)  # every ack counted, nothing invented
+    with Storage(db) as store:  # the counts stored with each batch equal the log's
+        recount, counts = store.recount("crash"), store.support("crash")
+    np.testing.assert_array_equal(recount.n, counts.n)
+    for a, b in zip(recount.counts, counts.counts):
+        np.testing.assert_array_equal(a, b)
+    assert int(counts.n.sum()) == POP.n

@@ -80,6 +80,26 @@ class ReportBatch(_message.Message):
     reports: _containers.RepeatedCompositeFieldContainer[Report]
     def __init__(self, collection_id: _Optional[str] = ..., plan_digest: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[Report, _Mapping]]] = ...) -> None: ...
 
+class ColumnarBatch(_message.Message):
+    __slots__ = ("collection_id", "plan_digest", "count", "views", "cells", "bits", "report_ids", "pseudonyms")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
+    CELLS_FIELD_NUMBER: _ClassVar[int]
+    BITS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_IDS_FIELD_NUMBER: _ClassVar[int]
+    PSEUDONYMS_FIELD_NUMBER: _ClassVar[int]
+    collection_id: str
+    plan_digest: str
+    count: int
+    views: bytes
+    cells: bytes
+    bits: bytes
+    report_ids: bytes
+    pseudonyms: bytes
+    def __init__(self, collection_id: _Optional[str] = ..., plan_digest: _Optional[str] = ..., count: _Optional[int] = ..., views: _Optional[bytes] = ..., cells: _Optional[bytes] = ..., bits: _Optional[bytes] = ..., report_ids: _Optional[bytes] = ..., pseudonyms: _Optional[bytes] = ...) -> None: ...
+
 class Ack(_message.Message):
     __slots__ = ("accepted", "duplicates")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]

@@ -64,6 +64,11 @@ class AggregatorStub:
                 request_serializer=calmkit__proto_dot_v1_dot_calmkit__pb2.ReportBatch.SerializeToString,
                 response_deserializer=calmkit__proto_dot_v1_dot_calmkit__pb2.Ack.FromString,
                 _registered_method=True)
+        self.SubmitColumnar = channel.unary_unary(
+                '/calmkit.v1.Aggregator/SubmitColumnar',
+                request_serializer=calmkit__proto_dot_v1_dot_calmkit__pb2.ColumnarBatch.SerializeToString,
+                response_deserializer=calmkit__proto_dot_v1_dot_calmkit__pb2.Ack.FromString,
+                _registered_method=True)
         self.Query = channel.unary_unary(
                 '/calmkit.v1.Aggregator/Query',
                 request_serializer=calmkit__proto_dot_v1_dot_calmkit__pb2.QueryRequest.SerializeToString,
@@ -110,6 +115,12 @@ class AggregatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitColumnar(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Query(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -147,6 +158,11 @@ def add_AggregatorServicer_to_server(servicer, server):
             'SubmitReports': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitReports,
                     request_deserializer=calmkit__proto_dot_v1_dot_calmkit__pb2.ReportBatch.FromString,
+                    response_serializer=calmkit__proto_dot_v1_dot_calmkit__pb2.Ack.SerializeToString,
+            ),
+            'SubmitColumnar': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitColumnar,
+                    request_deserializer=calmkit__proto_dot_v1_dot_calmkit__pb2.ColumnarBatch.FromString,
                     response_serializer=calmkit__proto_dot_v1_dot_calmkit__pb2.Ack.SerializeToString,
             ),
             'Query': grpc.unary_unary_rpc_method_handler(
@@ -316,6 +332,33 @@ class Aggregator:
             target,
             '/calmkit.v1.Aggregator/SubmitReports',
             calmkit__proto_dot_v1_dot_calmkit__pb2.ReportBatch.SerializeToString,
+            calmkit__proto_dot_v1_dot_calmkit__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitColumnar(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/calmkit.v1.Aggregator/SubmitColumnar',
+            calmkit__proto_dot_v1_dot_calmkit__pb2.ColumnarBatch.SerializeToString,
             calmkit__proto_dot_v1_dot_calmkit__pb2.Ack.FromString,
             options,
             channel_credentials,
