@@ -90,8 +90,31 @@ class KeyTable:
             old_keys, old_values = self._keys[old], self._values[old]
             self._alloc(_slots_for(self._size + keys.shape[0]))
             self._size = 0
-            self._place(old_keys, old_values)
-        self._place(keys, values)
+            self._place_empty(old_keys, old_values)
+        if self._size == 0:
+            self._place_empty(keys, values)
+        else:
+            self._place(keys, values)
+
+    def _place_empty(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Fill an empty table in one pass: with keys sorted by first slot, linear
+        probing puts key i at ``max(home_i, slot_{i-1} + 1)`` = ``i + max_{j<=i}(home_j -
+        j)``; the few that would run past the end wrap around through :meth:`_place`."""
+        if keys.shape[0] == 0:
+            return
+        home = self._home(keys).astype(np.int64)
+        order = np.argsort(home, kind="stable")
+        rank = np.arange(order.size, dtype=np.int64)
+        slot = rank + np.maximum.accumulate(home[order] - rank)
+        fits = slot < self._used.size
+        placed = order[fits]
+        self._used[slot[fits]] = True
+        self._keys[slot[fits]] = keys[placed]
+        self._values[slot[fits]] = values[placed]
+        self._size += placed.size
+        rest = order[~fits]
+        if rest.size:
+            self._place(keys[rest], values[rest])
 
     def _place(self, keys: np.ndarray, values: np.ndarray) -> None:
         slot = self._home(keys)

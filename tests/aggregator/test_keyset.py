@@ -4,6 +4,7 @@ keys a client chose to collide in their first or last 8 bytes."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from calmkit_aggregator.keyset import KeyTable, as_words
 
@@ -43,3 +44,22 @@ def test_chosen_collisions_stay_exact() -> None:
     table.insert(as_words(keys[::2]), as_words(values[::2]))
     reference = {k.tobytes(): v.tobytes() for k, v in zip(keys[::2], values[::2])}
     _agrees(table, reference, keys)  # half present, half absent, all near-collisions
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+def test_probing_wraps_around_the_end(bulk: bool) -> None:
+    """Every key's first slot is the last one: all but one probe past the end."""
+    rng = np.random.default_rng(2)
+    keys = rng.integers(0, 256, (300, 16), dtype=np.uint8)
+    values = rng.integers(0, 256, (300, 16), dtype=np.uint8)
+    table = KeyTable()
+    last = np.uint64(len(table._used) - 1)
+    table._home = lambda k: np.full(k.shape[0], last, dtype=np.uint64)  # type: ignore[method-assign]
+    if bulk:  # an empty table: the one-pass fill
+        table.insert(as_words(keys), as_words(values))
+    else:  # one at a time: the probing insert
+        for i in range(300):
+            table.insert(as_words(keys[i : i + 1]), as_words(values[i : i + 1]))
+    assert table._used[:299].all() and table._used[-1]  # the run wrapped to slot 0 on
+    _agrees(table, {k.tobytes(): v.tobytes() for k, v in zip(keys, values)},
+            np.concatenate([keys, rng.integers(0, 256, (50, 16), dtype=np.uint8)]))  # fmt: skip
