@@ -373,8 +373,14 @@ class Storage:
             for entry in pending:
                 try:
                     ids, pseudonyms = _stored_keys(conn, entry.record.collection_id)
+                    # the two tables fill in parallel (numpy's sorts and copies drop the GIL)
+                    other = threading.Thread(target=entry.by_pseudonym.insert,
+                                             args=(pseudonyms, ids))  # fmt: skip
+                    other.start()
                     entry.by_id.insert(ids, pseudonyms)
-                    entry.by_pseudonym.insert(pseudonyms, ids)
+                    other.join()
+                    if len(entry.by_pseudonym) != len(ids):
+                        raise CalmkitError("the pseudonym table did not fill")
                 except BaseException as exc:  # reported to the submits that wait
                     entry.load_error = exc
                 finally:
