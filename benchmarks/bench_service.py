@@ -1,73 +1,315 @@
-"""Ingest throughput of the aggregator service over gRPC on loopback (issue 4).
+"""The aggregator service at scale: ingest rate as the store grows, bytes written per
+report, restart time, health under full ingest, against the previous design.
 
-    python benchmarks/bench_service.py [--users 50000] [--runs 3]
+    python benchmarks/bench_service.py [--reports 10000000] [--clients 4] [--batch 1000]
+        [--baseline-reports 300000] [--baseline-ref 12bb76a] [--reps 5]
 
-An in-process server with a fresh SQLite database per run; a synthetic population of
-8 attributes reports through the real client (``Collector.submit_many``, which makes
-and memoises the reports in a ``DeviceState``, then sends batches that the server
-validates, commits and counts). Baseline: the same client sending one report per call
-(``Collector.submit``), on a 2,000-user slice. Prints median reports/s and the ratio.
+A real ``calmkit serve`` process (SQLite, a fresh database) and ``--clients`` client
+processes, each sending pre-built batches of ``--batch`` reports back to back over
+loopback gRPC; the main process checks health every 20 ms meanwhile. Reports are
+random but valid for the plan (8 attributes, 5 pair views, four GRR and one OUE), each
+with its own random report id and pseudonym, so every one is new.
+
+current: ``SubmitColumnar`` batches into the append-only batch log (schema 3).
+baseline: the code at ``--baseline-ref`` (per-report ``ReportBatch`` messages into one
+row per report under two random-key B-trees, schema 2), checked out with ``git worktree``
+and run the same way, for ``--baseline-reports`` reports (it slows as it grows).
+
+Printed per design, each figure the median over ``--reps`` fresh runs: acknowledged
+reports/s overall and per window of the store's size,
+the last window's rate over the first's, bytes the server process wrote (from
+``/proc/PID/io``) per report and per stored byte, health p50/p99/max, and after a
+restart: seconds until the port answers health and a query (serving) and until a new
+report is accepted.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
+import re
+import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
+import traceback
 from pathlib import Path
 
+import grpc
 import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from calmkit_aggregator.admin import AdminClient
-from calmkit_aggregator.server import create_server, graceful_stop
-from calmkit_aggregator.storage import Storage
-from calmkit_client import Collector, DeviceState
-from calmkit_simulator import synthetic_population
-
+ROOT = Path(__file__).resolve().parents[1]
 SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
+VIEWS = ((0, 1), (2, 3), (4, 5), (6, 7), (1, 4))
+BASELINE_REF = "12bb76a"  # the last commit with schema 2 and ReportBatch only
+PACKAGES = ("client", "aggregator", "simulator", "protos")
 
 
-def _run(users: int, batch_size: int | None) -> float:
-    """Reports per second for one fresh server; batch_size None = one per call."""
-    pop = synthetic_population(n=users, sizes=SIZES, rng=0)
-    with tempfile.TemporaryDirectory() as tmp:
-        storage = Storage(Path(tmp) / "agg.db")
-        server, port = create_server("127.0.0.1:0", storage)
-        address = f"127.0.0.1:{port}"
+# -- a server process -------------------------------------------------------------------------
+def _serve(code: Path, db: Path) -> tuple[subprocess.Popen[str], str]:
+    path = ":".join(str(code / p) for p in PACKAGES)
+    boot = (f"import sys; sys.path[:0] = {path.split(':')!r}; "
+            "from calmkit_simulator.cli import main; raise SystemExit(main())")  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", boot, "serve", "--address", "127.0.0.1:0", "--db", str(db)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    match = re.search(r"listening on (\S+)", line)
+    if not match:
+        raise SystemExit(f"server did not start: {line!r}")
+    return proc, match.group(1)
+
+
+def _written(pid: int) -> int:
+    """Bytes the process caused to be written to storage so far (Linux)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("write_bytes:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _health(address: str, timeout: float = 2.0) -> float | None:
+    """Seconds one health check took (None: it failed)."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        t0 = time.perf_counter()
         try:
-            with AdminClient(address) as admin:
-                info = admin.create_collection(pop.schema, 1.0, users, 3, collection_id="b")
-            state = DeviceState(Path(tmp) / "device.db")
-            with Collector(address, "b", info.submit_token, state,
-                           batch_size=batch_size or 1) as client:  # fmt: skip
-                client.plan()
-                t0 = time.perf_counter()
-                if batch_size is None:
-                    for i in range(users):
-                        client.submit(pop.schema.decode_record(pop.codes[i]), user_id=i)
-                else:
-                    client.submit_many(pop.codes, np.arange(users, dtype=np.uint64))
-                seconds = time.perf_counter() - t0
-            state.close()
-            assert int(storage.support("b").n.sum()) == users
-        finally:
-            graceful_stop(server, 2.0)
-            storage.close()
-    return users / seconds
+            stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError:
+            return None
+        return time.perf_counter() - t0
+
+
+# -- clients -------------------------------------------------------------------------------------
+def _batches(plan_json: str, count: int, batch: int, seed: int, columnar: bool) -> list[bytes]:
+    """Serialized request messages of random valid reports (built before timing)."""
+    from calmkit_client import Plan
+    from calmkit_proto.v1 import calmkit_pb2 as pb
+
+    plan = Plan.from_json(plan_json)
+    rng = np.random.default_rng(seed)
+    limits = np.array([o.L for o in plan.view_oracles])
+    grr = np.array([o.name == "GRR" for o in plan.view_oracles])
+    nbytes = (limits + 7) // 8
+    out = []
+    for start in range(0, count, batch):
+        n = min(batch, count - start)
+        views = rng.integers(0, plan.m, n)
+        cells = rng.integers(0, 1 << 30, n) % limits[views]
+        ids, pseudonyms = rng.bytes(16 * n), rng.bytes(16 * n)
+        oue_bytes = [bytes(int(nbytes[v])) for v in views[~grr[views]]]
+        if columnar:
+            msg = pb.ColumnarBatch(
+                collection_id="scale", plan_digest=plan.digest, count=n,
+                views=views.astype("<u4").tobytes(),
+                cells=cells[grr[views]].astype("<u4").tobytes(), bits=b"".join(oue_bytes),
+                report_ids=ids, pseudonyms=pseudonyms,
+            )  # fmt: skip
+        else:
+            oue = iter(oue_bytes)
+            reports = [
+                pb.Report(view=int(v), report_id=ids[16 * i : 16 * i + 16],
+                          pseudonym=pseudonyms[16 * i : 16 * i + 16],
+                          **({"cell": int(c)} if grr[v] else {"bits": next(oue)}))
+                for i, (v, c) in enumerate(zip(views, cells))
+            ]  # fmt: skip
+            msg = pb.ReportBatch(collection_id="scale", plan_digest=plan.digest, reports=reports)
+        out.append(msg.SerializeToString())
+    return out
+
+
+def _client(address: str, token: str, plan_json: str, count: int, batch: int, seed: int,
+            columnar: bool, ready: mp.Barrier, out: mp.Queue) -> None:  # fmt: skip
+    messages = _batches(plan_json, count, batch, seed, columnar)
+    method = "SubmitColumnar" if columnar else "SubmitReports"
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary(f"/calmkit.v1.Aggregator/{method}")
+        metadata = (("authorization", f"Bearer {token}"),)
+        ready.wait()
+        done = []
+        for message in messages:
+            call(message, metadata=metadata, timeout=60)
+            done.append(time.time())
+    out.put(done)
+
+
+# -- one design ----------------------------------------------------------------------------------
+def _measure(code: Path, tmp: Path, reports: int, clients: int, batch: int, columnar: bool,
+             windows: int) -> dict[str, float]:  # fmt: skip
+    sys.path[:0] = [str(code / p) for p in PACKAGES]
+    from calmkit_aggregator.admin import AdminClient
+    from calmkit_client import Schema
+
+    db = tmp / "agg.db"
+    proc, address = _serve(code, db)
+    with AdminClient(address) as admin:
+        info = admin.create_collection(Schema.from_sizes(SIZES), 1.0, reports, 2,
+                                       collection_id="scale", views=VIEWS, seed=1)  # fmt: skip
+    plan_json = info.plan.to_json()
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Barrier(clients + 1), ctx.Queue()
+    share = -(-reports // clients)
+    procs = [ctx.Process(target=_client, args=(address, info.submit_token, plan_json,
+                                               min(share, reports - i * share), batch, 100 + i,
+                                               columnar, ready, out))
+             for i in range(clients)]  # fmt: skip
+    for p in procs:
+        p.start()
+    ready.wait()
+    written0, t0 = _written(proc.pid), time.time()
+    probes: list[float | None] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            probes.append(_health(address))
+            time.sleep(0.02)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    finished = sorted(t for _ in procs for t in out.get())
+    for p in procs:
+        p.join()
+    stop.set()
+    prober.join()
+    seconds = finished[-1] - t0
+    written = _written(proc.pid) - written0
+    # rate per window of the store's size: batches done in order of completion
+    edges = np.linspace(0, len(finished), windows + 1).astype(int)
+    stamps = np.array([t0, *finished])
+    rates = [(edges[i + 1] - edges[i]) * batch / (stamps[edges[i + 1]] - stamps[edges[i]])
+             for i in range(windows)]  # fmt: skip
+    ok = np.array([p for p in probes if p is not None]) * 1e3
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    stored_bytes = reports * (16 + 16 + 4 + 4)  # ids, pseudonym, view, a cell (or OUE bytes)
+    restart = _restart(code, db, info.submit_token, plan_json)
+    return {
+        "rate": reports / seconds,
+        "first": rates[0],
+        "last": rates[-1],
+        "written_per_report": written / reports,
+        "written_per_stored": written / stored_bytes,
+        "health_p50": float(np.percentile(ok, 50)) if ok.size else float("nan"),
+        "health_p99": float(np.percentile(ok, 99)) if ok.size else float("nan"),
+        "health_max": float(ok.max()) if ok.size else float("nan"),
+        "health_failed": sum(p is None for p in probes),
+        **restart,
+    }
+
+
+def _restart(code: Path, db: Path, token: str, plan_json: str) -> dict[str, float]:
+    """Seconds from process start to: health and a query answered; a new report accepted."""
+    from calmkit_aggregator.admin import AdminClient
+
+    t0 = time.perf_counter()
+    proc, address = _serve(code, db)
+    while _health(address, 0.5) is None:
+        time.sleep(0.01)
+    with AdminClient(address) as admin:
+        admin.query("scale", ["a0", "a1"], replicates=2)
+    serving = time.perf_counter() - t0
+    message = _batches(plan_json, 1, 1, seed=999, columnar=False)[0]
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary("/calmkit.v1.Aggregator/SubmitReports")
+        call(message, metadata=(("authorization", f"Bearer {token}"),), timeout=120)
+    accepting = time.perf_counter() - t0
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    return {"restart_serving": serving, "restart_accepting": accepting}
+
+
+def _median_of(reps: int, *args: object) -> dict[str, float]:
+    """Each figure's median over ``reps`` fresh runs of :func:`_run`."""
+    runs = [_run(*args) for _ in range(reps)]  # type: ignore[arg-type]
+    return {key: float(statistics.median(r[key] for r in runs)) for key in runs[0]}
+
+
+def _run(code: Path, reports: int, clients: int, batch: int, columnar: bool,
+         windows: int) -> dict[str, float]:  # fmt: skip
+    """One design in a child process (its own imports of ``code``)."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child, args=(code, reports, clients, batch, columnar, windows, out))
+    child.start()
+    result = out.get()
+    child.join()
+    if isinstance(result, str):
+        raise SystemExit(f"the measurement failed:\n{result}")
+    return result
+
+
+def _child(code: Path, reports: int, clients: int, batch: int, columnar: bool, windows: int,
+           out: mp.Queue) -> None:  # fmt: skip
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out.put(_measure(code, Path(tmp), reports, clients, batch, columnar, windows))
+    except BaseException:
+        out.put(traceback.format_exc())
+        raise
+
+
+def _report(name: str, r: dict[str, float], reports: int) -> None:
+    print(f"{name}: {reports:,} reports (medians)", flush=True)
+    print(
+        f"  acknowledged        {r['rate']:12,.0f} reports/s   first window {r['first']:,.0f}/s, "
+        f"last {r['last']:,.0f}/s (last/first {r['last'] / r['first']:.2f})"
+    )
+    print(
+        f"  written             {r['written_per_report']:10,.0f} bytes/report  "
+        f"({r['written_per_stored']:.1f}x the bytes stored)"
+    )
+    print(
+        f"  health              p50 {r['health_p50']:.1f} ms, p99 {r['health_p99']:.1f} ms, "
+        f"max {r['health_max']:.1f} ms, {r['health_failed']} failed"
+    )
+    print(f"  restart             serving after {r['restart_serving']:.2f} s, accepting reports "
+          f"after {r['restart_accepting']:.2f} s")  # fmt: skip
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--users", type=int, default=50_000)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--reports", type=int, default=10_000_000)
+    parser.add_argument("--baseline-reports", type=int, default=300_000)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--windows", type=int, default=10)
+    parser.add_argument("--baseline-ref", default=BASELINE_REF)
+    parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
-    single = statistics.median(_run(2000, None) for _ in range(args.runs))
-    print(f"baseline: Collector.submit, one report per call     {single:12,.0f} reports/s")
-    for batch in (1000, 5000):
-        rate = statistics.median(_run(args.users, batch) for _ in range(args.runs))
-        print(f"Collector.submit_many, batches of {batch:5d}           {rate:12,.0f} reports/s"
-              f"   {rate / single:5.1f}x")  # fmt: skip
+    base = None
+    if args.baseline_reports and shutil.which("git"):
+        worktree = Path(tempfile.mkdtemp()) / "baseline"
+        made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach",
+                               str(worktree), args.baseline_ref], capture_output=True)  # fmt: skip
+        if made.returncode == 0:
+            try:
+                base = _median_of(args.reps, worktree, args.baseline_reports, args.clients,
+                                  args.batch, False, args.windows)  # fmt: skip
+                _report(f"baseline ({args.baseline_ref}: ReportBatch, schema 2)", base,
+                        args.baseline_reports)  # fmt: skip
+            finally:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                                str(worktree)], capture_output=True)  # fmt: skip
+        else:
+            print(f"baseline skipped: git worktree add {args.baseline_ref} failed: "
+                  f"{made.stderr.decode().strip()}")  # fmt: skip
+    current = _median_of(args.reps, ROOT, args.reports, args.clients, args.batch, True,
+                         args.windows)  # fmt: skip
+    _report("current (SubmitColumnar, batch log, schema 3)", current, args.reports)
+    if base is not None:
+        ratio = {k: current[k] / base[k] for k in ("rate", "written_per_report", "health_p99")}
+        print(
+            f"current / baseline: reports/s {ratio['rate']:.1f}x, bytes written per report "
+            f"{ratio['written_per_report']:.2f}x, health p99 {ratio['health_p99']:.2f}x"
+        )
     return 0
 
 
