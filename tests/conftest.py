@@ -81,3 +81,26 @@ def entropy_draws(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     monkeypatch.setattr(randomness.OsEntropy, "words", count_words)
     monkeypatch.setattr(randomness.OsEntropy, "token", count_token)
     return drawn
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> object:
+    """A throwaway PostgreSQL server for the session (tests/pg.py); skips with the
+    reason when no server binary or psycopg is here."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import pg
+
+    reason = pg.available()
+    if reason:
+        pytest.skip(reason)
+    server = pg.PgServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_dsn(pg_server: object) -> str:
+    """A fresh, empty database on the session's PostgreSQL server."""
+    return pg_server.create_database()  # type: ignore[attr-defined, no-any-return]

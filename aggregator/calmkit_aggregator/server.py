@@ -38,7 +38,7 @@ from calmkit_client.collector import MAX_MESSAGE_BYTES
 
 from . import wire
 from .service import AggregatorService
-from .storage import Storage
+from .storage import ReportStore
 
 __all__ = ["Server", "ServerTls", "create_server", "graceful_stop", "is_loopback"]
 
@@ -222,7 +222,7 @@ async def _start(
 
 def create_server(
     address: str,
-    storage: Storage,
+    storage: ReportStore,
     admin_token: str | None = None,
     *,
     tls: ServerTls | None = None,

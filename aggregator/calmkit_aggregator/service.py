@@ -45,7 +45,7 @@ from .calm import MarginalEstimator, reconstruct
 from .pilot import PhasedDesign, pilot_plan, pilot_size
 from .planner import plan_collection
 from .rate_limit import RateLimit
-from .storage import Storage
+from .storage import ReportStore
 from .support import SupportCounts
 from .uncertainty import MAX_REPLICATES, Bootstrap, bootstrap
 
@@ -125,7 +125,7 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
     """The ``calmkit.v1.Aggregator`` implementation over a :class:`Storage`."""
 
     def __init__(
-        self, storage: Storage, admin_token: str | None = None, rate_limit: float | None = None
+        self, storage: ReportStore, admin_token: str | None = None, rate_limit: float | None = None
     ) -> None:
         self.storage = storage
         self._rate = RateLimit(rate_limit) if rate_limit is not None else None

@@ -48,7 +48,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -75,6 +75,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "BatchOutcome",
     "CollectionRecord",
+    "ReportStore",
     "Storage",
     "StoredReport",
 ]
@@ -137,6 +138,33 @@ ALTER TABLE reports ADD COLUMN phase INTEGER NOT NULL DEFAULT 0;
 {_PHASES}
 PRAGMA user_version = 2;
 """
+
+
+class ReportStore(Protocol):
+    """The storage interface the service uses; :class:`Storage` (SQLite, embedded) and
+    :class:`~.pg_storage.PgStorage` (PostgreSQL, shared by replicas) implement it, and
+    one conformance suite runs against both (tests/aggregator/test_storage.py)."""
+
+    path: str
+
+    def create_collection(
+        self, collection_id: str, plan: Plan, k: int, submit_token_hash: bytes,
+        design: PhasedDesign | None = None,
+    ) -> CollectionRecord: ...  # fmt: skip
+    def get_collection(self, collection_id: str) -> CollectionRecord: ...
+    def list_collections(self) -> list[CollectionRecord]: ...
+    def close_collection(self, collection_id: str) -> CollectionRecord: ...
+    def add_phase(self, collection_id: str, phase: int, plan: Plan) -> CollectionRecord: ...
+    def add_reports(
+        self, collection_id: str, plan_digest: str,
+        reports: Sequence[StoredReport] | ReportColumns,
+    ) -> BatchOutcome: ...  # fmt: skip
+    def support(self, collection_id: str) -> SupportCounts: ...
+    def phase_support(self, collection_id: str, phase: int) -> SupportCounts: ...
+    def recount(self, collection_id: str) -> SupportCounts: ...
+    def wait_ready(self, timeout: float | None = None) -> bool: ...
+    def close(self) -> None: ...
+    def __contains__(self, collection_id: object) -> bool: ...
 
 
 @dataclass(frozen=True)

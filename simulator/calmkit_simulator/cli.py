@@ -189,8 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--address", default=DEFAULT_ADDRESS, metavar="HOST:PORT",
                        help="where to listen (port 0: any free port; off loopback needs "
                        "--token-file and TLS)")  # fmt: skip
-    serve.add_argument("--db", required=True, metavar="FILE",
-                       help="SQLite database (created with mode 0600 if missing)")
+    serve.add_argument("--db", required=True, metavar="FILE|URL",
+                       help="SQLite database file (created with mode 0600 if missing), or a "
+                       "postgresql://user@host/db URL shared by replica servers")  # fmt: skip
     serve.add_argument("--token-file", default=None, metavar="FILE",
                        help="admin bearer token, mode 0600 (default: none, admin calls "
                        "open: loopback only)")  # fmt: skip

@@ -83,6 +83,7 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
 
 # -- serve --------------------------------------------------------------------------------
 def _serve(args: argparse.Namespace) -> int:
+    from calmkit_aggregator.pg_storage import PgStorage, is_postgres_url
     from calmkit_aggregator.server import ServerTls, create_server, graceful_stop
     from calmkit_aggregator.service import log_json
     from calmkit_aggregator.storage import Storage
@@ -95,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tls_cert is not None:
         _read_secret_file("tls_key", args.tls_key)  # the key file's mode is checked
         tls = ServerTls.from_files(args.tls_cert, args.tls_key)
-    storage = Storage(args.db)
+    storage = PgStorage(args.db) if is_postgres_url(args.db) else Storage(args.db)
     try:
         server, port = create_server(
             args.address, storage, admin_token=token, tls=tls, insecure=args.insecure,
@@ -106,11 +107,11 @@ def _serve(args: argparse.Namespace) -> int:
         raise
     host = args.address.rsplit(":", 1)[0]
     scheme = "TLS" if tls is not None else "plaintext"
-    print(f"calmkit serve: listening on {host}:{port} ({scheme}, db {args.db})", flush=True)
+    print(f"calmkit serve: listening on {host}:{port} ({scheme}, db {storage.path})", flush=True)
     if token is None:
         print("calmkit serve: no --token-file, so admin calls are open; bound to loopback only",
               flush=True)  # fmt: skip
-    log_json("serving", address=f"{host}:{port}", db=args.db, admin_token=token is not None,
+    log_json("serving", address=f"{host}:{port}", db=storage.path, admin_token=token is not None,
              tls=tls is not None, rate_limit=args.rate_limit)  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,6 +1,7 @@
-"""SQLite storage: collections round trip, counts equal the oracles' support and survive
-a reopen (and SIGKILL), retries are idempotent, conflicts and bad fields reject the
-whole batch, and concurrent writers lose nothing."""
+"""Storage (SQLite, and PostgreSQL for every test taking ``store``): collections round
+trip, counts equal the oracles' support and survive a reopen (and SIGKILL), retries are
+idempotent, conflicts and bad fields reject the whole batch, and concurrent writers lose
+nothing."""
 
 from __future__ import annotations
 
@@ -44,10 +45,18 @@ def plan() -> Plan:
     return p
 
 
-@pytest.fixture
-def store(tmp_path: Path):
-    with Storage(tmp_path / "calmkit.db") as s:
-        yield s
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path):
+    """Every test that takes ``store`` runs against both backends: the shared
+    conformance suite of the storage interface."""
+    if request.param == "sqlite":
+        with Storage(tmp_path / "calmkit.db") as s:
+            yield s
+    else:
+        from calmkit_aggregator.pg_storage import PgStorage
+
+        with PgStorage(request.getfixturevalue("pg_dsn")) as s:
+            yield s
 
 
 def simulate(plan: Plan, n: int, seed: int) -> tuple[list[ViewReports], list[StoredReport]]:

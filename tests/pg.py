@@ -1,0 +1,102 @@
+"""A throwaway PostgreSQL server for tests and benchmarks: ``initdb`` into a temp dir,
+``pg_ctl start`` on a free loopback port, as an unprivileged user (PostgreSQL refuses to
+run as root: under root the server runs as the ``postgres`` or ``nobody`` account), and
+removed on stop. ``available()`` says why it cannot run here, or None."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+BINARIES = ("initdb", "pg_ctl", "postgres")
+
+
+def _binary(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    for root in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (root / name).exists():
+            return str(root / name)
+    return None
+
+
+def available() -> str | None:
+    """Why no throwaway server can start here (None: it can)."""
+    missing = [b for b in BINARIES if _binary(b) is None]
+    if missing:
+        return f"PostgreSQL server binaries not found ({', '.join(missing)})"
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return "psycopg is not installed (pip install 'psycopg[binary]')"
+    if os.geteuid() == 0 and _unprivileged() is None:
+        return "running as root and no unprivileged account (postgres, nobody) to run the server"
+    return None
+
+
+def _unprivileged() -> pwd.struct_passwd | None:
+    for name in ("postgres", "nobody"):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PgServer:
+    """A running throwaway server; ``dsn(database)`` connects to it as superuser
+    ``calmkit`` (trust auth on loopback only)."""
+
+    def __init__(self) -> None:
+        reason = available()
+        if reason:
+            raise RuntimeError(reason)
+        self.dir = Path(tempfile.mkdtemp(prefix="calmkit-pg-"))
+        self.data = self.dir / "data"
+        self.port = _free_port()
+        self._as: list[str] = []
+        if os.geteuid() == 0:
+            user = _unprivileged()
+            assert user is not None
+            os.chown(self.dir, user.pw_uid, user.pw_gid)
+            self._as = ["runuser", "-u", user.pw_name, "--"]
+        self._run(_binary("initdb"), "-D", str(self.data), "-U", "calmkit", "--auth=trust",
+                  "-E", "UTF8", "--no-sync")  # fmt: skip
+        options = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
+                   "-c max_connections=200 -c shared_buffers=256MB")  # fmt: skip
+        self._run(_binary("pg_ctl"), "-D", str(self.data), "-o", options,
+                  "-l", str(self.dir / "server.log"), "-w", "start")  # fmt: skip
+
+    def _run(self, *argv: str | None) -> None:
+        subprocess.run([*self._as, *[a for a in argv if a]], check=True, capture_output=True)
+
+    def dsn(self, database: str = "postgres") -> str:
+        return f"postgresql://calmkit@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str | None = None) -> str:
+        """A new empty database; its DSN."""
+        import psycopg
+
+        name = name or f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.dsn(name)
+
+    def stop(self) -> None:
+        try:
+            self._run(_binary("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
