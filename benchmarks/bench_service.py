@@ -3,6 +3,7 @@ report, restart time, health under full ingest, against the previous design.
 
     python benchmarks/bench_service.py [--reports 10000000] [--clients 4] [--batch 1000]
         [--baseline-reports 300000] [--baseline-ref 12bb76a] [--reps 5]
+        [--postgres-replicas 1 2] [--postgres-reports 2000000]
 
 A real ``calmkit serve`` process (SQLite, a fresh database) and ``--clients`` client
 processes, each sending pre-built batches of ``--batch`` reports back to back over
@@ -21,6 +22,10 @@ the last window's rate over the first's, bytes the server process wrote (from
 ``/proc/PID/io``) per report and per stored byte, health p50/p99/max, and after a
 restart: seconds until the port answers health and a query (serving) and until a new
 report is accepted.
+
+PostgreSQL: the current design on a throwaway PostgreSQL 15 server (tests/pg.py: a temp
+dir, loopback, as an unprivileged user) with 1 and 2 ``calmkit serve`` replicas, the
+clients spread over them; bytes written there count the aggregator processes only.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ PACKAGES = ("client", "aggregator", "simulator", "protos")
 
 
 # -- a server process -------------------------------------------------------------------------
-def _serve(code: Path, db: Path) -> tuple[subprocess.Popen[str], str]:
+def _serve(code: Path, db: Path | str) -> tuple[subprocess.Popen[str], str]:
     path = ":".join(str(code / p) for p in PACKAGES)
     boot = (f"import sys; sys.path[:0] = {path.split(':')!r}; "
             "from calmkit_simulator.cli import main; raise SystemExit(main())")  # fmt: skip
@@ -142,13 +147,33 @@ def _client(address: str, token: str, plan_json: str, count: int, batch: int, se
 
 # -- one design ----------------------------------------------------------------------------------
 def _measure(code: Path, tmp: Path, reports: int, clients: int, batch: int, columnar: bool,
-             windows: int) -> dict[str, float]:  # fmt: skip
+             windows: int, replicas: int = 0) -> dict[str, float]:  # fmt: skip
+    """One fresh run; ``replicas`` > 0: that many servers on a throwaway PostgreSQL
+    (clients spread over them), else one server on SQLite."""
     sys.path[:0] = [str(code / p) for p in PACKAGES]
+    pg_server = None
+    if replicas:
+        sys.path.insert(0, str(ROOT / "tests"))
+        import pg
+
+        pg_server = pg.PgServer()
+        db: Path | str = pg_server.create_database()
+    else:
+        db = tmp / "agg.db"
+    try:
+        return _ingest(code, db, reports, clients, batch, columnar, windows, max(replicas, 1))
+    finally:
+        if pg_server is not None:
+            pg_server.stop()
+
+
+def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, columnar: bool,
+            windows: int, replicas: int) -> dict[str, float]:  # fmt: skip
     from calmkit_aggregator.admin import AdminClient
     from calmkit_client import Schema
 
-    db = tmp / "agg.db"
-    proc, address = _serve(code, db)
+    servers = [_serve(code, db) for _ in range(replicas)]
+    address = servers[0][1]
     with AdminClient(address) as admin:
         info = admin.create_collection(Schema.from_sizes(SIZES), 1.0, reports, 2,
                                        collection_id="scale", views=VIEWS, seed=1)  # fmt: skip
@@ -156,14 +181,15 @@ def _measure(code: Path, tmp: Path, reports: int, clients: int, batch: int, colu
     ctx = mp.get_context("spawn")
     ready, out = ctx.Barrier(clients + 1), ctx.Queue()
     share = -(-reports // clients)
-    procs = [ctx.Process(target=_client, args=(address, info.submit_token, plan_json,
+    procs = [ctx.Process(target=_client, args=(servers[i % replicas][1], info.submit_token,
+                                               plan_json,
                                                min(share, reports - i * share), batch, 100 + i,
                                                columnar, ready, out))
              for i in range(clients)]  # fmt: skip
     for p in procs:
         p.start()
     ready.wait()
-    written0, t0 = _written(proc.pid), time.time()
+    written0, t0 = sum(_written(p.pid) for p, _ in servers), time.time()
     probes: list[float | None] = []
     stop = threading.Event()
 
@@ -180,15 +206,16 @@ def _measure(code: Path, tmp: Path, reports: int, clients: int, batch: int, colu
     stop.set()
     prober.join()
     seconds = finished[-1] - t0
-    written = _written(proc.pid) - written0
+    written = sum(_written(p.pid) for p, _ in servers) - written0
     # rate per window of the store's size: batches done in order of completion
     edges = np.linspace(0, len(finished), windows + 1).astype(int)
     stamps = np.array([t0, *finished])
     rates = [(edges[i + 1] - edges[i]) * batch / (stamps[edges[i + 1]] - stamps[edges[i]])
              for i in range(windows)]  # fmt: skip
     ok = np.array([p for p in probes if p is not None]) * 1e3
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
+    for p, _ in servers:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=60)
     stored_bytes = reports * (16 + 16 + 4 + 4)  # ids, pseudonym, view, a cell (or OUE bytes)
     restart = _restart(code, db, info.submit_token, plan_json)
     return {
@@ -233,11 +260,12 @@ def _median_of(reps: int, *args: object) -> dict[str, float]:
 
 
 def _run(code: Path, reports: int, clients: int, batch: int, columnar: bool,
-         windows: int) -> dict[str, float]:  # fmt: skip
+         windows: int, replicas: int = 0) -> dict[str, float]:  # fmt: skip
     """One design in a child process (its own imports of ``code``)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    child = ctx.Process(target=_child, args=(code, reports, clients, batch, columnar, windows, out))
+    job = (code, reports, clients, batch, columnar, windows, replicas, out)
+    child = ctx.Process(target=_child, args=job)
     child.start()
     result = out.get()
     child.join()
@@ -247,10 +275,11 @@ def _run(code: Path, reports: int, clients: int, batch: int, columnar: bool,
 
 
 def _child(code: Path, reports: int, clients: int, batch: int, columnar: bool, windows: int,
-           out: mp.Queue) -> None:  # fmt: skip
+           replicas: int, out: mp.Queue) -> None:  # fmt: skip
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            out.put(_measure(code, Path(tmp), reports, clients, batch, columnar, windows))
+            out.put(_measure(code, Path(tmp), reports, clients, batch, columnar, windows,
+                             replicas))  # fmt: skip
     except BaseException:
         out.put(traceback.format_exc())
         raise
@@ -283,6 +312,9 @@ def main() -> int:
     parser.add_argument("--windows", type=int, default=10)
     parser.add_argument("--baseline-ref", default=BASELINE_REF)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--postgres-replicas", type=int, nargs="*", default=[1, 2],
+                        help="replica counts to run on a throwaway PostgreSQL (none: skip)")
+    parser.add_argument("--postgres-reports", type=int, default=2_000_000)
     args = parser.parse_args()
     base = None
     if args.baseline_reports and shutil.which("git"):
@@ -310,6 +342,12 @@ def main() -> int:
             f"current / baseline: reports/s {ratio['rate']:.1f}x, bytes written per report "
             f"{ratio['written_per_report']:.2f}x, health p99 {ratio['health_p99']:.2f}x"
         )
+    for replicas in args.postgres_replicas:
+        pg = _median_of(args.reps, ROOT, args.postgres_reports, args.clients, args.batch, True,
+                        args.windows, replicas)  # fmt: skip
+        _report(f"PostgreSQL, {replicas} replica(s) (SubmitColumnar)", pg, args.postgres_reports)
+        print(f"PostgreSQL {replicas} replica(s) / SQLite current: reports/s "
+              f"{pg['rate'] / current['rate']:.2f}x")  # fmt: skip
     return 0
 
 

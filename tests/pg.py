@@ -76,7 +76,8 @@ class PgServer:
         self._run(_binary("initdb"), "-D", str(self.data), "-U", "calmkit", "--auth=trust",
                   "-E", "UTF8", "--no-sync")  # fmt: skip
         options = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
-                   "-c max_connections=200 -c shared_buffers=256MB")  # fmt: skip
+                   "-c max_connections=200 -c shared_buffers=256MB -c max_wal_size=4GB "
+                   "-c checkpoint_timeout=30min -c wal_compression=on")  # fmt: skip
         self._run(_binary("pg_ctl"), "-D", str(self.data), "-o", options,
                   "-l", str(self.dir / "server.log"), "-w", "start")  # fmt: skip
 

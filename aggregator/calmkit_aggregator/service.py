@@ -243,7 +243,8 @@ class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
             duplicates=outcome.duplicates, phase=phase,
             ms=round(1e3 * (time.perf_counter() - t0), 2),
         )  # fmt: skip
-        self._maybe_advance(request.collection_id)
+        if record.design is not None and record.phase == 0:  # a pilot that may be done
+            self._maybe_advance(request.collection_id)
         return wire.ack_to_proto(outcome.accepted, outcome.duplicates)
 
     def _maybe_advance(self, collection_id: str) -> None:
