@@ -150,8 +150,7 @@ def _measure(code: Path, tmp: Path, reports: int, clients: int, batch: int, colu
              windows: int, replicas: int = 0) -> dict[str, float]:  # fmt: skip
     """One fresh run; ``replicas`` > 0: that many servers on a throwaway PostgreSQL
     (clients spread over them), else one server on SQLite."""
-    sys.path[:0] = [str(code / p) for p in PACKAGES]
-    pg_server = None
+    pg_server = None  # (the server process runs ``code``; clients and admin run this checkout)
     if replicas:
         sys.path.insert(0, str(ROOT / "tests"))
         import pg
@@ -169,7 +168,7 @@ def _measure(code: Path, tmp: Path, reports: int, clients: int, batch: int, colu
 
 def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, columnar: bool,
             windows: int, replicas: int) -> dict[str, float]:  # fmt: skip
-    from calmkit_aggregator.admin import AdminClient
+    from calmkit_aggregator.service.admin import AdminClient
     from calmkit_client import Schema
 
     servers = [_serve(code, db) for _ in range(replicas)]
@@ -234,7 +233,7 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
 
 def _restart(code: Path, db: Path, token: str, plan_json: str) -> dict[str, float]:
     """Seconds from process start to: health and a query answered; a new report accepted."""
-    from calmkit_aggregator.admin import AdminClient
+    from calmkit_aggregator.service.admin import AdminClient
 
     t0 = time.perf_counter()
     proc, address = _serve(code, db)

@@ -9,7 +9,7 @@ Three servers run the same ``AggregatorService`` over a fresh SQLite file:
   threads, the sync health servicer;
 - ``sync-limits`` (the alternative considered): 64 worker threads,
   ``maximum_concurrent_rpcs=48``, at most 8 streams per connection;
-- ``aio`` (served today): :func:`calmkit_aggregator.server.create_server`.
+- ``aio`` (served today): :func:`calmkit_aggregator.service.server.create_server`.
 
 Part 1 opens N unauthenticated HTTP/2 streams that send headers and half a message,
 then stall, and times one health check (deadline 2 s): median latency over ``--reps``
@@ -39,10 +39,10 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from calmkit_aggregator import wire
-from calmkit_aggregator.admin import AdminClient
-from calmkit_aggregator.server import create_server, graceful_stop
-from calmkit_aggregator.service import AggregatorService
-from calmkit_aggregator.storage import Storage
+from calmkit_aggregator.service.admin import AdminClient
+from calmkit_aggregator.service.handlers import AggregatorService
+from calmkit_aggregator.service.server import create_server, graceful_stop
+from calmkit_aggregator.service.storage import Storage
 from calmkit_client import DeviceState
 from calmkit_client import wire as client_wire
 from calmkit_client.collector import MAX_MESSAGE_BYTES, open_channel

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from calmkit_aggregator.admin import AdminClient
-from calmkit_aggregator.server import ServerTls, create_server, graceful_stop
-from calmkit_aggregator.storage import Storage
+from calmkit_aggregator.service.admin import AdminClient
+from calmkit_aggregator.service.server import ServerTls, create_server, graceful_stop
+from calmkit_aggregator.service.storage import Storage
 from calmkit_client import Schema
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -2,8 +2,9 @@
 
 This module imports nothing heavy (``calmkit --help`` answers in a blink): each
 command names its implementation as ``"module:function"``, imported only when the
-command runs (:mod:`.service_cli` for demo, serve, collection and query;
-:mod:`.data_cli` for datasets, population, plan, simulate and experiment). Bad
+command runs (``calmkit_aggregator.service.cli`` for the operator commands serve,
+collection and query; :mod:`.demo_cli` for demo; :mod:`.data_cli` for datasets,
+population, plan, simulate and experiment). Bad
 input is one line on stderr, ``calmkit: error: ...``, and exit status 2.
 """
 
@@ -37,6 +38,7 @@ PLANNERS = ("pipeline", "paper")
 PILOT_FRACTION = 0.2
 PATHS = ("fast", "faithful")
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+OPERATOR = "calmkit_aggregator.service.cli"  # serve, collection, query live by the service
 MIRROR_ENV = "CALMKIT_DATASET_MIRROR"
 DEBUG_ENV = "CALMKIT_DEBUG"  # set: unexpected errors print their traceback
 
@@ -173,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     # -- the service --------------------------------------------------------------------
-    demo = _command(sub, "demo", "service_cli:_demo",
+    demo = _command(sub, "demo", "demo_cli:_demo",
                     "the whole system on one machine: a server, a synthetic population "
                     "reporting through the client, answers beside the truth (no "
                     "files)")  # fmt: skip
@@ -185,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "randomness: the same seed prints the same tables")  # fmt: skip
     _json(demo, "print one JSON object (counts, phases, every table) instead of text")
 
-    serve = _command(sub, "serve", "service_cli:_serve", "run the aggregator service")
+    serve = _command(sub, "serve", f"{OPERATOR}:_serve", "run the aggregator service")
     serve.add_argument("--address", default=DEFAULT_ADDRESS, metavar="HOST:PORT",
                        help="where to listen (port 0: any free port; off loopback needs "
                        "--token-file and TLS)")  # fmt: skip
@@ -209,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="cap each submit token at this many reports per second "
                        "(default: no cap)")  # fmt: skip
 
-    col = _command(sub, "collection", "service_cli:_collection_checked",
+    col = _command(sub, "collection", f"{OPERATOR}:_collection_checked",
                    "create, close, list or show collections")  # fmt: skip
     col.add_argument("action", choices=["create", "close", "status", "list"],
                      help="create a collection (prints its plan and submit token), close "
@@ -239,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="create: seed of the plan's view assignment")
     _json(col)
 
-    query = _command(sub, "query", "service_cli:_query",
+    query = _command(sub, "query", f"{OPERATOR}:_query",
                      "a marginal table of a collection, with standard errors")  # fmt: skip
     _address(query)
     query.add_argument("--collection", required=True, metavar="ID", help="the collection id")
@@ -359,9 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _resolve(run: str) -> Callable[[argparse.Namespace], int]:
     module, function = run.split(":")
-    fn: Callable[[argparse.Namespace], int] = getattr(
-        importlib.import_module(f"calmkit_simulator.{module}"), function
-    )
+    name = module if "." in module else f"calmkit_simulator.{module}"
+    fn: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(name), function)
     return fn
 
 

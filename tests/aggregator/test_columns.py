@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import SupportCounts
-from calmkit_aggregator.columns import columns_from_reports, decode_columns
-from calmkit_aggregator.storage import BatchOutcome, Storage
+from calmkit_aggregator.service.columns import columns_from_reports, decode_columns
+from calmkit_aggregator.service.storage import BatchOutcome, Storage
 from calmkit_client import CalmkitError
 from calmkit_client.errors import ReportConflict
 

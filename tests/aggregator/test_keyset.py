@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calmkit_aggregator.keyset import KeyTable, as_words
+from calmkit_aggregator.service.keyset import KeyTable, as_words
 
 
 def _agrees(table: KeyTable, reference: dict[bytes, bytes], queries: np.ndarray) -> None:

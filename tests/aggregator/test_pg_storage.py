@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import SupportCounts
-from calmkit_aggregator.pg_storage import PgStorage, is_postgres_url
-from calmkit_aggregator.storage import BatchOutcome, StoredReport
+from calmkit_aggregator.service.pg_storage import PgStorage, is_postgres_url
+from calmkit_aggregator.service.storage import BatchOutcome, StoredReport
 from calmkit_client import CalmkitError, Plan
 from calmkit_client.errors import CollectionClosed, ReportConflict
 

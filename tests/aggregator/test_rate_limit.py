@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from calmkit_aggregator.rate_limit import RateLimit
+from calmkit_aggregator.service.rate_limit import RateLimit
 from calmkit_client.errors import CalmkitError, RateLimited
 
 

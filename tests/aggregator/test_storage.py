@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import SupportCounts
-from calmkit_aggregator.storage import SCHEMA_VERSION, BatchOutcome, Storage, StoredReport
+from calmkit_aggregator.service.storage import SCHEMA_VERSION, BatchOutcome, Storage, StoredReport
 from calmkit_client import Plan, Schema, ViewReports, make_report, make_reports
 from calmkit_client.errors import (
     CalmkitError,
@@ -53,7 +53,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path):
         with Storage(tmp_path / "calmkit.db") as s:
             yield s
     else:
-        from calmkit_aggregator.pg_storage import PgStorage
+        from calmkit_aggregator.service.pg_storage import PgStorage
 
         with PgStorage(request.getfixturevalue("pg_dsn")) as s:
             yield s
@@ -260,7 +260,7 @@ def test_acknowledged_batch_survives_sigkill(tmp_path: Path, plan: Plan) -> None
     script = textwrap.dedent(
         f"""
         import os, signal
-        from calmkit_aggregator.storage import Storage, StoredReport
+        from calmkit_aggregator.service.storage import Storage, StoredReport
         rows = {rows!r}
         store = Storage({str(path)!r})
         reports = [StoredReport(bytes.fromhex(a), bytes.fromhex(b), v, p) for a, b, v, p in rows]

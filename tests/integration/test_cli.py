@@ -13,7 +13,7 @@ from calmkit_simulator.cli import main
 
 
 def test_demo_json_counts_every_acknowledged_report(capsys: pytest.CaptureFixture[str]) -> None:
-    from calmkit_simulator.service_cli import DEMO_QUERIES, DEMO_SIZES
+    from calmkit_simulator.demo_cli import DEMO_QUERIES, DEMO_SIZES
 
     assert main(["demo", "--users", "20000", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -51,12 +51,12 @@ def test_defaults_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
 def test_the_parser_mirrors_the_real_names() -> None:
     from calmkit_aggregator.pilot import PILOT_FRACTION
     from calmkit_aggregator.planner import PLANNERS
+    from calmkit_aggregator.service.cli import DEFAULT_ADDRESS
     from calmkit_simulator.catalog import MIRROR_ENV
     from calmkit_simulator.collect import PATHS
     from calmkit_simulator.datasets import DATASETS
     from calmkit_simulator.figures import FIGURES
     from calmkit_simulator.mechanisms import MECHANISMS
-    from calmkit_simulator.service_cli import DEFAULT_ADDRESS
 
     assert cli.DATASETS == DATASETS
     assert cli.MECHANISMS == tuple(MECHANISMS)

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calmkit_aggregator.admin import AdminClient
-from calmkit_aggregator.server import create_server, graceful_stop
-from calmkit_aggregator.storage import Storage
+from calmkit_aggregator.service.admin import AdminClient
+from calmkit_aggregator.service.server import create_server, graceful_stop
+from calmkit_aggregator.service.storage import Storage
 from calmkit_client import BudgetExceeded, CalmkitError, Collector, DeviceState, PrivacyBudget
 from calmkit_simulator import synthetic_population
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from calmkit_aggregator import reconstruct
-from calmkit_aggregator.admin import AdminClient
 from calmkit_aggregator.pilot import pilot_size
-from calmkit_aggregator.server import create_server, graceful_stop
-from calmkit_aggregator.storage import Storage
+from calmkit_aggregator.service.admin import AdminClient
+from calmkit_aggregator.service.server import create_server, graceful_stop
+from calmkit_aggregator.service.storage import Storage
 from calmkit_client.collector import Collector
 from calmkit_client.device import DeviceState
 from calmkit_simulator import synthetic_population

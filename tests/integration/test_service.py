@@ -14,9 +14,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from calmkit_aggregator import SupportCounts, reconstruct
-from calmkit_aggregator.admin import AdminClient
-from calmkit_aggregator.server import create_server, graceful_stop
-from calmkit_aggregator.storage import Storage
+from calmkit_aggregator.service.admin import AdminClient
+from calmkit_aggregator.service.server import create_server, graceful_stop
+from calmkit_aggregator.service.storage import Storage
 from calmkit_client import CalmkitError, make_reports
 from calmkit_client import wire as client_wire
 from calmkit_client.collector import Collector, RetryPolicy, call_with_retry, open_channel
@@ -296,7 +296,7 @@ def test_cli_collection_and_query_commands(
 
 
 def test_oversized_batch_is_refused_whole(server: Server) -> None:
-    from calmkit_aggregator.wire import MAX_BATCH
+    from calmkit_aggregator.service.wire import MAX_BATCH
 
     info = _create(server.address)
     batch = _batch(info, slice(0, 1))

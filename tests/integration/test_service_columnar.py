@@ -13,9 +13,9 @@ import grpc
 import numpy as np
 import pytest
 
-from calmkit_aggregator import wire as agg_wire
-from calmkit_aggregator.service import AggregatorService
-from calmkit_aggregator.storage import Storage
+from calmkit_aggregator.service import wire as agg_wire
+from calmkit_aggregator.service.handlers import AggregatorService
+from calmkit_aggregator.service.storage import Storage
 from calmkit_client import CalmkitError
 from calmkit_client import wire as client_wire
 from calmkit_client.collector import Collector, RetryPolicy, call_with_retry, open_channel

@@ -14,9 +14,9 @@ import grpc
 import numpy as np
 import pytest
 
-from calmkit_aggregator.admin import AdminClient
-from calmkit_aggregator.server import create_server, graceful_stop
-from calmkit_aggregator.storage import Storage
+from calmkit_aggregator.service.admin import AdminClient
+from calmkit_aggregator.service.server import create_server, graceful_stop
+from calmkit_aggregator.service.storage import Storage
 from calmkit_client import CalmkitError, Plan, Report
 from calmkit_client import wire as client_wire
 from calmkit_client.collector import ERROR_KEY, Collector, open_channel

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from calmkit_aggregator.admin import AdminClient
-from calmkit_aggregator.server import ServerTls, create_server, graceful_stop
-from calmkit_aggregator.storage import Storage
+from calmkit_aggregator.service.admin import AdminClient
+from calmkit_aggregator.service.server import ServerTls, create_server, graceful_stop
+from calmkit_aggregator.service.storage import Storage
 from calmkit_client import CalmkitError
 from calmkit_client import wire as client_wire
 from calmkit_client.collector import (

@@ -1,5 +1,5 @@
-"""The service commands of ``calmkit``: serve, collection, query, and the demo that
-runs all of it on one machine."""
+"""The operator commands of ``calmkit``: serve, collection, query (the ``calmkit``
+command line in calmkit_simulator registers them; the demo lives there)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ import shlex
 import signal
 import stat
 import sys
-import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +63,7 @@ def _read_ca(path: str | None) -> bytes | None:
 
 
 def _admin(args: argparse.Namespace) -> Any:
-    from calmkit_aggregator.admin import AdminClient
+    from calmkit_aggregator.service.admin import AdminClient
 
     return AdminClient(args.address, _read_token(args.token_file),
                        root_certificates=_read_ca(args.tls_ca))  # fmt: skip
@@ -83,10 +81,10 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
 
 # -- serve --------------------------------------------------------------------------------
 def _serve(args: argparse.Namespace) -> int:
-    from calmkit_aggregator.pg_storage import PgStorage, is_postgres_url
-    from calmkit_aggregator.server import ServerTls, create_server, graceful_stop
-    from calmkit_aggregator.service import log_json
-    from calmkit_aggregator.storage import Storage
+    from calmkit_aggregator.service.handlers import log_json
+    from calmkit_aggregator.service.pg_storage import PgStorage, is_postgres_url
+    from calmkit_aggregator.service.server import ServerTls, create_server, graceful_stop
+    from calmkit_aggregator.service.storage import Storage
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     token = _read_token(args.token_file)
@@ -242,135 +240,6 @@ def _query(args: argparse.Namespace) -> int:
         answer = admin.query(args.collection, attrs, args.replicates)
     print(_format_table(answer, args.format))
     return 0
-
-
-# -- demo ---------------------------------------------------------------------------------
-DEMO_SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
-DEMO_QUERIES = [(0, 1), (2, 4), (5, 7), (0, 1, 2), (3, 4, 6), (1, 5, 7)]
-DEMO_WAVES = 20
-
-
-def _demo(args: argparse.Namespace) -> int:
-    """Everything on one machine: an embedded server on a free loopback port with a
-    temporary SQLite database, a synthetic population reporting through the real
-    client over gRPC, then 2- and 3-way marginals beside the truth."""
-    from calmkit_aggregator.admin import AdminClient
-    from calmkit_aggregator.server import create_server, graceful_stop
-    from calmkit_aggregator.storage import Storage
-    from calmkit_client import wire as client_wire
-    from calmkit_client.collector import Collector
-
-    from .devices import SimulatedDevices
-    from .synthetic import synthetic_population
-
-    t0 = time.perf_counter()
-    pop = synthetic_population(n=args.users, sizes=DEMO_SIZES, strength=1.5, rng=args.seed)
-    with tempfile.TemporaryDirectory(prefix="calmkit-demo-") as tmp:
-        storage = Storage(Path(tmp) / "aggregator.db")
-        server, port = create_server("127.0.0.1:0", storage)
-        address = f"127.0.0.1:{port}"
-        try:
-            with AdminClient(address) as admin:
-                info = admin.create_collection(
-                    pop.schema, args.epsilon, pop.n, 3, collection_id="demo", seed=args.seed
-                )
-                bar = _progress(pop.n, "reports", sys.stderr.isatty() and not args.json)
-                # simulated devices: seeded, so the same --seed prints the same tables
-                state = SimulatedDevices.seeded(args.seed)
-                ids = np.arange(pop.n, dtype=np.uint64)
-                # users arrive in waves; each wave fetches the plan again, so once the
-                # pilot has its reports the next waves report under the second phase
-                waves = np.array_split(np.arange(pop.n), DEMO_WAVES)
-                with Collector(address, info.collection_id, info.submit_token, state) as client:
-                    ack = client_wire.Acknowledgement()
-                    for wave in waves:
-                        done = client.submit_many(pop.codes[wave], ids[wave],
-                                                  progress=bar.update if bar else None)  # fmt: skip
-                        ack = ack + done
-                state.close()
-                if bar is not None:
-                    bar.close()
-                closed = admin.close_collection(info.collection_id)
-                answers = [
-                    (q, admin.query(info.collection_id, [pop.schema.attributes[a].name for a in q]))
-                    for q in DEMO_QUERIES
-                ]
-        finally:
-            graceful_stop(server, 5.0)
-            storage.close()
-    schema = pop.schema
-    rows = []
-    for q, answer in answers:
-        truth = pop.marginal(q)
-        labels = [schema.attributes[a].categories for a in q]
-        cells = [
-            {"labels": [labels[i][c] for i, c in enumerate(index)],
-             "true": float(truth[index]), "estimate": float(answer.values[index]),
-             "std_error": float(np.sqrt(answer.variance[index]))}
-            for index in np.ndindex(truth.shape)
-        ]  # fmt: skip
-        rows.append({
-            "attrs": list(answer.attributes), "method": answer.method,
-            "sse": float(((answer.values - truth) ** 2).sum()),
-            "uniform_sse": float(((truth - 1.0 / truth.size) ** 2).sum()),
-            "cells": cells,
-        })  # fmt: skip
-    phases = [{"reports": int(r)} for r in closed.phase_reports]
-    phases[0]["views"] = info.plan.m
-    if len(phases) > 1:
-        phases[-1]["views"] = closed.plan.m
-    out = {
-        "users": pop.n, "epsilon": args.epsilon, "seed": args.seed,
-        "acknowledged": ack.accepted + ack.duplicates,
-        "counted": closed.reports,
-        "phases": phases,
-        "queries": rows,
-    }  # fmt: skip
-    seconds = time.perf_counter() - t0
-    if args.json:
-        print(json.dumps(out))
-        return 0
-    _print_demo(out, pop, info, closed, address, seconds)
-    return 0
-
-
-DEMO_CELLS = 12  # table rows printed per query (--json has every cell)
-
-
-def _print_demo(out: dict[str, Any], pop: Any, info: Any, closed: Any, address: str,
-                seconds: float) -> None:  # fmt: skip
-    plan, phases = closed.plan, out["phases"]
-    print(f"calmkit demo: {pop.describe().splitlines()[0]} (seed {out['seed']})")
-    print(f"  server on {address}, SQLite storage in a temporary directory")
-    print(f"  collection {closed.collection_id}, epsilon {out['epsilon']} per user")
-    if len(phases) > 1:
-        print(f"  pilot: {phases[0]['reports']} users reported on {info.plan.m} attribute "
-              f"pairs; from their reports\n  the server chose {plan.m} views of "
-              f"{max(len(v) for v in plan.views)} attributes for the other "
-              f"{phases[1]['reports']} users (plan {plan.digest[:12]})")  # fmt: skip
-    else:
-        print(f"  one phase: m = {plan.m} views (plan {plan.digest[:12]})")
-    print(f"  {out['acknowledged']} reports acknowledged, {out['counted']} counted; closed")
-    print("  answers: 'projection' sums down a view that holds every queried attribute;")
-    print("  'maxent' (no view holds them all) is the maximum-entropy table that agrees with")
-    print("  the views' overlapping marginals. SSE: sum of squared errors over the cells;")
-    print("  Uniform: the error of answering 1/cells everywhere, knowing nothing.")
-    for r in out["queries"]:
-        names = r["attrs"]
-        ratio = r["uniform_sse"] / r["sse"] if r["sse"] > 0 else float("inf")
-        print(f"\n  {' x '.join(names)}: {r['method']}, SSE {r['sse']:.2e} "
-              f"(Uniform {r['uniform_sse']:.2e}, {ratio:.0f}x larger)")  # fmt: skip
-        width = [max(len(n), *(len(c["labels"][i]) for c in r["cells"]))
-                 for i, n in enumerate(names)]  # fmt: skip
-        head = "  ".join(n.ljust(w) for n, w in zip(names, width))
-        print(f"    {head}    true  estimate  std.err")
-        for c in r["cells"][:DEMO_CELLS]:
-            cell = "  ".join(lab.ljust(w) for lab, w in zip(c["labels"], width))
-            print(f"    {cell}  {c['true']:6.3f}  {c['estimate']:8.3f}  {c['std_error']:7.3f}")
-        if len(r["cells"]) > DEMO_CELLS:
-            print(f"    ... {len(r['cells']) - DEMO_CELLS} more cells (--json has every cell)")
-    print("\n  std.err: the estimate's standard error (parametric bootstrap, 32 replicates)")
-    print(f"  done in {seconds:.1f} s")
 
 
 def _collection_checked(args: argparse.Namespace) -> int:

@@ -37,7 +37,7 @@ from calmkit_client import CalmkitError
 from calmkit_client.collector import MAX_MESSAGE_BYTES
 
 from . import wire
-from .service import AggregatorService
+from .handlers import AggregatorService
 from .storage import ReportStore
 
 __all__ = ["Server", "ServerTls", "create_server", "graceful_stop", "is_loopback"]

@@ -46,8 +46,9 @@ from calmkit_client.errors import (
     ServiceUnavailable,
 )
 
+from ..pilot import PhasedDesign, combine_phases
+from ..support import SupportCounts
 from .columns import ReportColumns, columns_from_reports
-from .pilot import PhasedDesign, combine_phases
 from .storage import (
     CLOSED,
     OPEN,
@@ -58,7 +59,6 @@ from .storage import (
     _dedupe_batch,
     _stored_plan,
 )
-from .support import SupportCounts
 
 __all__ = ["PG_SCHEMA_VERSION", "PgStorage", "is_postgres_url"]
 

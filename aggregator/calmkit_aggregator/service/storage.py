@@ -65,10 +65,10 @@ from calmkit_client.errors import (
 )
 from calmkit_client.ids import check_collection_id
 
+from ..pilot import PhasedDesign, combine_phases
+from ..support import SupportCounts
 from .columns import KEY_BYTES, ReportColumns, columns_from_reports, decode_columns
 from .keyset import KeyTable, as_words
-from .pilot import PhasedDesign, combine_phases
-from .support import SupportCounts
 
 __all__ = [
     "PSEUDONYM_BYTES",

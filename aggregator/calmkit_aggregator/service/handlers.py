@@ -1,5 +1,5 @@
 """The aggregator gRPC service (DESIGN.md "Service"; issue 4): the handlers of
-``calmkit.v1.Aggregator`` (served by :func:`calmkit_aggregator.server.create_server`
+``calmkit.v1.Aggregator`` (served by :func:`calmkit_aggregator.service.server.create_server`
 with gRPC health checking and reflection). A batch of reports
 is validated whole, committed to storage in one transaction, counted, and only then
 acknowledged. Errors map to status codes (bad input INVALID_ARGUMENT naming the field,
@@ -40,14 +40,14 @@ from calmkit_client.errors import (
 )
 from calmkit_client.ids import check_collection_id
 
+from ..calm import MarginalEstimator, reconstruct
+from ..pilot import PhasedDesign, pilot_plan, pilot_size
+from ..planner import plan_collection
+from ..support import SupportCounts
+from ..uncertainty import MAX_REPLICATES, Bootstrap, bootstrap
 from . import wire
-from .calm import MarginalEstimator, reconstruct
-from .pilot import PhasedDesign, pilot_plan, pilot_size
-from .planner import plan_collection
 from .rate_limit import RateLimit
 from .storage import ReportStore
-from .support import SupportCounts
-from .uncertainty import MAX_REPLICATES, Bootstrap, bootstrap
 
 __all__ = ["AggregatorService", "log_json"]
 
