@@ -51,7 +51,8 @@ def norm_sub(values: np.ndarray, total: float = 1.0) -> np.ndarray:
     rank = np.arange(1, flat.size + 1)
     rho = np.nonzero(desc - cum / rank > 0)[0][-1]
     delta = cum[rho] / (rho + 1)
-    return np.maximum(values - delta, 0.0)
+    projected: np.ndarray = np.maximum(values - delta, 0.0)
+    return projected
 
 
 @dataclass(frozen=True)

@@ -440,7 +440,8 @@ def _simulate(
         counts = cells * p + rest * q + sd * gen.standard_normal(cells.shape)
     est = (counts / s[:, :, None] - q) / (p - q)
     projected = _simplex_rows(est.reshape(-1, t.shape[1])).reshape(est.shape)
-    return projected - t[:, None, :]
+    errors: np.ndarray = projected - t[:, None, :]
+    return errors
 
 
 def _normal_multinomial(s: np.ndarray, probs: np.ndarray, gen: np.random.Generator) -> np.ndarray:
@@ -450,7 +451,8 @@ def _normal_multinomial(s: np.ndarray, probs: np.ndarray, gen: np.random.Generat
     root = np.sqrt(probs)[:, None, :]
     g = gen.standard_normal((probs.shape[0], _SAMPLES, probs.shape[1]))
     centred = root * g - probs[:, None, :] * (root * g).sum(axis=2, keepdims=True)
-    return s[:, :, None] * probs[:, None, :] + np.sqrt(s)[:, :, None] * centred
+    draws: np.ndarray = s[:, :, None] * probs[:, None, :] + np.sqrt(s)[:, :, None] * centred
+    return draws
 
 
 def _simplex_rows(x: np.ndarray) -> np.ndarray:
@@ -462,7 +464,8 @@ def _simplex_rows(x: np.ndarray) -> np.ndarray:
     ok = desc - cum / rank > 0
     rho = width - 1 - np.argmax(ok[:, ::-1], axis=1)
     delta = cum[np.arange(x.shape[0]), rho] / (rho + 1)
-    return np.maximum(x - delta[:, None], 0.0)
+    rows: np.ndarray = np.maximum(x - delta[:, None], 0.0)
+    return rows
 
 
 # -- consistency pooling ------------------------------------------------------------------

@@ -28,7 +28,7 @@ PLANNERS = ("pipeline", "paper")
 
 
 def workload_of(
-    schema: Schema, k: int | None, queries: Sequence[Sequence[object]] | None
+    schema: Schema, k: int | None, queries: Sequence[Sequence[int | str]] | None
 ) -> Workload:
     """The workload of ``k``-way marginals or of explicit queries (names or positions)."""
     if queries is not None:
@@ -51,7 +51,7 @@ def plan_collection(
     covering_dir: Path | str | None = None,
     planner: str = "pipeline",
     profile: DataProfile | None = None,
-    queries: Sequence[Sequence[object]] | None = None,
+    queries: Sequence[Sequence[int | str]] | None = None,
 ) -> Plan:
     """The plan for ``n`` users answering k-way queries (or ``queries``).
 

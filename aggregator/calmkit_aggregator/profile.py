@@ -190,7 +190,8 @@ def _representative(mean: np.ndarray, skew: float) -> np.ndarray:
     if neg.any():  # stay inside the simplex
         step = min(step, float(np.min(u[neg] / -direction[neg])))
     out: np.ndarray = np.clip(u + step * direction, 0.0, None)
-    return out / out.sum()
+    normalised: np.ndarray = out / out.sum()
+    return normalised
 
 
 # -- pilot estimation ---------------------------------------------------------------------
@@ -198,7 +199,7 @@ def pair_dependence(table: np.ndarray) -> float:
     """``||P_ab - P_a (x) P_b||^2 / (dim_ab / L_ab)`` of a 2-D table (the profile's
     unit); 0 when an attribute has one category."""
     t = np.asarray(table, dtype=np.float64)
-    dim = (t.shape[0] - 1) * (t.shape[1] - 1)
+    dim = int((t.shape[0] - 1) * (t.shape[1] - 1))
     if dim == 0:
         return 0.0
     delta = t - np.outer(t.sum(axis=1), t.sum(axis=0))

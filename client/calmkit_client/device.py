@@ -44,6 +44,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import numpy as np
 import numpy.typing as npt
@@ -213,7 +214,7 @@ class DeviceState:
         self._conn = conn
 
     @classmethod
-    def in_memory(cls) -> DeviceState:
+    def in_memory(cls) -> Self:
         """A state that is never written anywhere: its secret, reports and ledger last
         only as long as the object. Every new in-memory state is a new user to the
         server (new pseudonyms, a fresh report, an empty ledger), so use it only for

@@ -139,7 +139,7 @@ def sample_records(table: np.ndarray, n: int, rng: RngLike = None) -> np.ndarray
         raise ClassificationError(
             f"table (sum of non-negative cells {total}) must have positive mass to sample from"
         )
-    gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+    gen = np.random.default_rng(rng)
     cells = gen.choice(p.size, size=n, p=p / total)  # one draw over the flat cells
     return np.column_stack(np.unravel_index(cells, t.shape)).astype(np.int64).reshape(n, t.ndim)
 
@@ -192,7 +192,7 @@ def svm_predict(
     if classes.size == 1:  # nothing to learn: predict the only class seen
         return np.full(test_X.shape[0], classes[0], dtype=train_y.dtype)
     encoder_cls, svm_cls = _sklearn()
-    gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+    gen = np.random.default_rng(rng)
     seed = int(gen.integers(2**31 - 1))
     rows, weights = np.unique(
         np.column_stack([train_X, train_y]).astype(np.int64), axis=0, return_counts=True
@@ -459,7 +459,7 @@ def run_classification(
     schema = population.select(attrs).schema if scope == "selected" else population.schema
     mechanism.check(schema, n_train * duplicate, eps, k)  # before any work
 
-    gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+    gen = np.random.default_rng(rng)
     order = gen.permutation(population.n)
     test, train = order[:n_test], order[n_test:]
     codes = population.codes if scope == "all" else population.codes[:, list(attrs)]
@@ -473,7 +473,7 @@ def run_classification(
     ordered = tuple(sorted(query))
     axes = [ordered.index(q) for q in query]  # answer axes -> features..., label
 
-    test_X = population.codes[np.ix_(test, list(attrs[:-1]))]
+    test_X = population.codes[np.ix_(test, np.asarray(attrs[:-1], dtype=np.int64))]
     test_y = population.codes[test, attrs[-1]]
 
     t0 = time.perf_counter()

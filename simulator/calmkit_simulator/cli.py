@@ -99,7 +99,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 class _Parser(argparse.ArgumentParser):
     """One line on a usage error: ``calmkit: error: ...`` (exit 2)."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> Any:
         # "argument --max-categories: (1) must be ..." -> "max_categories (1) must be ..."
         named = re.match(r"argument (?:--)?([\w-]+)[^:]*: \((.*)$", message, re.DOTALL)
         choice = re.match(r"argument (?:--)?([\w-]+)[^:]*: invalid choice: (.*) \(choose from "

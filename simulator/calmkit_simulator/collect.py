@@ -73,11 +73,11 @@ def collect_support(
     if path == "faithful":
         if population.schema != plan.schema:
             raise CalmkitError("population schema must equal the plan's schema")
-        gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+        gen = np.random.default_rng(rng)
         batches = make_reports(plan, population.codes, _user_ids(population, user_ids), gen)
         return SupportCounts.from_reports(plan, batches)
     if path != "fast":
         raise CalmkitError(f"path ({path!r}) must be one of {list(PATHS)}")
-    gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+    gen = np.random.default_rng(rng)
     n, true_counts = true_view_counts(population, plan, user_ids)
     return sample_support(plan, n, true_counts, gen)

@@ -27,10 +27,10 @@ def random_queries(d: int, k: int, count: int, rng: RngLike = None) -> list[tupl
     distinct while C(d, k) allows."""
     if not 1 <= k <= d:
         raise CalmkitError(f"k ({k}) must be in [1, d={d}]")
-    gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+    gen = np.random.default_rng(rng)
     distinct = math.comb(d, k) >= count
     seen: set[tuple[int, ...]] = set()
-    out = []
+    out: list[tuple[int, ...]] = []
     while len(out) < count:
         q = tuple(sorted(gen.choice(d, size=k, replace=False).tolist()))
         if distinct and q in seen:
@@ -68,7 +68,7 @@ def run_calm(
     (``shrink=False``: without interaction shrinkage, the paper's pipeline exactly);
     ``queries`` random k-way marginals are compared with the truth (and with Uniform).
     The same ``rng`` gives the same reports and queries whatever ``shrink`` is."""
-    gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+    gen = np.random.default_rng(rng)
     results = []
     for _ in range(reps):
         support = collect_support(population, plan, gen, path=path)  # type: ignore[arg-type]
@@ -110,7 +110,7 @@ def run_mechanism(
     on the population and compare ``queries`` random k-way answers with the truth.
     :meth:`Mechanism.check` runs first, so an infeasible setting fails before work."""
     mechanism.check(population.schema, population.n, epsilon, k)
-    gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+    gen = np.random.default_rng(rng)
     results = []
     for _ in range(reps):
         t0 = time.perf_counter()

@@ -188,7 +188,8 @@ def _queries(
     key = (task.population_key(), task.query_k, task.queries, rep)
     if key not in _MEMO.truths:
         qs = random_queries(
-            pop.d, task.query_k, task.queries, [task.seed, pop.d, task.query_k, rep]
+            pop.d, task.query_k, task.queries,
+            np.random.SeedSequence([task.seed, pop.d, task.query_k, rep]),
         )
         _MEMO.truths[key] = (qs, [pop.marginal(q) for q in qs])
     return _MEMO.truths[key]

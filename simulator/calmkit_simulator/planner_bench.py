@@ -109,7 +109,7 @@ def planner_tasks(
     for s in QUICK_SETTINGS if quick else SETTINGS:
         try:
             pop = load_dataset(s.dataset, data_dir, s.d, s.max_categories, rng=seed)
-            n = s.n or pop.n
+            n: int | None = s.n or pop.n
             sizes = pop.schema.sizes
         except DatasetError:
             n, sizes = s.n, None
@@ -412,10 +412,10 @@ def _markdown(
             mean, se = _stats(results.get(t.task.key()))
             if math.isfinite(mean):
                 ratio = mean / r["best_sse"]
-                pred = checks.get(t.task.key(), math.nan)
+                model = checks.get(t.task.key(), math.nan)
                 lines.append(f"| {r['setting']} | {r['epsilon']:g} | ({t.l}, {t.m}) | "
-                             f"{_fmt(mean)} ± {_fmt(se)} | {ratio:.2f} | {_fmt(pred)} | "
-                             f"{pred / mean:.2f} |")  # fmt: skip
+                             f"{_fmt(mean)} ± {_fmt(se)} | {ratio:.2f} | {_fmt(model)} | "
+                             f"{model / mean:.2f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -60,7 +60,7 @@ class Population:
             raise CalmkitError(f"n ({n!r}) must be an int >= 1")
         if self.n == 0:
             raise CalmkitError("population (n=0) must have users to resample")
-        gen = np.random.default_rng(None if rng is None else rng)  # type: ignore[arg-type]
+        gen = np.random.default_rng(None if rng is None else rng)
         rows = gen.integers(0, self.n, size=int(n))
         note = f"resampled {n} users with replacement from {self.n}"
         return replace(self, codes=self.codes[rows], notes=(*self.notes, note))

@@ -111,7 +111,7 @@ def _cell(res: dict[str, Any] | None, metric: str) -> str:
     if res is None:
         return "—"
     if res["status"] != "ok":
-        return STATUS.get(res["status"], res["status"])
+        return str(STATUS.get(res["status"], res["status"]))
     vals = np.asarray(res[metric], dtype=float)
     sd = f" ± {_fmt(float(vals.std(ddof=1)))}" if vals.size > 1 else ""
     return f"{_fmt(float(vals.mean()))}{sd}"

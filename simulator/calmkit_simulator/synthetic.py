@@ -47,7 +47,7 @@ class BayesianNetwork:
             raise CalmkitError(f"strength ({strength!r}) must be finite and >= 0")
         if isinstance(max_parents, bool) or not isinstance(max_parents, int) or max_parents < 0:
             raise CalmkitError(f"max_parents ({max_parents!r}) must be an int >= 0")
-        gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+        gen = np.random.default_rng(rng)
         schema = Schema.from_sizes(sizes)
         parents, cpts = [], []
         for i, size in enumerate(schema.sizes):
@@ -63,7 +63,7 @@ class BayesianNetwork:
 
     def sample(self, n: int, rng: RngLike = None) -> np.ndarray:
         """Codes (n, d) of n independent records (inverse-CDF per attribute)."""
-        gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+        gen = np.random.default_rng(rng)
         codes = np.zeros((n, self.schema.d), dtype=np.int64)
         for i, (pa, cpt) in enumerate(zip(self.parents, self.cpts)):
             config = self.schema.cell_index(codes, pa) if pa else np.zeros(n, np.int64)
@@ -94,7 +94,7 @@ def synthetic_population(
 ) -> Population:
     """n users sampled from :meth:`BayesianNetwork.random` (network and users seeded
     from ``rng``)."""
-    gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+    gen = np.random.default_rng(rng)
     net = BayesianNetwork.random(sizes, strength, max_parents, gen)
     note = (
         f"synthetic Bayesian network: strength {strength}, max {max_parents} parents, seed {rng!r}"

@@ -178,6 +178,7 @@ def decode_columns(
     per_view = []
     for j, oracle in enumerate(plan.view_oracles):
         rows = order[bounds[j] : bounds[j + 1]]
+        payloads: np.ndarray
         if oracle.name == "GRR":
             payloads = cell[rows]
         else:

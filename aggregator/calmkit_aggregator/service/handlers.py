@@ -121,7 +121,7 @@ def _bearer(context: grpc.ServicerContext) -> str | None:
     return None
 
 
-class AggregatorService(wire.AggregatorServicer):  # type: ignore[misc]
+class AggregatorService(wire.AggregatorServicer):
     """The ``calmkit.v1.Aggregator`` implementation over a :class:`Storage`."""
 
     def __init__(

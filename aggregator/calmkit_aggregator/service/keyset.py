@@ -58,7 +58,8 @@ class KeyTable:
             h ^= h >> np.uint64(27)
             h *= _MIX2
             h ^= h >> np.uint64(31)
-        return h & self._mask
+        slots: np.ndarray = h & self._mask
+        return slots
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(found (n,) bool, values (n, 2) uint64: zeros where not found)."""

@@ -762,7 +762,10 @@ def _stored_keys(conn: sqlite3.Connection, collection_id: str) -> tuple[np.ndarr
     ):
         ids.append(rid_blob)
         pseudonyms.append(pseudonym_blob)
-    as_keys = lambda blobs: np.frombuffer(b"".join(blobs), np.uint8).reshape(-1, KEY_BYTES)  # noqa: E731
+
+    def as_keys(blobs: list[bytes]) -> np.ndarray:
+        return np.frombuffer(b"".join(blobs), np.uint8).reshape(-1, KEY_BYTES)
+
     return as_words(as_keys(ids)), as_words(as_keys(pseudonyms))
 
 
@@ -932,4 +935,5 @@ def _new_positions(
             f"reports[{i}].pseudonym ({_show(pseudonyms[i].tobytes())}) already holds a report "
             f"in collection {_show(collection_id)} (a device reports once per collection)"
         )
-    return new
+    fresh: np.ndarray = new
+    return fresh

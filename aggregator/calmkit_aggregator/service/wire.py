@@ -54,7 +54,7 @@ def add_servicer(servicer: Any, server: Any) -> None:
     """Register ``servicer``'s methods; requests arrive as bytes and are parsed here,
     so a message that does not decode is INVALID_ARGUMENT (not INTERNAL)."""
     methods = pb.DESCRIPTOR.services_by_name["Aggregator"].methods
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         m.name: grpc.unary_unary_rpc_method_handler(
             _parsing(getattr(servicer, m.name), getattr(pb, m.input_type.name)),
             request_deserializer=None,

@@ -149,7 +149,7 @@ class AllMarginals(Mechanism):
 
     def run(self, population: Population, epsilon: float, k: int, rng: RngLike = None) -> Release:
         self.check(population.schema, population.n, epsilon, k)
-        gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+        gen = np.random.default_rng(rng)
         seed = int(gen.integers(2**63))  # a fresh split of the users per run
         schema = population.schema
         views = tuple(combinations(range(schema.d), int(k)))

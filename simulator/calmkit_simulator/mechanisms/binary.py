@@ -25,7 +25,8 @@ def binary_encode(population: Population) -> tuple[Population, tuple[tuple[int, 
     the positions of its bits."""
     sizes = population.schema.sizes
     widths = [max(1, int(np.ceil(np.log2(c)))) for c in sizes]
-    groups, columns, names = [], [], []
+    groups, names = [], []
+    columns: list[np.ndarray] = []
     for a, (attr, width) in enumerate(zip(population.schema.attributes, widths)):
         start = len(columns)
         codes = population.codes[:, a].astype(np.int64)

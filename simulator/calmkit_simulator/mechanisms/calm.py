@@ -11,6 +11,7 @@ their reports picks the views of the others, and the estimate uses both phases.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -56,7 +57,7 @@ class Calm(Mechanism):
         theta: float = 0.001,
         m: int | None = None,
         l: int | None = None,  # noqa: E741 (the paper's name)
-        path: str = "fast",
+        path: Literal["fast", "faithful"] = "fast",
         shrink: bool = True,
         planner: str = "pipeline",
         pilot: float = PILOT_FRACTION,
@@ -69,7 +70,7 @@ class Calm(Mechanism):
         self.planner, self.pilot = planner, float(pilot)
 
     def run(self, population: Population, epsilon: float, k: int, rng: RngLike = None) -> Release:
-        gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+        gen = np.random.default_rng(rng)
         seed = int(gen.integers(2**31))
         phased = (self.planner == "pipeline" and self.pilot > 0 and population.n >= 2
                   and (self.l is None or self.m is None))  # fmt: skip
@@ -78,7 +79,7 @@ class Calm(Mechanism):
                                    theta=self.theta, l=self.l, m=self.m, rng=seed, seed=seed,
                                    planner=self.planner)  # fmt: skip
             support = collect_support(population, plan, gen, path=self.path)
-            chosen = {"m": plan.m, "l": max(len(v) for v in plan.views)}
+            chosen: dict[str, object] = {"m": plan.m, "l": max(len(v) for v in plan.views)}
             return _CalmRelease(reconstruct(support, shrink=self.shrink), chosen)
         first = pilot_plan(population.schema, epsilon, seed=seed)
         order = gen.permutation(population.n)
@@ -91,7 +92,7 @@ class Calm(Mechanism):
         main_support = collect_support(population.take(rest), main.plan, gen, path=self.path,
                                        user_ids=rest)  # fmt: skip
         estimator = reconstruct(combine_phases([pilot_support, main_support]), shrink=self.shrink)
-        chosen = {
+        chosen_main: dict[str, object] = {
             "m": main.plan.m,
             "l": main.choice.l,
             "pilot_m": first.m,
@@ -100,5 +101,5 @@ class Calm(Mechanism):
         }
         skipped = (*main.choice.single, *main.choice.predicted.uncollected)
         if skipped:  # attributes in no view: one category, or too few users
-            chosen["not_collected"] = [population.schema.names[a] for a in skipped]
-        return _CalmRelease(estimator, chosen)
+            chosen_main["not_collected"] = [population.schema.names[a] for a in skipped]
+        return _CalmRelease(estimator, chosen_main)

@@ -472,7 +472,7 @@ def fourier_components(
 @lru_cache(maxsize=32)
 def _chi(size: int) -> np.ndarray:
     """``chi(g) = (-1)^{sum g}`` over (2,)*size, read-only float64."""
-    chi = 1.0 - 2.0 * (np.indices((2,) * size).sum(axis=0) % 2)
+    chi: np.ndarray = 1.0 - 2.0 * (np.indices((2,) * size).sum(axis=0) % 2)
     chi.setflags(write=False)
     return chi
 
@@ -779,7 +779,7 @@ class Datacube(Mechanism):
         shape ``sizes[A]`` per workload marginal ``A``), recover and release. The noise
         is the only randomness, so tests can repeat it on precomputed counts."""
         eps = validate_epsilon(epsilon)
-        gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+        gen = np.random.default_rng(rng)
         checked = _check_tables(tables, sizes)
         workload = list(checked)
         if self.strategy == "fourier" and any(sizes[a] != 2 for attrs in workload for a in attrs):

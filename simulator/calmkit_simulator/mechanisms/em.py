@@ -278,13 +278,13 @@ class EMRelease(Release):
             by_cells.setdefault(lik_i.shape[1], []).append(i)
         for cells, members in by_cells.items():
             U = max(prepared[i][1].shape[0] for i in members)
-            lik = np.zeros((len(members), U, cells))
+            stacked = np.zeros((len(members), U, cells))
             w = np.zeros((len(members), U))
             for j, i in enumerate(members):
                 u = prepared[i][1].shape[0]
-                lik[j, :u], w[j, :u] = prepared[i][1], prepared[i][2]
+                stacked[j, :u], w[j, :u] = prepared[i][1], prepared[i][2]
             start = np.stack([prepared[i][3] for i in members])
-            tables, _ = expectation_maximization_batch(lik, w, start, self.tol, self.max_iter)
+            tables, _ = expectation_maximization_batch(stacked, w, start, self.tol, self.max_iter)
             for j, i in enumerate(members):
                 out[i] = tables[j].reshape(self.schema.shape(prepared[i][0]))
         return [t for t in out if t is not None]
@@ -297,7 +297,9 @@ class EMRelease(Release):
         cells = self.schema.cells(attrs)
         if self.init == "uniform":
             return np.full(cells, 1.0 / cells)
-        return np.maximum(norm_sub(self._unbiased(attrs, support, counts)), 1.0 / self.n)
+        floored: np.ndarray = np.maximum(norm_sub(self._unbiased(attrs, support, counts)),
+                                         1.0 / self.n)  # fmt: skip
+        return floored
 
     def log_likelihood(self, attrs: Sequence[int], table: np.ndarray) -> float:
         """Log-likelihood of the reports on ``attrs`` under the marginal ``table``
@@ -363,7 +365,7 @@ class ExpectationMaximization(Mechanism):
     def run(self, population: Population, epsilon: float, k: int, rng: RngLike = None) -> EMRelease:
         eps = validate_epsilon(epsilon)
         self.check(population.schema, population.n, eps, k)
-        gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+        gen = np.random.default_rng(rng)
         oracles = self.oracles(population.schema, eps)
         reports: list[np.ndarray | None] = []
         for j, oracle in enumerate(oracles):

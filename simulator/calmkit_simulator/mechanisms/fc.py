@@ -171,7 +171,7 @@ class FullContingency(Mechanism):
 
     def run(self, population: Population, epsilon: float, k: int, rng: RngLike = None) -> Release:
         self.check(population.schema, population.n, epsilon, k)
-        gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+        gen = np.random.default_rng(rng)
         schema = population.schema
         plan = Plan(schema, validate_epsilon(epsilon), (tuple(range(schema.d)),))
         (table,) = collect_views(population, plan, gen, self.path, self.nonnegative)

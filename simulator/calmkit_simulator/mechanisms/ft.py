@@ -309,7 +309,7 @@ class Fourier(Mechanism):
     ) -> FourierRelease:
         eps = validate_epsilon(epsilon)
         self.check(population.schema, population.n, eps, k)
-        gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+        gen = np.random.default_rng(rng)
         basis = FourierBasis(population.schema, k)
         n, N = population.n, basis.size
         if N == 0:  # every attribute has one category: nothing to report

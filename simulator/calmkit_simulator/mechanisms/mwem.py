@@ -138,7 +138,7 @@ def exponential_mechanism(
     sensitivity) + G_j`` with iid standard Gumbel G_j (Gumbel-max: exactly that
     distribution, and no overflow at any epsilon)."""
     logits = _logits(scores, epsilon, sensitivity)
-    gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+    gen = np.random.default_rng(rng)
     return int(np.argmax(logits + gen.gumbel(size=logits.shape)))
 
 
@@ -157,7 +157,7 @@ def laplace_measure(counts: np.ndarray, epsilon: float, rng: RngLike = None) -> 
     per cell, float64 of the same shape: ``epsilon``-DP, since one record adds to or
     removes from exactly one cell (L1 sensitivity 1). Per-cell variance ``2/epsilon^2``."""
     eps = validate_epsilon(epsilon, "epsilon")
-    gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+    gen = np.random.default_rng(rng)
     c = np.asarray(counts, dtype=np.float64)
     return c + gen.laplace(0.0, 1.0 / eps, size=c.shape)
 
@@ -380,7 +380,7 @@ class Mwem(Mechanism):
         schema, n = population.schema, population.n
         self.check(schema, n, epsilon, k)
         eps = validate_epsilon(epsilon)
-        gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+        gen = np.random.default_rng(rng)
         sizes, d = schema.sizes, schema.d
         full = math.prod(sizes)
         candidates = list(combinations(range(d), k))

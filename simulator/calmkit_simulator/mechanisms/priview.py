@@ -47,7 +47,7 @@ def laplace_views(
     """Every view's marginal over all n records plus Laplace(m/eps) per count, as
     fractions with per-cell variance ``2 (m/eps)^2 / n^2`` (epsilon-DP in total)."""
     eps = validate_epsilon(epsilon, "epsilon")
-    gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+    gen = np.random.default_rng(rng)
     n, scale = population.n, len(views) / eps
     variance = 2 * scale**2 / n**2  # Laplace(b) has variance 2 b^2; counts / n
     tables = []
@@ -76,7 +76,7 @@ class PriView(Mechanism):
 
     def run(self, population: Population, epsilon: float, k: int, rng: RngLike = None) -> Release:
         eps = validate_epsilon(epsilon, "epsilon")
-        gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+        gen = np.random.default_rng(rng)
         seed = int(gen.integers(2**31))
         plan = plan_collection(population.schema, eps, population.n, k, theta=self.theta,
                                l=self.l, m=self.m, rng=seed, seed=seed,
@@ -85,5 +85,5 @@ class PriView(Mechanism):
         final = make_consistent(tables).tables
         if self.shrink:  # iid noise: the contrast variance is the per-cell variance
             final = shrink_interactions(final, [t.variance for t in tables]).tables
-        chosen = {"m": plan.m, "l": max(len(v) for v in plan.views)}
+        chosen: dict[str, object] = {"m": plan.m, "l": max(len(v) for v in plan.views)}
         return _TablesRelease(final, population.schema.shape, chosen)

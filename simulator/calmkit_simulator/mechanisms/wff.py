@@ -418,7 +418,7 @@ def noisy_release(
 ) -> WFFRelease:
     """Algorithm 2's noise step: ``f~_alpha = f_alpha + CN(0, sigma_T^2)`` for every
     coefficient (``exact``: complex128 (plan.coefficients,)), one vectorised draw."""
-    gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+    gen = np.random.default_rng(rng)
     exact = np.asarray(exact, dtype=np.complex128)
     if exact.shape != (plan.coefficients,):
         raise CalmkitError(
@@ -531,7 +531,7 @@ class WeightedFourier(Mechanism):
     ) -> WFFRelease:
         eps = validate_epsilon(epsilon, "epsilon")
         self.check(population.schema, population.n, eps, k)
-        gen = np.random.default_rng(rng)  # type: ignore[arg-type]
+        gen = np.random.default_rng(rng)
         mu = gdp_mu(eps, self.delta)
         workload = self.resolve_workload(population.d, k)
         plan = FourierPlan.build(population.schema.sizes, workload, self.max_supports)
