@@ -38,7 +38,7 @@ PAPER = {  # Fig. 7f (m = 16) and Fig. 4b (Algorithm 1), Kosarak, d = 16, k = 3
     ("m = 16, l = 2", 1.0): 0.0020,
     ("Algorithm 1", 0.2): 0.0055,
 }
-REFERENCE = {  # the independent implementation quoted in issue 3
+REFERENCE = {  # an independent implementation's published figures
     ("Algorithm 1", 0.2): 0.043,
     ("Algorithm 1", 1.0): 0.0036,
     ("Algorithm 1", 2.0): 0.0011,

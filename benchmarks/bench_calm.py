@@ -1,4 +1,4 @@
-"""CALM aggregator speed (issue 3's benchmarks).
+"""CALM aggregator speed.
 
     python benchmarks/bench_calm.py [--runs 5]
 

@@ -1,4 +1,4 @@
-"""Evaluation-harness speed (issue 5).
+"""Evaluation-harness speed.
 
     python benchmarks/bench_harness.py [--runs 3]
 

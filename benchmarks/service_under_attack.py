@@ -1,11 +1,11 @@
 """Slow streams and health under ingest load: the served design against the old one
-(issue 12; docs/security.md "Slow streams", "Health under load").
+(docs/security.md "Slow streams", "Health under load").
 
     python benchmarks/service_under_attack.py [--reps 5] [--users 60000]
 
 Three servers run the same ``AggregatorService`` over a fresh SQLite file:
 
-- ``sync-8`` (baseline, calmkit before issue 12): ``grpc.server`` with 8 worker
+- ``sync-8`` (baseline, calmkit before the hardening): ``grpc.server`` with 8 worker
   threads, the sync health servicer;
 - ``sync-limits`` (the alternative considered): 64 worker threads,
   ``maximum_concurrent_rpcs=48``, at most 8 streams per connection;

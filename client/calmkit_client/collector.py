@@ -1,5 +1,5 @@
 """Client transport: fetch a collection's plan and submit reports over gRPC
-(DESIGN.md "Service"; issue 4).
+(DESIGN.md "Service").
 
 :class:`Collector` is what an app embeds: ``submit(record)`` makes (or recalls, see
 :class:`~calmkit_client.device.DeviceState`) the user's one report for the collection

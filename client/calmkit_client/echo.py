@@ -1,4 +1,4 @@
-"""Bounded echo of untrusted strings (issue 12; docs/security.md "Client strings in
+"""Bounded echo of untrusted strings (docs/security.md "Client strings in
 errors and logs").
 
 Whatever a client sends (collection ids, digests, attribute names) may be huge or

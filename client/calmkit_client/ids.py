@@ -1,4 +1,4 @@
-"""Collection ids (issue 12; docs/security.md "Collection ids").
+"""Collection ids (docs/security.md "Collection ids").
 
 A collection id is 1-64 characters from ``A-Z a-z 0-9 . _ -`` and starts with a letter
 or digit: safe in file names, URLs, logs and shells, and free of control or

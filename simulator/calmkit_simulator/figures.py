@@ -1,4 +1,4 @@
-"""The paper's evaluation figures as task grids (papers/calm-ccs18.txt §5; issue 5).
+"""The paper's evaluation figures as task grids (CALM, CCS 2018, §5).
 
 Each figure is a list of :class:`Panel` s; a panel is a set of :class:`Point` s (a
 series label, an x value, a row value for heatmaps, and the :class:`~.grid.Task`).

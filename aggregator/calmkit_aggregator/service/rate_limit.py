@@ -1,4 +1,4 @@
-"""A per-token submit rate limit (issue 12; docs/security.md "Rate limits").
+"""A per-token submit rate limit (docs/security.md "Rate limits").
 
 A token bucket per submit token, refilled at ``rate`` reports per second up to one
 second's worth. A batch is admitted while the bucket is

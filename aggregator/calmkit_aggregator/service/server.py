@@ -1,4 +1,4 @@
-"""Serving the aggregator safely (issue 12, docs/security.md).
+"""Serving the aggregator safely (docs/security.md).
 
 ``create_server(address, storage)`` -> ``(server, port)``, started. The service runs on
 a ``grpc.aio`` server in its own event-loop thread behind a blocking facade
@@ -178,7 +178,7 @@ def _options() -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.so_reuseport", 0),  # a second server on a bound port fails (issue 12 item 7)
+        ("grpc.so_reuseport", 0),  # a second server on a bound port fails
         ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
         ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_S * 1000),
         ("grpc.max_connection_age_grace_ms", MAX_CONNECTION_AGE_GRACE_S * 1000),

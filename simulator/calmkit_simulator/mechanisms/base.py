@@ -1,4 +1,4 @@
-"""The mechanism interface of the evaluation harness (issue 5; papers/calm-ccs18.txt §3, §5).
+"""The mechanism interface of the evaluation harness (CALM, CCS 2018, §3, §5).
 
 A :class:`Mechanism` takes a population (LDP: each user reports once through the
 oracle classes; central: the dataset itself), epsilon, the workload size k and an
