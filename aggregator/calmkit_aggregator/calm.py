@@ -55,6 +55,6 @@ def reconstruct(
         oracle.contrast_variance(int(n)) if n > 0 else np.inf
         for oracle, n in zip(support.plan.view_oracles, support.n)
     ]
-    shrunk = shrink_interactions(views.tables, contrast)
+    shrunk = shrink_interactions(views.tables, contrast, closure=views.closure)
     views = replace(views, tables=shrunk.tables)
     return MarginalEstimator(support.plan, views, shrinkage=shrunk.factors)

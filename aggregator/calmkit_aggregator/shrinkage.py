@@ -61,16 +61,20 @@ def shrink_interactions(
     contrast_variance: Sequence[float],
     tol: float = 1e-12,
     max_iter: int = 1000,
+    closure: Sequence[tuple[int, ...]] | None = None,
 ) -> ShrunkViews:
     """Shrink every view's unshared interactions (module docstring). ``tables`` must
     be consistent; ``contrast_variance[i]`` is view i's oracle noise per contrast
-    dimension (:meth:`FrequencyOracle.contrast_variance`; 0 exact, inf no reports)."""
+    dimension (:meth:`FrequencyOracle.contrast_variance`; 0 exact, inf no reports).
+    ``closure``: the views' intersection closure when already known
+    (:attr:`~.consistency.ConsistentViews.closure`), else computed here."""
     if len(contrast_variance) != len(tables):
         raise CalmkitError(
             f"contrast_variance (length {len(contrast_variance)}) must have one entry "
             f"per view ({len(tables)})"
         )
-    closure = intersection_closure([t.attrs for t in tables])
+    if closure is None:
+        closure = intersection_closure([t.attrs for t in tables])
     bases, factors = [], []
     for t, c in zip(tables, contrast_variance):
         if len(t.attrs) == 1 or c == 0:  # no interactions, or nothing to doubt

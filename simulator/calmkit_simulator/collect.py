@@ -31,7 +31,7 @@ from calmkit_aggregator.uncertainty import sample_support
 from calmkit_client import CalmkitError, Plan, make_reports
 from calmkit_client.randomness import RngLike
 
-from .population import Population
+from .population import Population, cells_of
 
 __all__ = ["PATHS", "collect_support", "true_view_counts"]
 
@@ -55,9 +55,13 @@ def true_view_counts(
         raise CalmkitError("population schema must equal the plan's schema")
     views = plan.assign_many(_user_ids(population, user_ids))
     n = np.bincount(views, minlength=plan.m).astype(np.int64)
+    # group users by view once (a stable sort: O(n log n), not a mask per view)
+    order = np.argsort(views, kind="stable")
+    bounds = np.searchsorted(views[order], np.arange(plan.m + 1))
     counts = []
     for j, view in enumerate(plan.views):
-        cells = plan.schema.cell_index(population.codes[views == j], view)
+        rows = order[bounds[j] : bounds[j + 1]]
+        cells = cells_of(plan.schema, population.codes[rows], tuple(view))
         counts.append(np.bincount(cells, minlength=plan.view_oracles[j].L).astype(np.int64))
     return n, counts
 
