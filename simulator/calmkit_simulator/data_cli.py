@@ -246,7 +246,7 @@ def _run_grid(name: str, tasks: list[Any], args: argparse.Namespace) -> dict[str
         progress.close()
         cache.close()
     return {"results": results, "elapsed": elapsed, "runs": runs, "interrupted": interrupted,
-            "total": len(unique)}  # fmt: skip
+            "total": len(unique), "computed": len(results) - cached}  # fmt: skip
 
 
 def _finish_grid(name: str, grid: dict[str, Any], paths: dict[str, Any] | None,
@@ -258,7 +258,8 @@ def _finish_grid(name: str, grid: dict[str, Any], paths: dict[str, Any] | None,
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     missing = sorted({r["message"] for r in results.values() if r["status"] == "missing_data"})
     summary = {"figure": name, "tasks": len(results), "of": grid["total"], "status": counts,
-               "seconds": round(grid["elapsed"], 1), "interrupted": grid["interrupted"],
+               "computed": grid["computed"], "seconds": round(grid["elapsed"], 1),
+               "interrupted": grid["interrupted"],
                "outputs": {k: str(v) for k, v in (paths or {}).items()},
                "kept_existing": paths is None}  # fmt: skip
     if args.json:

@@ -11,7 +11,6 @@ import itertools
 import math
 import os
 import re
-import time
 from pathlib import Path
 
 import numpy as np
@@ -81,12 +80,11 @@ def test_verify_cover_misses_a_dropped_block() -> None:
         assert not verify_cover(blocks[:j] + blocks[j + 1 :], 8, 3)
 
 
-def test_verify_cover_is_vectorised() -> None:
-    blocks = list(itertools.combinations(range(32), 3))  # 4960 blocks, every 3-set
-    start = time.perf_counter()
+def test_verify_cover_on_every_3_set() -> None:
+    """4960 blocks (speed: benchmarks/bench_planner.py times cover construction)."""
+    blocks = list(itertools.combinations(range(32), 3))
     assert verify_cover(blocks, 32, 3)
     assert not verify_cover(blocks[1:], 32, 3)
-    assert time.perf_counter() - start < 2.0  # milliseconds in practice
 
 
 @pytest.mark.parametrize(
@@ -189,12 +187,9 @@ def test_blow_up_doubles_a_cover() -> None:
 
 @pytest.mark.parametrize(("d", "l", "k", "best"), TARGETS)
 def test_sizes_near_best_known(d: int, l: int, k: int, best: int) -> None:  # noqa: E741
-    start = time.perf_counter()
     blocks = construct_cover(d, k, l, rng=0)
-    elapsed = time.perf_counter() - start
     check_cover(blocks, d, k, l)
     assert len(blocks) <= TOLERANCE * best, (len(blocks), best)
-    assert elapsed < 30  # ~1 s each on a laptop core; a generous guard against blow-ups
 
 
 def test_lower_bound_values() -> None:

@@ -529,14 +529,10 @@ def test_concurrent_writers(tmp_path: Path, plan: Plan) -> None:
         assert_counts_equal(store.support("abc"), expected)
 
 
-def test_large_batch_is_fast(store: Storage, plan: Plan) -> None:
+def test_large_batch_and_its_retry(store: Storage, plan: Plan) -> None:
+    """A 10,000-report batch and its full retry (speed: benchmarks/bench_service.py)."""
     store.create_collection("abc", plan, 2, TOKEN_HASH)
     batches, reports = simulate(plan, 10_000, seed=13)
-    t0 = time.perf_counter()
     assert store.add_reports("abc", plan.digest, reports) == BatchOutcome(10_000, 0)
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
     assert store.add_reports("abc", plan.digest, reports) == BatchOutcome(0, 10_000)
-    retry = time.perf_counter() - t0
-    assert first < 1.0 and retry < 1.0, (first, retry)
     assert_counts_equal(store.support("abc"), SupportCounts.from_reports(plan, batches))

@@ -165,33 +165,35 @@ def test_payload_values_are_checked_against_the_view_oracle(server: Server) -> N
 
 def test_status_codes(server: Server) -> None:
     info = _create(server.address)
-    with pytest.raises(CollectionExists):
+    with pytest.raises(CollectionExists, match=r"collection_id \('c1'\) already exists"):
         _create(server.address)
     device = DeviceState.in_memory()
     batch = _batch(info, slice(0, 5), device)
-    with pytest.raises(AccessDenied):
+    with pytest.raises(AccessDenied, match=r"submit token\) is missing or wrong"):
         _submit(server.address, batch, "wrong-token-wrong-token")
     assert _submit(server.address, batch, info.submit_token).accepted == 5
     assert _submit(server.address, batch, info.submit_token).duplicates == 5  # a retry
     device.forget("c1")  # a device that forgot its reports makes new ones: refused
     other = _batch(info, slice(0, 5), device)
-    with pytest.raises(ReportConflict):
+    with pytest.raises(
+        ReportConflict, match=r"reports\[0\]\.pseudonym \(b.*already holds a report"
+    ):
         _submit(server.address, other, info.submit_token)
     stale = _batch(info, slice(5, 10))
     stale.plan_digest = "0" * 64
-    with pytest.raises(PlanMismatch):
+    with pytest.raises(PlanMismatch, match=r"plan_digest \('0000.*must be one of the collection"):
         _submit(server.address, stale, info.submit_token)
     missing = _batch(info, slice(5, 10))
     missing.collection_id = "nope"
-    with pytest.raises(CollectionNotFound):
+    with pytest.raises(CollectionNotFound, match=r"collection_id \('nope'\) not found"):
         _submit(server.address, missing, info.submit_token)
     with AdminClient(server.address) as admin:
         admin.close_collection("c1")
-        with pytest.raises(CollectionNotFound):
+        with pytest.raises(CollectionNotFound, match=r"collection_id \('nope'\) not found"):
             admin.query("nope", ["a0"])
         with pytest.raises(CalmkitError, match="a9"):
             admin.query("c1", ["a0", "a9"])
-    with pytest.raises(CollectionClosed):
+    with pytest.raises(CollectionClosed, match=r"collection_id \('c1'\) is closed: it accepts no"):
         _submit(server.address, _batch(info, slice(5, 10)), info.submit_token)
     assert int(server.storage.support("c1").n.sum()) == 5
 
@@ -199,7 +201,10 @@ def test_status_codes(server: Server) -> None:
 def test_admin_token_is_required_when_configured(tmp_path: Path) -> None:
     srv = Server(tmp_path, admin_token="s3cret-admin-token-123")
     try:
-        with AdminClient(srv.address) as anonymous, pytest.raises(AccessDenied):
+        with (
+            AdminClient(srv.address) as anonymous,
+            pytest.raises(AccessDenied, match=r"admin bearer token\) is missing or wrong"),
+        ):
             anonymous.create_collection(POP.schema, 1.0, POP.n, 3)
         with AdminClient(srv.address, "s3cret-admin-token-123") as admin:
             assert admin.create_collection(POP.schema, 1.0, POP.n, 3).state == "open"
@@ -258,8 +263,9 @@ def test_retries_back_off_on_unavailable_only() -> None:
         raise _Unavailable(grpc.StatusCode.INVALID_ARGUMENT)
 
     calls.clear()
-    with pytest.raises(CalmkitError):
+    with pytest.raises(CalmkitError, match=r"^INVALID_ARGUMENT: test$") as err:
         call_with_retry(invalid, None, policy, sleep=sleeps.append)
+    assert type(err.value) is CalmkitError  # the base class: no subclass for this code
     assert len(calls) == 1
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from calmkit_client.errors import SchemaError
 from calmkit_simulator import (
     DatasetError,
     load_csv,
@@ -79,7 +80,7 @@ def test_csv_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"CSV row 3 \(1 fields\) must have 2 fields"):
         load_csv(path)
     path.write_text("a,b\n1,2\n")
-    with pytest.raises(Exception, match=r"value of 'a' \('1'\) must be one of \['x'\]"):
+    with pytest.raises(SchemaError, match=r"value of 'a' \('1'\) must be one of \['x'\]"):
         load_csv(path, {"a": ["x"]})
     with pytest.raises(DatasetError, match=r"domain column \('c'\)"):
         load_csv(path, {"c": 2})

@@ -52,7 +52,7 @@ def test_quick_grid_writes_csv_png_and_markdown(
 
     # a second run finds every task in the cache: nothing is recomputed
     again = _run([*argv, "--jobs", "1", "--json"], capsys)
-    assert again["status"] == {"ok": 12} and float(str(again["seconds"])) < 1.0
+    assert again["status"] == {"ok": 12} and again["computed"] == 0
     # the report keeps the run that computed the tasks, with its wall time
     report = (out / "results.md").read_text()
     assert report.count("12 tasks in") == 1 and "0 tasks in" not in report
