@@ -43,7 +43,7 @@ class MarginalEstimator:
 
 
 def reconstruct(
-    support: SupportCounts, tol: float = 1e-9, max_iter: int = 100, shrink: bool = True
+    support: SupportCounts, tol: float = 1e-9, max_iter: int = 1000, shrink: bool = True
 ) -> MarginalEstimator:
     """Estimate every view, make them consistent and non-negative, then (unless
     ``shrink=False``, the paper's pipeline exactly) shrink each view's unshared

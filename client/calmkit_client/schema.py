@@ -22,6 +22,8 @@ from .errors import SchemaError
 
 __all__ = ["AttrRef", "Attribute", "Schema"]
 
+_VALIDATE_ROWS = 1 << 16  # rows per block when codes are range-checked
+
 AttrRef = int | str
 Label = str | int
 
@@ -286,13 +288,20 @@ class Schema:
             raise SchemaError(f"codes (shape {arr.shape}) must have shape (n, {self.d})")
         if arr.size and arr.dtype.kind not in "iu":
             raise SchemaError(f"codes (dtype {arr.dtype}) must be integers")
-        if arr.size:
-            bad = (arr < 0) | (arr >= np.asarray(self.sizes))
+        sizes = np.asarray(self.sizes)
+        signed = arr.dtype.kind == "i"
+        # checked in row blocks: the temporaries stay small next to the codes themselves
+        for start in range(0, arr.shape[0], _VALIDATE_ROWS):
+            block = arr[start : start + _VALIDATE_ROWS]
+            bad = block >= sizes
+            if signed:
+                bad |= block < 0
             if bad.any():
                 row, j = (int(x[0]) for x in np.nonzero(bad))
                 a = self.attributes[j]
                 raise SchemaError(
-                    f"code of {a.name!r} ({int(arr[row, j])}, row {row}) must be in [0, {a.size})"
+                    f"code of {a.name!r} ({int(block[row, j])}, row {start + row}) "
+                    f"must be in [0, {a.size})"
                 )
         return arr
 

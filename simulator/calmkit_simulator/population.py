@@ -17,9 +17,10 @@ __all__ = ["Population"]
 def cells_of(schema: Schema, codes: np.ndarray, attrs: tuple[int, ...]) -> np.ndarray:
     """:meth:`Schema.cell_index` for codes already validated (a :class:`Population`'s,
     checked once when it was made): only the ``attrs`` columns are read. int64 (n,)."""
-    if not attrs:
-        return np.zeros(codes.shape[0], dtype=np.int64)
-    cells: np.ndarray = codes[:, list(attrs)].astype(np.int64) @ schema.strides(attrs)
+    cells = np.zeros(codes.shape[0], dtype=np.int64)
+    # one column at a time: the temporaries are (n,), not (n, len(attrs))
+    for a, stride in zip(attrs, schema.strides(attrs).tolist()):
+        cells += codes[:, a] if stride == 1 else codes[:, a] * np.int64(stride)
     return cells
 
 

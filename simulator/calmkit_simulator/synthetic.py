@@ -16,7 +16,7 @@ import numpy as np
 from calmkit_client import CalmkitError, Schema
 from calmkit_client.randomness import RngLike
 
-from .population import Population
+from .population import Population, cells_of
 
 __all__ = ["BayesianNetwork", "synthetic_population"]
 
@@ -62,11 +62,13 @@ class BayesianNetwork:
         return cls(schema, tuple(parents), tuple(cpts))
 
     def sample(self, n: int, rng: RngLike = None) -> np.ndarray:
-        """Codes (n, d) of n independent records (inverse-CDF per attribute)."""
+        """Codes (n, d) of n independent records (inverse-CDF per attribute), in
+        ``schema.code_dtype``."""
         gen = np.random.default_rng(rng)
-        codes = np.zeros((n, self.schema.d), dtype=np.int64)
+        # the schema's smallest code dtype: an (n, d) int64 array would be 8x the codes
+        codes = np.zeros((n, self.schema.d), dtype=self.schema.code_dtype)
         for i, (pa, cpt) in enumerate(zip(self.parents, self.cpts)):
-            config = self.schema.cell_index(codes, pa) if pa else np.zeros(n, np.int64)
+            config = cells_of(self.schema, codes, pa)  # columns < i, already in range
             cum = np.cumsum(cpt, axis=1)[config]  # (n, size_i)
             u = gen.random(n)[:, None]
             codes[:, i] = np.minimum((u >= cum).sum(axis=1), cpt.shape[1] - 1)

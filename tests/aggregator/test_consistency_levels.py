@@ -2,7 +2,7 @@
 size together, over views stacked by shape). On random view sets (mixed sizes and
 category counts, exact and noisy views) it must give what the plain one-set-at-a-time
 algorithm gives, to rounding, in the same number of rounds, and it must meet its
-stated residuals when it stops before ``max_iter``."""
+stated residuals (it converges before ``max_iter`` on every one of them)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from calmkit_aggregator import MarginalTable, intersection_closure, make_consist
 from calmkit_aggregator.consistency import _steps
 
 
-def _reference(tables: list[MarginalTable], tol: float = 1e-9, max_iter: int = 100):  # type: ignore[no-untyped-def]
+def _reference(tables: list[MarginalTable], tol: float = 1e-9, max_iter: int = 1000):  # type: ignore[no-untyped-def]
     """The sequential algorithm: one closure set at a time, one member at a time."""
     steps = _steps(tables, intersection_closure([t.attrs for t in tables]))
     values = [t.values.copy() for t in tables]
@@ -66,5 +66,6 @@ def test_levels_at_once_equal_one_set_at_a_time(seed: int) -> None:
     for table, expected in zip(out.tables, values):
         np.testing.assert_allclose(table.values, expected, rtol=0, atol=1e-12)
     assert out.inconsistency == pytest.approx(spread, abs=1e-12)
-    if out.iterations < 100:  # it stopped on its own: the residuals it states hold
-        assert out.inconsistency <= 1e-9 and out.negativity <= 1e-9
+    # it converges: stops on its own, well before the guard, with the residuals it states
+    assert out.iterations < 1000
+    assert out.inconsistency <= 1e-9 and out.negativity <= 1e-9

@@ -121,6 +121,15 @@ def test_out_of_range_codes_name_attribute_row_and_value() -> None:
         schema.cell_index([[-1, 0]], [0, 1])
     with pytest.raises(SchemaError, match=r"cell \(6\) must be an int in \[0, 6\)"):
         schema.cell_codes([6], [0, 1])
+    # checked in blocks of rows: the first bad code of a later block, with its real row
+    many = np.zeros((200_000, 2), dtype=np.uint8)
+    many[150_001, 1], many[190_000, 0] = 3, 2
+    with pytest.raises(SchemaError, match=r"code of 'a1' \(3, row 150001\) must be in"):
+        schema.validate_codes(many)
+    signed = np.zeros((100_000, 2), dtype=np.int16)
+    signed[70_000, 0] = -2
+    with pytest.raises(SchemaError, match=r"code of 'a0' \(-2, row 70000\)"):
+        schema.validate_codes(signed)
     with pytest.raises(SchemaError, match=r"attribute \('a9'\) must be one of"):
         schema.shape(["a9"])
     with pytest.raises(SchemaError, match="must not repeat"):

@@ -72,3 +72,23 @@ def test_estimates_from_fast_counts_are_unbiased() -> None:
         truth = true_counts[j] / n[j]
         est = oracle.estimate(support.counts[j], int(n[j]))
         assert_z(est, truth, oracle.variance(int(n[j]), truth))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_grouped_counting_equals_one_mask_per_view(seed: int) -> None:
+    """The grouped counts (one stable sort) equal, bit for bit, the plain algorithm:
+    a boolean mask over all users per view and the schema's validated ``cell_index``."""
+    rng = np.random.default_rng(seed)
+    pop = synthetic_population(n=5000, sizes=(2, 3, 5, 2, 4), strength=1.0, rng=seed)
+    views = [sorted(rng.choice(5, size=int(rng.integers(1, 4)), replace=False).tolist())
+             for _ in range(7)]  # fmt: skip
+    plan = Plan(pop.schema, 1.0, views, seed=seed)
+    ids = rng.permutation(1 << 20)[: pop.n].astype(np.uint64)  # not 0..n-1
+    n, counts = true_view_counts(pop, plan, ids)
+    assigned = plan.assign_many(ids)
+    for j, view in enumerate(plan.views):
+        mask = assigned == j
+        cells = pop.schema.cell_index(pop.codes[mask], view)
+        expected = np.bincount(cells, minlength=plan.view_oracles[j].L)
+        assert n[j] == mask.sum()
+        assert counts[j].dtype == np.int64 and np.array_equal(counts[j], expected)

@@ -68,3 +68,20 @@ def test_cap_categories_ordered_and_nominal() -> None:
     assert sorted(top[[schema.attributes[1].categories.index(k) for k in kept]]) == sorted(
         np.sort(top)[-2:]
     )
+
+
+def test_synthetic_codes_in_the_schemas_smallest_dtype() -> None:
+    """Sampled straight into ``code_dtype`` (uint8 here): an int64 (n, d) working array
+    would be 8x the population, and the sampled records are unchanged by it."""
+    net = BayesianNetwork.random((2, 3, 2, 4), strength=1.0, rng=5)
+    codes = net.sample(4000, rng=6)
+    assert codes.dtype == np.uint8
+    # the same draws through the validated (int64) cell index
+    gen = np.random.default_rng(6)
+    wide = np.zeros(codes.shape, dtype=np.int64)
+    for i, (pa, cpt) in enumerate(zip(net.parents, net.cpts)):
+        config = net.schema.cell_index(wide, pa) if pa else np.zeros(len(wide), np.int64)
+        cum = np.cumsum(cpt, axis=1)[config]
+        wide[:, i] = np.minimum((gen.random(len(wide))[:, None] >= cum).sum(axis=1),
+                                cpt.shape[1] - 1)  # fmt: skip
+    assert np.array_equal(codes, wide)
