@@ -6,11 +6,18 @@ pilot first unless ``pilot=0`` or both ``l`` and ``m`` are fixed: a random
 ``pilot`` fraction of the users reports on disjoint pairs, the profile estimated from
 their reports picks the views of the others, and the estimate uses both phases.
 ``"paper"`` is Algorithm 1 in one phase.
+
+One-phase plans are made once per setting (schema, n, k, epsilon, planner, theta,
+l, m) and reused by every repetition, as one deployment plans once: the views are a
+deterministic function of the setting (view randomness seeded 0), memoised per
+process; each repetition still draws its own assignment seed and reports.
+``replan=True`` draws new views from every repetition's seed instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
@@ -24,7 +31,7 @@ from calmkit_aggregator.pilot import (
     plan_after_pilot,
 )
 from calmkit_aggregator.planner import PLANNERS, workload_of
-from calmkit_client import CalmkitError
+from calmkit_client import CalmkitError, Plan, Schema
 from calmkit_client.randomness import RngLike
 
 from ..collect import collect_support
@@ -45,10 +52,28 @@ class _CalmRelease(Release):
         return dict(self.chosen)
 
 
+@lru_cache(maxsize=32)
+def _setting_views(
+    schema: Schema,
+    epsilon: float,
+    n: int,
+    k: int,
+    theta: float,
+    l: int | None,  # noqa: E741 (the paper's name)
+    m: int | None,
+    planner: str,
+) -> tuple[tuple[int, ...], ...]:
+    """The views of one setting, planned once per process (view randomness seeded 0)."""
+    plan = plan_collection(schema, epsilon, n, k, theta=theta, l=l, m=m, rng=0, seed=0,
+                           planner=planner)  # fmt: skip
+    return plan.views
+
+
 class Calm(Mechanism):
     """CALM with a planner (``"pipeline"`` with a pilot of ``pilot`` of the users, or
     ``"paper"``: Algorithm 1 with ``theta``), optionally fixed ``m``/``l``, the
-    collection path and shrinkage."""
+    collection path and shrinkage; ``replan``: new views every repetition instead of
+    one plan per setting (see the module docstring)."""
 
     name = "CALM"
 
@@ -61,13 +86,14 @@ class Calm(Mechanism):
         shrink: bool = True,
         planner: str = "pipeline",
         pilot: float = PILOT_FRACTION,
+        replan: bool = False,
     ) -> None:
         if planner not in PLANNERS:
             raise CalmkitError(f"planner ({planner!r}) must be one of {list(PLANNERS)}")
         if not (isinstance(pilot, (int, float)) and 0 <= pilot < 1):
             raise CalmkitError(f"pilot ({pilot!r}) must be a fraction in [0, 1)")
         self.theta, self.m, self.l, self.path, self.shrink = theta, m, l, path, shrink
-        self.planner, self.pilot = planner, float(pilot)
+        self.planner, self.pilot, self.replan = planner, float(pilot), bool(replan)
 
     def run(self, population: Population, epsilon: float, k: int, rng: RngLike = None) -> Release:
         gen = np.random.default_rng(rng)
@@ -75,9 +101,14 @@ class Calm(Mechanism):
         phased = (self.planner == "pipeline" and self.pilot > 0 and population.n >= 2
                   and (self.l is None or self.m is None))  # fmt: skip
         if not phased:
-            plan = plan_collection(population.schema, epsilon, population.n, k,
-                                   theta=self.theta, l=self.l, m=self.m, rng=seed, seed=seed,
-                                   planner=self.planner)  # fmt: skip
+            if self.replan:
+                plan = plan_collection(population.schema, epsilon, population.n, k,
+                                       theta=self.theta, l=self.l, m=self.m, rng=seed, seed=seed,
+                                       planner=self.planner)  # fmt: skip
+            else:
+                views = _setting_views(population.schema, float(epsilon), population.n, k,
+                                       self.theta, self.l, self.m, self.planner)  # fmt: skip
+                plan = Plan(population.schema, epsilon, views, seed=seed)
             support = collect_support(population, plan, gen, path=self.path)
             chosen: dict[str, object] = {"m": plan.m, "l": max(len(v) for v in plan.views)}
             return _CalmRelease(reconstruct(support, shrink=self.shrink), chosen)

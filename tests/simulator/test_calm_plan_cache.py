@@ -1,0 +1,56 @@
+"""CALM in the harness plans once per setting: repetitions reuse the views (each with
+its own assignment seed and reports); ``replan=True`` plans every repetition."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from calmkit_aggregator import plan_collection
+from calmkit_simulator import synthetic_population
+from calmkit_simulator.mechanisms import calm as calm_module
+from calmkit_simulator.mechanisms.calm import Calm
+
+POP = synthetic_population(n=4000, sizes=(2,) * 7, strength=1.0, rng=3)
+
+
+@pytest.fixture
+def planned(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """Every call of the planner, by keyword arguments; the memo starts empty."""
+    calls: list[dict[str, Any]] = []
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return plan_collection(*args, **kwargs)
+
+    calm_module._setting_views.cache_clear()
+    monkeypatch.setattr(calm_module, "plan_collection", counting)
+    yield calls
+    calm_module._setting_views.cache_clear()
+
+
+def test_repetitions_share_one_plan(planned: list[dict[str, Any]]) -> None:
+    mech = Calm(planner="paper")
+    gen = np.random.default_rng(0)
+    answers = [mech.run(POP, 1.0, 3, gen).answer((0, 1, 2)) for _ in range(3)]
+    other_eps = Calm(planner="paper").run(POP, 2.0, 3, gen)
+    assert len(planned) == 2  # one per setting: eps 1 once for three reps, eps 2 once
+    assert planned[0]["rng"] == 0
+    # the reps are not copies of each other: fresh reports every time
+    assert not np.array_equal(answers[0], answers[1])
+    assert other_eps.describe()["m"] >= 1
+    views = calm_module._setting_views(POP.schema, 1.0, POP.n, 3, mech.theta, None, None, "paper")
+    expected = plan_collection(POP.schema, 1.0, POP.n, 3, planner="paper", rng=0).views
+    assert views == expected
+
+
+def test_replan_plans_every_repetition_from_its_seed(planned: list[dict[str, Any]]) -> None:
+    mech = Calm(planner="paper", replan=True)
+    gen = np.random.default_rng(0)
+    for _ in range(3):
+        mech.run(POP, 1.0, 3, gen)
+    assert len(planned) == 3
+    assert len({c["rng"] for c in planned}) == 3
