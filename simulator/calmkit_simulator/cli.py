@@ -350,6 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "folder that `calmkit datasets fetch` fills)")  # fmt: skip
     exp.add_argument("--jobs", type=POSITIVE, default=None,
                      help="worker processes (default: all cores)")
+    exp.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                     help="run the tasks on a Dask cluster: 'local' starts a LocalCluster "
+                     "of --jobs workers, tcp://host:8786 uses a running scheduler (its "
+                     "workers need calmkit installed); same results as --jobs")  # fmt: skip
     exp.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib)")
     _json(exp, "print a JSON summary instead of text")
     exp.epilog = ("Exit status: 0 all tasks ran; 3 some task had no data (`calmkit datasets "

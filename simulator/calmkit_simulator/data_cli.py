@@ -235,7 +235,8 @@ def _run_grid(name: str, tasks: list[Any], args: argparse.Namespace) -> dict[str
     try:
         try:
             results = run_tasks(list(unique.values()), cache, args.data_dir, jobs=jobs,
-                                progress=progress.update)  # fmt: skip
+                                progress=progress.update,
+                                scheduler=getattr(args, "scheduler", None))  # fmt: skip
         except KeyboardInterrupt:
             interrupted = True
             results = {k: r for k, t in unique.items() if (r := cache.get(t)) is not None}

@@ -38,7 +38,7 @@ from .experiment import random_queries, sse
 from .mechanisms import NotScalable, make_mechanism
 from .population import Population
 
-__all__ = ["ResultCache", "Task", "run_tasks"]
+__all__ = ["ResultCache", "Task", "load_population", "run_task", "run_tasks"]
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,8 @@ class _Memo:
 _MEMO = _Memo()
 
 
-def _population(task: Task, data_dir: str | None) -> Population:
+def load_population(task: Task, data_dir: str | None) -> Population:
+    """The task's population (memoised per process, at most 4 at a time)."""
     key = task.population_key()
     if key not in _MEMO.populations:
         if len(_MEMO.populations) >= 4:  # keep memory bounded on long grids
@@ -187,6 +188,8 @@ def _queries(
 ) -> tuple[list[tuple[int, ...]], list[np.ndarray]]:
     key = (task.population_key(), task.query_k, task.queries, rep)
     if key not in _MEMO.truths:
+        if len(_MEMO.truths) >= 4096:  # populations shipped by a cluster bypass the clear
+            _MEMO.truths.clear()
         qs = random_queries(
             pop.d, task.query_k, task.queries,
             np.random.SeedSequence([task.seed, pop.d, task.query_k, rep]),
@@ -195,9 +198,13 @@ def _queries(
     return _MEMO.truths[key]
 
 
-def run_task(task: Task, data_dir: str | None = None) -> dict[str, Any]:
+def run_task(
+    task: Task, data_dir: str | None = None, population: Population | None = None
+) -> dict[str, Any]:
     """Run ``task``: ``{"status": "ok", "sse": [...], ...}`` per repetition, or
-    ``{"status": "not_scalable" | "invalid" | "missing_data", "message": ...}``."""
+    ``{"status": "not_scalable" | "invalid" | "missing_data", "message": ...}``.
+    ``population``: the task's population when the caller has it (a cluster ships it
+    to the workers once), else loaded from ``data_dir``."""
     options = dict(task.options)
     # The figures reproduce the paper: CALM plans with Algorithm 1 unless a task names
     # another planner (the planner benchmark does).
@@ -206,7 +213,7 @@ def run_task(task: Task, data_dir: str | None = None) -> dict[str, Any]:
     try:
         if task.kind == "classify":  # checked on the training attributes, inside
             return _run_classify(task, data_dir, mechanism)
-        pop = _population(task, data_dir)
+        pop = population if population is not None else load_population(task, data_dir)
     except DatasetError as exc:
         return {"status": "missing_data", "message": str(exc)}
     try:
@@ -290,11 +297,13 @@ def run_tasks(
     data_dir: Path | str | None = None,
     jobs: int = 1,
     progress: Callable[[int], None] | None = None,
+    scheduler: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Every task's result, from ``cache`` or computed (and cached at once).
 
-    ``jobs > 1`` runs tasks in that many worker processes; results are the same as
-    with one. An interruption loses at most the tasks in flight.
+    ``jobs > 1`` runs tasks in that many worker processes; ``scheduler`` on a Dask
+    cluster instead (``"local"``: ``jobs`` local workers; see :mod:`.cluster`).
+    Results are the same either way. An interruption loses at most the tasks in flight.
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise CalmkitError(f"jobs ({jobs!r}) must be an int >= 1")
@@ -312,6 +321,14 @@ def run_tasks(
     # populations together, so each worker's memo is reused
     todo.sort(key=lambda t: (str(t.population_key()), t.query_k, t.mechanism, t.epsilon))
     where = None if data_dir is None else str(data_dir)
+    if scheduler is not None and todo:
+        from .cluster import run_on_cluster
+
+        def finished(task: Task, result: dict[str, Any]) -> None:
+            results[task.key()] = _finish(cache, task, result, progress)
+
+        run_on_cluster(todo, scheduler, jobs, where, finished)
+        return results
     if jobs == 1 or len(todo) <= 1:
         for task in todo:
             results[task.key()] = _finish(cache, task, run_task(task, where), progress)
