@@ -2,7 +2,7 @@
 against a baseline checkout, in the same run.
 
     python benchmarks/bench_scaling.py [--d 32 64 128] [--k 3 6] [--log2n 20 22]
-        [--baseline-ref 17a4a4d] [--planner paper]
+        [--baseline-ref 6107690] [--planner pipeline|paper]
 
 For every (d, k, n) setting there is a synthetic population of binary attributes (the
 same seed for both designs). One repetition is timed by stage, in CPU seconds of a
@@ -11,8 +11,12 @@ fresh process that imports the design's code:
 - collect: every user's report under the plan, as support counts (the fast path);
 - reconstruct: estimates, consistency, shrinkage;
 - answer: 50 random k-way queries and their true marginals.
-Also printed: peak memory (max RSS) over the population's codes, and consistency's
-rounds and final residual.
+``--planner pipeline`` (the default, as ``calmkit simulate``): a pilot of 10% of the
+users on attribute pairs, then the planned views; plan counts both planning steps,
+collect both phases. Also printed: peak memory (max RSS above the interpreter and
+imports, making the population included) as a multiple of the population's codes,
+consistency's rounds and final residual (the larger of inconsistency and negativity),
+and the CPU seconds of making the population (not part of the repetition).
 
 baseline: the code at ``--baseline-ref``, checked out with ``git worktree``; by default
 the commit before the vectorised consistency, grouped counting and single validation.
@@ -37,28 +41,51 @@ PACKAGES = ("client", "aggregator", "simulator", "protos")
 BASELINE_REF = "6107690"  # before the simulation hot paths were vectorised
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * resource.getpagesize() / 2**20
+
+
 def _measure(code: str, d: int, k: int, log2n: int, planner: str) -> dict[str, Any]:
     sys.path[:0] = [str(Path(code) / p) for p in PACKAGES]
     import numpy as np
 
     from calmkit_aggregator.calm import reconstruct
-    from calmkit_aggregator.planner import plan_collection
+    from calmkit_aggregator.pilot import combine_phases, pilot_plan, pilot_size, plan_after_pilot
+    from calmkit_aggregator.planner import plan_collection, workload_of
     from calmkit_simulator import synthetic_population
     from calmkit_simulator.collect import collect_support
 
-    pop = synthetic_population(n=1 << log2n, sizes=(2,) * d, strength=1.0, rng=0)
-    gen = np.random.default_rng(1)
+    before = _rss_mb()  # the interpreter and the imports
     out: dict[str, Any] = {}
 
     def stage(name: str, fn: Any) -> Any:
         t0 = time.process_time()
         value = fn()
-        out[name] = time.process_time() - t0
+        out[name] = out.get(name, 0.0) + time.process_time() - t0
         return value
 
-    plan = stage("plan", lambda: plan_collection(pop.schema, 1.0, pop.n, k, planner=planner,
-                                                 seed=3, rng=3))  # fmt: skip
-    support = stage("collect", lambda: collect_support(pop, plan, gen))
+    pop = stage("population", lambda: synthetic_population(n=1 << log2n, sizes=(2,) * d,
+                                                           strength=1.0, rng=0))  # fmt: skip
+    gen = np.random.default_rng(1)
+    if planner == "paper":
+        plan = stage("plan", lambda: plan_collection(pop.schema, 1.0, pop.n, k, planner=planner,
+                                                     seed=3, rng=3))  # fmt: skip
+        support = stage("collect", lambda: collect_support(pop, plan, gen))
+        out["m"], out["l"] = plan.m, max(len(v) for v in plan.views)
+    else:  # the default: a pilot of 10% on pairs, then the planned views (calmkit simulate)
+        first = stage("plan", lambda: pilot_plan(pop.schema, 1.0, seed=3))
+        order = gen.permutation(pop.n)
+        cut = pilot_size(pop.n, 0.1)
+        users, rest = np.sort(order[:cut]), np.sort(order[cut:])
+        pilot = stage("collect", lambda: collect_support(pop.take(users), first, gen,
+                                                         user_ids=users))  # fmt: skip
+        main = stage("plan", lambda: plan_after_pilot(pilot, rest.size, workload_of(
+            pop.schema, k, None), seed=4))  # fmt: skip
+        later = stage("collect", lambda: collect_support(pop.take(rest), main.plan, gen,
+                                                         user_ids=rest))  # fmt: skip
+        support = stage("reconstruct", lambda: combine_phases([pilot, later]))
+        out["m"], out["l"] = main.plan.m, max(len(v) for v in main.plan.views)
     estimator = stage("reconstruct", lambda: reconstruct(support))
     queries = [tuple(sorted(gen.choice(d, size=k, replace=False).tolist())) for _ in range(50)]
 
@@ -70,10 +97,10 @@ def _measure(code: str, d: int, k: int, log2n: int, planner: str) -> dict[str, A
 
     out["sse"] = stage("answer", answer)
     out["total"] = sum(out[s] for s in ("plan", "collect", "reconstruct", "answer"))
-    out["m"], out["l"] = plan.m, max(len(v) for v in plan.views)
     views = estimator.views
     out["rounds"], out["residual"] = views.iterations, views.inconsistency
-    out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["negativity"] = views.negativity
+    out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
     out["codes_mb"] = pop.codes.nbytes / 2**20
     return out
 
@@ -103,7 +130,11 @@ def main() -> int:
     parser.add_argument("--k", type=int, nargs="+", default=[3, 6])
     parser.add_argument("--log2n", type=int, nargs="+", default=[20, 22])
     parser.add_argument("--baseline-ref", default=BASELINE_REF)
-    parser.add_argument("--planner", default="paper", choices=["paper", "pipeline"])
+    parser.add_argument("--baseline-max-cells", type=int, default=1 << 28,
+                        help="skip the baseline where n*d exceeds this (its population "
+                        "is int64 and re-validated per attribute: 4 GiB and over 10 "
+                        "minutes at d=128, n=2^22)")  # fmt: skip
+    parser.add_argument("--planner", default="pipeline", choices=["paper", "pipeline"])
     args = parser.parse_args()
     worktree = None
     if args.baseline_ref and shutil.which("git"):
@@ -113,23 +144,30 @@ def main() -> int:
         if made.returncode != 0:
             print(f"baseline skipped: {made.stderr.decode().strip()}")
             worktree = None
-    print("| d | k | n | m, l | design | plan | collect | reconstruct | answer | total CPU-s "
-          "| rounds | residual | peak MB (codes MB) | speed-up |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"planner: {args.planner}; tolerance of consistency 1e-09; CPU seconds")
+    print("| d | k | n | m, l | design | plan | collect | reconstruct | answer | rep CPU-s "
+          "| speed-up | rounds | residual | peak MB over imports (x codes) | population CPU-s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for d in args.d:
             for k in args.k:
                 for log2n in args.log2n:
                     runs = [("current", _run(str(ROOT), d, k, log2n, args.planner))]
-                    if worktree is not None:
+                    skip = worktree is not None and d << log2n > args.baseline_max_cells
+                    if worktree is not None and not skip:
                         runs.append(("baseline", _run(str(worktree), d, k, log2n, args.planner)))
                     for name, r in runs:
-                        ratio = runs[-1][1]["total"] / r["total"] if name == "current" else 1.0
+                        ratio = runs[-1][1]["total"] / r["total"] if len(runs) > 1 else float("nan")
+                        residual = max(r["residual"], r.get("negativity", 0.0))
                         print(f"| {d} | {k} | 2^{log2n} | {r['m']}, {r['l']} | {name} | "
                               f"{r['plan']:.2f} | {r['collect']:.2f} | {r['reconstruct']:.2f} | "
-                              f"{r['answer']:.2f} | {r['total']:.2f} | {r['rounds']} | "
-                              f"{r['residual']:.1e} | {r['peak_mb']:.0f} ({r['codes_mb']:.0f}) | "
-                              f"{ratio:.1f}x |", flush=True)  # fmt: skip
+                              f"{r['answer']:.2f} | {r['total']:.2f} | {ratio:.1f}x | "
+                              f"{r['rounds']} | {residual:.1e} | {r['peak_mb']:.0f} "
+                              f"({r['peak_mb'] / r['codes_mb']:.2f}x) | "
+                              f"{r['population']:.1f} |", flush=True)  # fmt: skip
+                    if skip:
+                        print(f"| {d} | {k} | 2^{log2n} | | baseline | skipped: n*d above "
+                              f"{args.baseline_max_cells} | | | | | | | | | |", flush=True)
     finally:
         if worktree is not None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",

@@ -42,8 +42,14 @@ def connect(scheduler: str, jobs: int) -> tuple[Client, LocalCluster | None]:
             "scheduler needs dask.distributed: pip install 'calmkit[simulator]'"
         ) from None
     if scheduler == LOCAL:
-        cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
-                               dashboard_address=":0")  # fmt: skip
+        import dask
+
+        # the workers' statistical profiler samples every thread's stack every 10 ms;
+        # tasks here are long numpy work, so it is only overhead (the nannies hand this
+        # configuration to the worker processes)
+        with dask.config.set({"distributed.worker.profile.enabled": False}):
+            cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
+                                   dashboard_address=":0")  # fmt: skip
         return Client(cluster), cluster
     if "://" not in scheduler:
         raise CalmkitError(

@@ -13,6 +13,8 @@ from calmkit_client.schema import AttrRef
 
 __all__ = ["Population"]
 
+_BLOCK = 1 << 18  # users per block when counting
+
 
 def cells_of(schema: Schema, codes: np.ndarray, attrs: tuple[int, ...]) -> np.ndarray:
     """:meth:`Schema.cell_index` for codes already validated (a :class:`Population`'s,
@@ -54,8 +56,10 @@ class Population:
     def counts(self, attrs: Iterable[AttrRef]) -> np.ndarray:
         """Exact marginal counts over ``attrs``: int64 of shape ``schema.shape(attrs)``."""
         idx = self.schema.resolve(attrs)
-        cells = cells_of(self.schema, self.codes, idx)
-        flat = np.bincount(cells, minlength=self.schema.cells(idx))
+        flat = np.zeros(self.schema.cells(idx), dtype=np.int64)
+        for lo in range(0, self.n, _BLOCK):  # in blocks: O(block) temporaries
+            cells = cells_of(self.schema, self.codes[lo : lo + _BLOCK], idx)
+            flat += np.bincount(cells, minlength=flat.size)
         return flat.reshape(self.schema.shape(idx))
 
     def marginal(self, attrs: Iterable[AttrRef]) -> np.ndarray:

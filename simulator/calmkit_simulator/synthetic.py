@@ -20,6 +20,8 @@ from .population import Population, cells_of
 
 __all__ = ["BayesianNetwork", "synthetic_population"]
 
+_BLOCK = 1 << 18  # users per block when sampling
+
 
 @dataclass(frozen=True)
 class BayesianNetwork:
@@ -68,10 +70,13 @@ class BayesianNetwork:
         # the schema's smallest code dtype: an (n, d) int64 array would be 8x the codes
         codes = np.zeros((n, self.schema.d), dtype=self.schema.code_dtype)
         for i, (pa, cpt) in enumerate(zip(self.parents, self.cpts)):
-            config = cells_of(self.schema, codes, pa)  # columns < i, already in range
-            cum = np.cumsum(cpt, axis=1)[config]  # (n, size_i)
-            u = gen.random(n)[:, None]
-            codes[:, i] = np.minimum((u >= cum).sum(axis=1), cpt.shape[1] - 1)
+            cum = np.cumsum(cpt, axis=1)
+            u = gen.random(n)  # one draw per user and attribute, in this order
+            for lo in range(0, n, _BLOCK):  # the rest in blocks: O(block) temporaries
+                block = codes[lo : lo + _BLOCK]
+                config = cells_of(self.schema, block, pa)  # columns < i, in range
+                below = u[lo : lo + _BLOCK, None] >= cum[config]  # (block, size_i)
+                block[:, i] = np.minimum(below.sum(axis=1), cpt.shape[1] - 1)
         return codes
 
     def joint(self) -> np.ndarray:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from calmkit_client import Plan
-from calmkit_simulator import collect_support, synthetic_population, true_view_counts
+from calmkit_simulator import collect, collect_support, synthetic_population, true_view_counts
 from tests.stats import assert_variance, assert_z
 
 POP = synthetic_population(n=3000, sizes=(2, 3, 2, 4), strength=1.5, rng=8)
@@ -75,9 +75,13 @@ def test_estimates_from_fast_counts_are_unbiased() -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_grouped_counting_equals_one_mask_per_view(seed: int) -> None:
-    """The grouped counts (one stable sort) equal, bit for bit, the plain algorithm:
-    a boolean mask over all users per view and the schema's validated ``cell_index``."""
+def test_gathered_counting_equals_one_mask_per_view(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gathered counts (blocks of users, one bincount over all views) equal, bit for
+    bit, the plain algorithm: a boolean mask over all users per view and the schema's
+    validated ``cell_index``; blocks of 1000 users here, so the last one is partial."""
+    monkeypatch.setattr(collect, "BLOCK", 1000)
     rng = np.random.default_rng(seed)
     pop = synthetic_population(n=5000, sizes=(2, 3, 5, 2, 4), strength=1.0, rng=seed)
     views = [sorted(rng.choice(5, size=int(rng.integers(1, 4)), replace=False).tolist())

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from calmkit_client import Attribute, CalmkitError, Schema
-from calmkit_simulator import BayesianNetwork, Population, synthetic_population
+from calmkit_simulator import BayesianNetwork, Population, synthetic, synthetic_population
+from calmkit_simulator import population as population_module
 from tests.stats import assert_chisquare
 
 
@@ -70,9 +71,11 @@ def test_cap_categories_ordered_and_nominal() -> None:
     )
 
 
-def test_synthetic_codes_in_the_schemas_smallest_dtype() -> None:
-    """Sampled straight into ``code_dtype`` (uint8 here): an int64 (n, d) working array
-    would be 8x the population, and the sampled records are unchanged by it."""
+def test_synthetic_codes_in_the_schemas_smallest_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sampled straight into ``code_dtype`` (uint8 here) and in blocks of users (700
+    here): an int64 (n, d) working array would be 8x the population, and the sampled
+    records are unchanged by either."""
+    monkeypatch.setattr(synthetic, "_BLOCK", 700)
     net = BayesianNetwork.random((2, 3, 2, 4), strength=1.0, rng=5)
     codes = net.sample(4000, rng=6)
     assert codes.dtype == np.uint8
@@ -85,3 +88,10 @@ def test_synthetic_codes_in_the_schemas_smallest_dtype() -> None:
         wide[:, i] = np.minimum((gen.random(len(wide))[:, None] >= cum).sum(axis=1),
                                 cpt.shape[1] - 1)  # fmt: skip
     assert np.array_equal(codes, wide)
+
+
+def test_counts_in_blocks_equal_one_bincount(monkeypatch: pytest.MonkeyPatch) -> None:
+    pop = synthetic_population(n=3001, sizes=(2, 3, 4), strength=1.0, rng=4)
+    expected = np.bincount(pop.schema.cell_index(pop.codes, (0, 2)), minlength=8).reshape(2, 4)
+    monkeypatch.setattr(population_module, "_BLOCK", 1000)
+    assert np.array_equal(pop.counts((0, 2)), expected)

@@ -1,0 +1,185 @@
+"""Mutation check of the statistical core with cosmic-ray (``pip install -e ".[mutation]"``).
+
+    python benchmarks/mutation.py [MODULE ...] [--jobs 2] [--out docs/data/mutation]
+
+MODULE: any of the keys of ``MODULES`` (default: all). For each module, in a copy of
+the working tree (the real files are never touched), cosmic-ray applies one mutation
+at a time and runs the tests that cover that module (``MODULES``), stopping at the
+first failure. Operators: the usual mutmut-like set (``OPERATORS``: + <-> -, * <-> /,
+comparisons to their boundary or negation, not/and/or, True/False, numbers +-1, break
+<-> continue, loops run zero times). Each module's survivors go to
+``OUT/MODULE.json`` (line, operator, the mutated line) and a summary table is printed;
+docs/testing.md says, for every survivor, why it is equivalent or which test kills it.
+
+Not in the default CI path: the whole run takes hours on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("client", "aggregator", "simulator", "protos")
+AGG = "aggregator/calmkit_aggregator"
+T = "tests"
+
+# module -> (file, tests that cover it)
+MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "oracles": ("client/calmkit_client/oracles.py", (
+        f"{T}/client/test_oracles_stats.py", f"{T}/client/test_oracles_privacy.py",
+        f"{T}/client/test_grr_exact_privacy.py", f"{T}/client/test_oue_exact_privacy.py",
+        f"{T}/client/test_report.py", f"{T}/simulator/test_collect.py")),
+    "estimate": (f"{AGG}/estimate.py", (
+        f"{T}/aggregator/test_reconstruction.py", f"{T}/aggregator/test_uncertainty.py",
+        f"{T}/integration/test_calm_end_to_end.py")),
+    "consistency": (f"{AGG}/consistency.py", (
+        f"{T}/aggregator/test_consistency_weights.py", f"{T}/aggregator/test_consistency_levels.py",
+        f"{T}/aggregator/test_consistency_noisy.py", f"{T}/aggregator/test_reconstruction.py",
+        f"{T}/integration/test_calm_end_to_end.py")),
+    "shrinkage": (f"{AGG}/shrinkage.py", (
+        f"{T}/aggregator/test_shrinkage.py", f"{T}/aggregator/test_reconstruction.py",
+        f"{T}/integration/test_calm_end_to_end.py")),
+    "maxent": (f"{AGG}/maxent.py", (
+        f"{T}/aggregator/test_reconstruction.py", f"{T}/aggregator/test_shrinkage.py",
+        f"{T}/integration/test_calm_end_to_end.py")),
+    "planning": (f"{AGG}/planning.py", (
+        f"{T}/aggregator/test_planning.py", f"{T}/aggregator/test_error_model.py")),
+    "error_model": (f"{AGG}/error_model.py", (
+        f"{T}/aggregator/test_error_model.py", f"{T}/aggregator/test_planning.py")),
+}  # fmt: skip
+
+_BINARY = ("Add_Sub", "Sub_Add", "Mul_Div", "Div_Mul", "FloorDiv_Div", "Mod_FloorDiv",
+           "Pow_Mul", "BitOr_BitAnd", "BitAnd_BitOr", "BitXor_BitOr", "LShift_RShift",
+           "RShift_LShift")  # fmt: skip
+_COMPARE = ("Lt_LtE", "LtE_Lt", "Gt_GtE", "GtE_Gt", "Eq_NotEq", "NotEq_Eq", "Is_IsNot",
+            "IsNot_Is", "In_NotIn", "NotIn_In")  # fmt: skip
+_UNARY = ("Delete_USub", "USub_UAdd", "Delete_Not", "Delete_Invert")
+OPERATORS = (
+    *(f"core/ReplaceBinaryOperator_{b}" for b in _BINARY),
+    *(f"core/ReplaceComparisonOperator_{c}" for c in _COMPARE),
+    *(f"core/ReplaceUnaryOperator_{u}" for u in _UNARY),
+    "core/AddNot", "core/ReplaceTrueWithFalse", "core/ReplaceFalseWithTrue",
+    "core/ReplaceAndWithOr", "core/ReplaceOrWithAnd", "core/ReplaceBreakWithContinue",
+    "core/ReplaceContinueWithBreak", "core/NumberReplacer", "core/ZeroIterationForLoop",
+)  # fmt: skip
+
+
+def _workspace(into: Path) -> None:
+    """The tracked files of the working tree (with uncommitted edits) under ``into``."""
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], check=True,
+                           capture_output=True).stdout.decode().split("\0")  # fmt: skip
+    for name in filter(None, files):
+        src = ROOT / name
+        if src.is_file():
+            dst = into / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+
+
+def _config(path: Path, module: Path, tests: tuple[str, ...], timeout: float) -> None:
+    keep = "|".join(re.escape(op) for op in OPERATORS)
+    test = f"{sys.executable} -m pytest -x -q -p no:cacheprovider {' '.join(tests)}"
+    path.write_text(
+        "[cosmic-ray]\n"
+        f"module-path = {json.dumps(str(module))}\n"
+        f"timeout = {timeout}\n"
+        "excluded-modules = []\n"
+        f"test-command = {json.dumps(test)}\n"
+        "[cosmic-ray.distributor]\n"
+        'name = "local"\n'
+        "[cosmic-ray.filters.operators-filter]\n"
+        f"exclude-operators = [{json.dumps(f'^(?!({keep})$).*')}]\n"
+    )
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def check(name: str, out: Path, timeout: float) -> dict[str, Any]:
+    """Mutate ``name``'s module in a scratch copy; its survivors, written to ``out``."""
+    file, tests = MODULES[name]
+    with tempfile.TemporaryDirectory(prefix=f"mutation-{name}-") as tmp:
+        work = Path(tmp)
+        _workspace(work)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(work / p) for p in PACKAGES))
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        config, session = work / "cosmic-ray.toml", work / "session.sqlite"
+        _config(config, work / file, tests, timeout)
+        bin_dir = Path(sys.executable).parent
+        started = time.perf_counter()
+        _run([str(bin_dir / "cosmic-ray"), "init", str(config), str(session)], work, env)
+        _run([str(bin_dir / "cr-filter-operators"), str(session), str(config)], work, env)
+        _run([str(bin_dir / "cosmic-ray"), "baseline", str(config)], work, env)
+        _run([str(bin_dir / "cosmic-ray"), "exec", str(config), str(session)], work, env)
+        dump = _run([str(bin_dir / "cosmic-ray"), "dump", str(session)], work, env)
+        seconds = time.perf_counter() - started
+    lines = (ROOT / file).read_text().splitlines()
+    outcomes: dict[str, int] = {}
+    survivors = []
+    for row in filter(None, dump.splitlines()):
+        item, result = json.loads(row)
+        if result is None:
+            outcomes["not run"] = outcomes.get("not run", 0) + 1
+            continue
+        if item.get("mutations") and any(
+            m["operator_name"] not in OPERATORS for m in item["mutations"]
+        ):
+            continue  # filtered out (kept in the session as skipped)
+        outcome = result.get("test_outcome") or result.get("worker_outcome")
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        if outcome == "survived":
+            m = item["mutations"][0]
+            line = int(m["start_pos"][0])
+            survivors.append({
+                "line": line, "column": int(m["start_pos"][1]),
+                "operator": m["operator_name"].removeprefix("core/"),
+                "occurrence": m["occurrence"], "source": lines[line - 1].strip(),
+                "diff": result.get("diff", ""),
+            })  # fmt: skip
+    survivors.sort(key=lambda s: (s["line"], s["column"], s["operator"]))
+    summary = {"module": file, "tests": list(tests), "outcomes": outcomes,
+               "survivors": survivors, "seconds": round(seconds)}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", choices=[[], *MODULES], default=[])
+    parser.add_argument("--jobs", type=int, default=1, help="modules checked at once")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "data" / "mutation"))
+    args = parser.parse_args()
+    if shutil.which("cosmic-ray", path=str(Path(sys.executable).parent)) is None:
+        raise SystemExit('cosmic-ray is not installed: pip install -e ".[mutation]"')
+    names = args.modules or list(MODULES)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        summaries = list(pool.map(lambda n: check(n, Path(args.out), args.timeout), names))
+    print("| module | mutants | killed | survived | other | minutes |")
+    print("|---|---|---|---|---|---|")
+    for s in summaries:
+        o = s["outcomes"]
+        other = sum(v for k, v in o.items() if k not in ("killed", "survived"))
+        print(f"| {s['module']} | {sum(o.values())} | {o.get('killed', 0)} | "
+              f"{o.get('survived', 0)} | {other} | {s['seconds'] / 60:.0f} |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
