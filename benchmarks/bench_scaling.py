@@ -25,6 +25,7 @@ the commit before the vectorised consistency, grouped counting and single valida
 from __future__ import annotations
 
 import argparse
+import inspect
 import multiprocessing as mp
 import resource
 import shutil
@@ -75,15 +76,22 @@ def _measure(code: str, d: int, k: int, log2n: int, planner: str) -> dict[str, A
         out["m"], out["l"] = plan.m, max(len(v) for v in plan.views)
     else:  # the default: a pilot of 10% on pairs, then the planned views (calmkit simulate)
         first = stage("plan", lambda: pilot_plan(pop.schema, 1.0, seed=3))
-        order = gen.permutation(pop.n)
         cut = pilot_size(pop.n, 0.1)
-        users, rest = np.sort(order[:cut]), np.sort(order[cut:])
-        pilot = stage("collect", lambda: collect_support(pop.take(users), first, gen,
-                                                         user_ids=users))  # fmt: skip
-        main = stage("plan", lambda: plan_after_pilot(pilot, rest.size, workload_of(
+        users = np.sort(gen.permutation(pop.n)[:cut])
+        if "rows" in inspect.signature(collect_support).parameters:  # counted in place
+            rest = np.ones(pop.n, dtype=bool)
+            rest[users] = False
+            pilot = stage("collect", lambda: collect_support(pop, first, gen, rows=users))
+            part = {"rows": rest}
+        else:  # the baseline copies each phase's users out
+            others = np.setdiff1d(np.arange(pop.n), users)
+            pilot = stage("collect", lambda: collect_support(pop.take(users), first, gen,
+                                                             user_ids=users))  # fmt: skip
+            part = {"population": pop.take(others), "user_ids": others}
+        main = stage("plan", lambda: plan_after_pilot(pilot, pop.n - cut, workload_of(
             pop.schema, k, None), seed=4))  # fmt: skip
-        later = stage("collect", lambda: collect_support(pop.take(rest), main.plan, gen,
-                                                         user_ids=rest))  # fmt: skip
+        later = stage("collect", lambda: collect_support(
+            part.pop("population", pop), main.plan, gen, **part))  # fmt: skip
         support = stage("reconstruct", lambda: combine_phases([pilot, later]))
         out["m"], out["l"] = main.plan.m, max(len(v) for v in main.plan.views)
     estimator = stage("reconstruct", lambda: reconstruct(support))

@@ -41,7 +41,8 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         f"{T}/client/test_grr_exact_privacy.py", f"{T}/client/test_oue_exact_privacy.py",
         f"{T}/client/test_report.py", f"{T}/simulator/test_collect.py")),
     "estimate": (f"{AGG}/estimate.py", (
-        f"{T}/aggregator/test_reconstruction.py", f"{T}/aggregator/test_uncertainty.py",
+        f"{T}/aggregator/test_estimate.py", f"{T}/aggregator/test_reconstruction.py",
+        f"{T}/aggregator/test_uncertainty.py",
         f"{T}/integration/test_calm_end_to_end.py")),
     "consistency": (f"{AGG}/consistency.py", (
         f"{T}/aggregator/test_consistency_weights.py", f"{T}/aggregator/test_consistency_levels.py",
@@ -76,8 +77,10 @@ OPERATORS = (
 
 
 def _workspace(into: Path) -> None:
-    """The tracked files of the working tree (with uncommitted edits) under ``into``."""
-    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], check=True,
+    """The working tree's files (tracked ones with uncommitted edits, and new ones not
+    ignored) under ``into``."""
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others",
+                            "--exclude-standard"], check=True,
                            capture_output=True).stdout.decode().split("\0")  # fmt: skip
     for name in filter(None, files):
         src = ROOT / name

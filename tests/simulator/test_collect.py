@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calmkit_client import Plan
+from calmkit_client import CalmkitError, Plan
 from calmkit_simulator import collect, collect_support, synthetic_population, true_view_counts
 from tests.stats import assert_variance, assert_z
 
@@ -96,3 +96,23 @@ def test_gathered_counting_equals_one_mask_per_view(
         expected = np.bincount(cells, minlength=plan.view_oracles[j].L)
         assert n[j] == mask.sum()
         assert counts[j].dtype == np.int64 and np.array_equal(counts[j], expected)
+
+
+def test_a_phase_counted_in_place_equals_the_copied_users(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rows`` (positions or a mask) counts those users where they are, with their
+    positions as ids: the same counts as copying them out (``take``) first."""
+    monkeypatch.setattr(collect, "BLOCK", 700)
+    rng = np.random.default_rng(9)
+    chosen = np.sort(rng.choice(POP.n, size=1200, replace=False))
+    mask = np.zeros(POP.n, dtype=bool)
+    mask[chosen] = True
+    n, counts = true_view_counts(POP.take(chosen), PLAN, user_ids=chosen)
+    for rows in (chosen, mask):
+        got_n, got = true_view_counts(POP, PLAN, rows=rows)
+        assert np.array_equal(got_n, n) and all(np.array_equal(a, b) for a, b in zip(got, counts))
+    with pytest.raises(CalmkitError, match=r"rows and user_ids must not both be given"):
+        true_view_counts(POP, PLAN, user_ids=np.arange(POP.n), rows=chosen)
+    with pytest.raises(CalmkitError, match=r"rows \(mask of shape \(5,\)\) must have shape"):
+        true_view_counts(POP, PLAN, rows=np.ones(5, dtype=bool))
+    with pytest.raises(CalmkitError, match=r"rows must be positions in \[0, 3000\)"):
+        true_view_counts(POP, PLAN, rows=np.array([0, 3000]))

@@ -113,15 +113,16 @@ class Calm(Mechanism):
             chosen: dict[str, object] = {"m": plan.m, "l": max(len(v) for v in plan.views)}
             return _CalmRelease(reconstruct(support, shrink=self.shrink), chosen)
         first = pilot_plan(population.schema, epsilon, seed=seed)
-        order = gen.permutation(population.n)
         cut = pilot_size(population.n, self.pilot)
-        pilot_users, rest = np.sort(order[:cut]), np.sort(order[cut:])
-        pilot_support = collect_support(population.take(pilot_users), first, gen,
-                                        path=self.path, user_ids=pilot_users)  # fmt: skip
-        main = plan_after_pilot(pilot_support, rest.size, workload_of(population.schema, k, None),
-                                seed=seed + 1, l=self.l, m=self.m)  # fmt: skip
-        main_support = collect_support(population.take(rest), main.plan, gen, path=self.path,
-                                       user_ids=rest)  # fmt: skip
+        pilot_users = np.sort(gen.permutation(population.n)[:cut])
+        rest = np.ones(population.n, dtype=bool)  # a mask: no copy of the codes
+        rest[pilot_users] = False
+        pilot_support = collect_support(population, first, gen, path=self.path,
+                                        rows=pilot_users)  # fmt: skip
+        main = plan_after_pilot(pilot_support, population.n - cut,
+                                workload_of(population.schema, k, None), seed=seed + 1,
+                                l=self.l, m=self.m)  # fmt: skip
+        main_support = collect_support(population, main.plan, gen, path=self.path, rows=rest)
         estimator = reconstruct(combine_phases([pilot_support, main_support]), shrink=self.shrink)
         chosen_main: dict[str, object] = {
             "m": main.plan.m,
