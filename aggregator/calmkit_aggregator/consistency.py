@@ -27,7 +27,7 @@ from itertools import combinations
 
 import numpy as np
 
-from .marginal import MarginalTable
+from .marginal import MarginalTable, inverse_variance_weights
 
 __all__ = ["ConsistentViews", "intersection_closure", "make_consistent", "norm_sub"]
 
@@ -94,17 +94,8 @@ def _steps(tables: Sequence[MarginalTable], closure: list[tuple[int, ...]]) -> l
                 tuple(t.values.shape[ax] if ax in keep else 1 for ax in range(len(t.attrs)))
             )
             var.append(c * t.variance)  # each projected cell sums C_i cells
-        v = np.array(var)
-        if np.all(v == 0) or np.all(np.isinf(v)):
-            w = np.ones(len(members))
-        else:
-            with np.errstate(divide="ignore"):
-                w = np.where(v == 0, np.inf, 1.0 / v)
-            if np.isinf(w).any():  # exact tables dominate
-                w = np.isinf(w).astype(float)
-        steps.append(
-            _Step(attrs, tuple(members), tuple(drop), tuple(cells), tuple(bshape), w / w.sum())
-        )
+        w = inverse_variance_weights(var)
+        steps.append(_Step(attrs, tuple(members), tuple(drop), tuple(cells), tuple(bshape), w))
     return steps
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from calmkit_client import CalmkitError, FrequencyOracle
 
-__all__ = ["MarginalTable"]
+__all__ = ["MarginalTable", "inverse_variance_weights"]
 
 
 @dataclass(frozen=True)
@@ -93,3 +93,18 @@ class MarginalTable:
             return np.full(self.values.shape, np.inf)
         plug_in = np.clip(self.values, 0.0, 1.0)
         return np.asarray(self.oracle.sum_variance(self.n, plug_in, self.group))
+
+
+def inverse_variance_weights(variances: Iterable[float]) -> np.ndarray:
+    """Weights (k,) summing to 1 for averaging k estimates of one quantity: ``∝ 1/var``;
+    exact estimates (variance 0), when there are any, share all the weight equally;
+    equal weights when every variance is 0 or every one is infinite."""
+    v = np.asarray(list(variances), dtype=np.float64)
+    if np.all(v == 0) or np.all(np.isinf(v)):
+        w = np.ones(v.size)
+    elif np.any(v == 0):  # exact tables dominate
+        w = (v == 0).astype(np.float64)
+    else:
+        w = 1.0 / v
+    out: np.ndarray = w / w.sum()
+    return out

@@ -11,7 +11,7 @@ import numpy as np
 
 from calmkit_client import CalmkitError
 
-from .marginal import MarginalTable
+from .marginal import MarginalTable, inverse_variance_weights
 
 __all__ = ["Answer", "answer_query", "maximum_entropy"]
 
@@ -85,7 +85,8 @@ def answer_query(
     A view containing every attribute of the query answers by projection (the most
     precise such view). Otherwise the constraints are the views' projections onto
     ``attrs ∩ V_i``, dropping any contained in another (a set shared by several
-    views takes their inverse-variance average), and IPF finds the max-ent table.
+    views takes their :func:`~.marginal.inverse_variance_weights` average: after
+    consistency they agree anyway), and IPF finds the max-ent table.
     Attributes in no view stay uniform.
     """
     query = tuple(sorted(int(a) for a in attrs))
@@ -105,9 +106,8 @@ def answer_query(
     constraints = []
     for s in maximal:
         projections = groups[s]
-        var = np.array([p.variance for p in projections])
-        w = np.ones(len(projections)) if not np.all(np.isfinite(var) & (var > 0)) else 1 / var
-        target = sum(wi * p.values for wi, p in zip(w / w.sum(), projections))
+        w = inverse_variance_weights(p.variance for p in projections)
+        target = sum(wi * p.values for wi, p in zip(w, projections))
         constraints.append((tuple(query.index(a) for a in s), target))
     values, residual, it = maximum_entropy(shape, constraints, tol, max_iter)
     return Answer(query, values, "maxent", residual, it)

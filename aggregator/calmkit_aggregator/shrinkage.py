@@ -15,7 +15,9 @@ noise does not explain. It is chosen per view because interactions differ widely
 between attribute sets (a factor pooled over views over-shrinks the strong ones;
 measured in docs/accuracy.md). ``T'`` keeps every shared marginal (both terms have
 it), so the views stay consistent, and it is a convex combination of two non-negative
-tables. Post-processing only: no privacy is spent.
+tables. A view inside another view (or listed twice) shares all of itself, so it is
+left as it is: shrinking it alone would break its consistency with the larger view.
+Post-processing only: no privacy is spent.
 """
 
 from __future__ import annotations
@@ -75,9 +77,10 @@ def shrink_interactions(
         )
     if closure is None:
         closure = intersection_closure([t.attrs for t in tables])
+    whole = set(closure)  # views inside (or equal to) another view: nothing unshared
     bases, factors = [], []
     for t, c in zip(tables, contrast_variance):
-        if len(t.attrs) == 1 or c == 0:  # no interactions, or nothing to doubt
+        if len(t.attrs) == 1 or c == 0 or t.attrs in whole:  # nothing to doubt
             bases.append(t.values)
             factors.append(1.0)
             continue

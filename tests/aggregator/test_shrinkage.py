@@ -100,3 +100,18 @@ def test_factors_on_an_independent_population_follow_the_noise_law() -> None:
     mean = chi2.expect(lambda x: 1 - 1 / x, lb=1)
     sd = math.sqrt(chi2.expect(lambda x: (1 - 1 / x) ** 2, lb=1) - mean**2)
     assert abs(factors.mean() - mean) <= z_bound(1) * sd / math.sqrt(len(views))
+
+
+def test_a_view_inside_another_is_left_whole_and_stays_consistent() -> None:
+    # (0, 1) lies inside (0, 1, 2): all of it is shared, so shrinking it alone toward its
+    # 1-way margins would break its agreement with the larger view's projection.
+    pop = synthetic_population(n=20_000, sizes=(2, 3, 2, 2), strength=1.5, rng=8)
+    plan = Plan(pop.schema, 0.5, [(0, 1), (0, 1, 2), (2, 3)], seed=3)
+    support = collect_support(pop, plan, 9)
+    views = make_consistent(estimate_views(support), max_iter=1000)
+    shrunk = shrink_interactions(views.tables, _contrast(plan, support))
+    assert shrunk.factors[0] == 1.0
+    np.testing.assert_array_equal(shrunk.tables[0].values, views.tables[0].values)
+    np.testing.assert_allclose(
+        shrunk.tables[1].project((0, 1)).values, shrunk.tables[0].values, atol=1e-9
+    )
