@@ -27,7 +27,8 @@ of dimension ``dim_S = prod (L_a - 1)``):
    attributes it is not held with: ``e_S prod_{c in A\\S} g(S, c)`` with
    ``g = kappa_c / L_c`` when no view holds ``S + c`` and ``1 / L_c`` when one does.
    A component no view holds adds its bias (the profile's skew for an attribute,
-   ``dependence * dim_S / L_S`` for a pair, 0 beyond) with the same spreading.
+   ``dependence * w_ab * dim_S / L_S`` for a pair with weight ``w_ab``, 0 beyond)
+   with the same spreading.
 6. **Workload.** The mean over all k-subsets of the d attributes is a sum over
    components of ``e_S`` times an elementary symmetric polynomial of the ``g(S, c)``,
    evaluated with power sums (Newton's identities), never by enumerating queries.
@@ -514,12 +515,14 @@ def _pool(model: _Views, comps: _Components, n: float) -> tuple[np.ndarray, _Gro
 
 def _bias(groups: _Groups, profile: DataProfile, dependence: float) -> np.ndarray:
     """Per group: the error it would have if no view held it (the profile's skew for
-    one attribute, dependence x dim/L for a pair, 0 beyond)."""
+    one attribute, dependence x the pair's weight x dim/L for a pair, 0 beyond)."""
     out = np.zeros(groups.order.size)
     one = groups.order == 1
     out[one] = profile.skew[groups.attrs[one, 0]]
     two = groups.order == 2
-    out[two] = dependence * groups.dim[two] / groups.cells[two]
+    if two.any():
+        weight = profile.weights[groups.attrs[two, 0], groups.attrs[two, 1]]
+        out[two] = dependence * weight * groups.dim[two] / groups.cells[two]
     return out
 
 
@@ -649,15 +652,16 @@ def _all_k(
     for j in range(1, k):
         out = e_all[j] - g_free * out
     base += float(profile.skew @ out)
-    if k >= 2 and dependence > 0:  # [x^k t^2] prod (1 + x (g_a + t w_a))
-        poly = np.zeros((k + 1, 3))
-        poly[0, 0] = 1.0
-        for a in range(d):
-            nxt = poly.copy()
-            nxt[1:, :] += g_free[a] * poly[:-1, :]
-            nxt[1:, 1:] += dim_over_cells[a] * poly[:-1, :-1]
-            poly = nxt
-        base += dependence * poly[k, 2]
+    if k >= 2 and dependence > 0:
+        # sum over pairs a < b of W_ab c_a c_b E_{k-2}(g over the other attributes),
+        # dividing (1 + x g_a) and then (1 + x g_b) out of the generating polynomial
+        without_a = np.ones(d)
+        without_ab = np.ones((d, d))
+        for j in range(1, k - 1):
+            without_a = e_all[j] - g_free * without_a
+            without_ab = without_a[:, None] - g_free[None, :] * without_ab
+        spread = profile.weights * np.outer(dim_over_cells, dim_over_cells) * without_ab
+        base += dependence * float(spread.sum()) / 2  # W is symmetric, 0 on the diagonal
     if not groups.order.size:
         return 0.0, base / count
 
@@ -706,6 +710,8 @@ def _explicit(
                 gi = held.get(sub)
                 if gi is None:
                     ratio = float(np.prod((sizes[list(sub)] - 1) / sizes[list(sub)]))
+                    if rsize == 2:
+                        ratio *= float(profile.weights[sub[0], sub[1]])
                     value = (profile.skew[sub[0]] if rsize == 1
                              else dependence * ratio if rsize == 2 else 0.0)  # fmt: skip
                     biased += value * float(np.prod(g_free[rest])) if rest else value

@@ -6,14 +6,19 @@ the whole pipeline's error for the workload (:mod:`.error_model`) under a
 Search. Only attributes with >= 2 categories are collected (one category: nothing to
 report, the marginal is exact). For each view size l = 1, 2, ... it scores designs of
 m = ceil(d/l) (every attribute held once), 4x, 16x, ... views up to
-``min(C(d, l), users, 4096)``, plus a covering design for l >= k whenever its size fits
+``min(C(d, l), users / cells, 4096)`` (each view expecting at least as many users as
+it has cells), plus a covering design for l >= k whenever its size fits
 (every k-set then lies in a view), then refines m by factors of 2 and sqrt(2) around the
-best. Along m (and along l past k) the search stops after two steps that do not
-improve the prediction. Every design is predicted at the five quantiles of the
-profile's pair dependence (``DataProfile.dependence_quantiles``, equally likely
-values); the chosen design has the smallest mean log ratio to the best design at
-each quantile, so an uncertain profile gives a design that is good across what the
-data cannot rule out rather than at one guess.
+best. At each (l, m) there are two designs: views spread evenly over the attributes
+and pairs (:func:`~.designs.spread_views`) and, when the profile expects some pairs
+to depend more than others (a pilot's profile does), views that hold those pairs
+(:func:`~.designs.dependent_views`); the model scores both. Along m (and along l
+past k) the search stops after two steps that do not improve the prediction. Every
+design is predicted at the five quantiles of the profile's pair dependence
+(``DataProfile.dependence_quantiles``, equally likely values); the chosen design
+has the smallest mean log ratio to the best design at each quantile, so an uncertain
+profile gives a design that is good across what the data cannot rule out rather
+than at one guess.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ import numpy as np
 from calmkit_client import MAX_VIEW_CELLS, PlanError, validate_epsilon
 from calmkit_client.errors import CalmkitError
 
+from .choose import expected_cells
 from .covering import construct_cover, cover_lower_bound
-from .designs import SpreadStream, spread_views
+from .designs import DependentStream, SpreadStream, spread_views
 from .error_model import ErrorPrediction, Workload, predict_errors
 from .profile import DataProfile
 
@@ -212,11 +218,33 @@ def choose_plan(
         return cand.typical
 
     streams: dict[int, SpreadStream] = {}
+    dependent_streams: dict[int, DependentStream] = {}
+    relevance = _pair_relevance(profile, workload) if profile.uneven else None
 
     def spread(lv: int, mv: int) -> float:
         if lv not in streams:
             streams[lv] = SpreadStream(collect, lv, rng=[rng, lv], start=fixed)
         return score(lv, streams[lv].first(mv), "spread")
+
+    def dependent(lv: int, mv: int) -> float:
+        if lv not in dependent_streams:
+            assert relevance is not None  # only called for an uneven profile
+            dependent_streams[lv] = DependentStream(collect, lv, relevance, rng=[rng, lv],
+                                                    start=fixed)  # fmt: skip
+        return score(lv, dependent_streams[lv].first(mv), "dependent")
+
+    def design(lv: int, mv: int) -> float:
+        """The better of the spread and (when the profile knows which pairs depend
+        most) the dependent design of ``mv`` views of size ``lv``."""
+        value = spread(lv, mv)
+        if relevance is not None and lv >= 2:
+            value = min(value, dependent(lv, mv))
+        return value
+
+    kinds: dict[str, Callable[[int, int], float]] = {"spread": spread, "dependent": dependent}
+
+    def cells_of(lv: int) -> float:
+        return expected_cells(arr[collect].tolist(), lv)
 
     lmax = min(dc, _MAX_L) if l is None else int(l)
     lmin = 1 if l is None else int(l)
@@ -227,20 +255,20 @@ def choose_plan(
         if _smallest_cells(arr[collect], lv) > MAX_VIEW_CELLS:
             break
         room = math.comb(dc, lv) - sum(1 for v in fixed if len(v) == lv)
-        hi = min(room, n, MAX_VIEWS)
+        hi = _most_views(room, n, cells_of(lv))
         if hi < 1:
             continue
         if m is not None:
             if m > room:
                 raise PlanError(f"m ({m}) must be <= {room} new distinct views of size {lv}")
-            best_l = spread(lv, int(m))
+            best_l = design(lv, int(m))
         else:
             mv = lows[lv] = min(hi, math.ceil(dc / lv))
-            best_l = last = spread(lv, mv)
+            best_l = last = design(lv, mv)
             rises = 0
             while mv < hi and rises < _PATIENCE:  # m x4 until it stops paying
                 mv = min(hi, 4 * mv)
-                value = spread(lv, mv)
+                value = design(lv, mv)
                 rises = rises + 1 if value > last else 0
                 best_l, last = min(best_l, value), value
         if workload.k is not None and order <= lv <= order + 2 and dc <= _COVER_MAX_D:
@@ -267,22 +295,48 @@ def choose_plan(
             break
     if not scored:
         raise PlanError(f"n ({n}) users cannot hold a view of the requested size")
-    if m is None:  # refine m around the best spread design, never below full coverage
-        spreads = [c for c, _, _ in scored if c.design == "spread"]
-        top = min(spreads, key=_regret(scored)) if spreads else None
+    if m is None:  # refine m around the best stream design, never below full coverage
+        streamed = [c for c, _, _ in scored if c.design in kinds]
+        top = min(streamed, key=_regret(scored)) if streamed else None
         if top is not None:
             room = math.comb(dc, top.l) - sum(1 for v in fixed if len(v) == top.l)
-            hi = min(room, n, MAX_VIEWS)
+            hi = _most_views(room, n, cells_of(top.l))
             for factor in (0.5, 2**-0.5, 2**0.5, 2.0):
                 mv = round(top.m * factor)
                 if lows.get(top.l, 1) <= mv <= hi:
-                    spread(top.l, mv)
+                    kinds[top.design](top.l, mv)
     regret = _regret(scored)
     cand, views, pred = min(scored, key=lambda x: (regret(x[0]), x[0].sse, x[0].m))
     return PlannedViews(
         views, cand.l, cand.m, cand.design, pred, tuple(c for c, _, _ in scored), fixed,
         profile, single,
     )  # fmt: skip
+
+
+def _most_views(room: int, n: int, cells: float) -> int:
+    """The most views of one size the search scores: distinct ones (``room``), at
+    most :data:`MAX_VIEWS`, and each expecting at least as many users as it has
+    cells. A view with fewer users than cells is mostly empty cells: Norm-Sub then
+    moves most of its mass and its alternation with consistency, which the error
+    model treats as separate steps, stops converging (NLTCS, eps 1, 4,096 views of
+    5 attributes, 5 users each: 1,000 rounds without converging and 4x the SSE of
+    140 views of 4)."""
+    return int(min(room, n // max(1, math.ceil(cells)), MAX_VIEWS))
+
+
+def _pair_relevance(profile: DataProfile, workload: Workload) -> np.ndarray:
+    """(d, d): the dependence each pair is expected to carry into the workload's
+    answers when no view holds it, up to a common factor: its weight times
+    ``dim_ab / L_ab``, times how many queries hold the pair for an explicit list."""
+    frac = np.array([(s - 1) / s for s in profile.sizes])
+    out: np.ndarray = profile.weights * np.outer(frac, frac)
+    if workload.queries is not None:
+        counts = np.zeros_like(out)
+        for q in workload.queries:
+            idx = np.array(q, dtype=np.int64)
+            counts[idx[:, None], idx] += 1
+        out = out * counts
+    return out
 
 
 def _regret(scored: Sequence[tuple[Candidate, object, object]]) -> Callable[[Candidate], float]:

@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from calmkit_aggregator import reconstruct
+from calmkit_aggregator import MarginalTable, answer_query, reconstruct
 from calmkit_aggregator.error_model import Workload, _js_table, predict_error
 from calmkit_aggregator.profile import DataProfile
 from calmkit_client import CalmkitError, Plan, Schema
@@ -92,13 +92,17 @@ def test_max_ent_products_match_the_amplified_prediction(eps: float) -> None:
     assert abs(mean - flat.sse) > MARGIN * se
 
 
-@pytest.mark.parametrize("k", [2, 3])
-def test_the_workload_sum_equals_brute_force_over_all_queries(k: int) -> None:
+@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("uneven", [False, True])
+def test_the_workload_sum_equals_brute_force_over_all_queries(k: int, uneven: bool) -> None:
     sizes = (2, 3, 1, 2, 4, 2, 2)  # one attribute with a single category
     views = [(0, 1), (1, 3, 4), (0, 5, 6), (3, 5), (4, 6), (0, 1, 3), (2, 4)]
     users = [900.0, 500, 700, 1200, 300, 800, 400]
     gen = np.random.default_rng(7)
-    profile = DataProfile.from_marginals([gen.dirichlet(np.ones(s)) for s in sizes], 0.03)
+    raw = gen.exponential(size=(7, 7))
+    weights = raw + raw.T if uneven else None  # how the dependence spreads over pairs
+    profile = DataProfile.from_marginals([gen.dirichlet(np.ones(s)) for s in sizes], 0.03,
+                                         pair_weights=weights)  # fmt: skip
     every = list(itertools.combinations(range(len(sizes)), k))
     for eps in (0.3, 2.0):  # Norm-Sub simulated at 0.3, linear at 2
         by_k = predict_error(sizes, views, users, eps, Workload(k=k), profile)
@@ -106,6 +110,42 @@ def test_the_workload_sum_equals_brute_force_over_all_queries(k: int) -> None:
         assert by_k.sse == pytest.approx(brute.sse, rel=1e-9)
         assert by_k.noise == pytest.approx(brute.noise, rel=1e-9)
         assert by_k.bias == pytest.approx(brute.bias, rel=1e-9, abs=1e-15)
+
+
+def test_an_unheld_pair_costs_its_own_dependence() -> None:
+    # noiseless views: a pair no view holds is answered by the product of its exact
+    # margins, so its SSE is exactly ||P_ab - P_a P_b||^2. With each pair's dependence
+    # in the profile (mean x weight) the model's bias is that, pair by pair.
+    sizes = (2, 3, 2, 2, 3)
+    gen = np.random.default_rng(21)
+    pop = Population(Schema.from_sizes(sizes), np.stack(
+        [gen.integers(0, s, 4000) for s in sizes], axis=1).astype(np.uint8))  # fmt: skip
+    codes = pop.codes.copy()
+    codes[:, 1] = np.where(gen.random(4000) < 0.6, codes[:, 0], codes[:, 1])  # 0-1 depend
+    codes[:, 4] = np.where(gen.random(4000) < 0.3, codes[:, 3] + 1, codes[:, 4])  # 3-4 a bit
+    pop = Population(pop.schema, codes)
+    pairs = list(itertools.combinations(range(5), 2))
+    unit = {}
+    for a, b in pairs:
+        t = pop.marginal((a, b))
+        unit[a, b] = float(((t - np.outer(t.sum(1), t.sum(0))) ** 2).sum())
+        unit[a, b] /= (sizes[a] - 1) * (sizes[b] - 1) / (sizes[a] * sizes[b])
+    weights = np.zeros((5, 5))
+    for (a, b), u in unit.items():
+        weights[a, b] = weights[b, a] = u
+    mean = float(np.mean(list(unit.values())))
+    margs = [pop.marginal((a,)) for a in range(5)]
+    profile = DataProfile.from_marginals(margs, mean, pair_weights=weights)
+    views = [(0, 1), (2, 3), (3, 4)]  # hold the two dependent pairs
+    exact = [MarginalTable(v, pop.marginal(v), 0.0, pop.n) for v in views]
+    queries = [q for q in pairs if q not in views]
+    measured = np.mean([((answer_query(exact, q, pop.schema.shape(q)).values
+                          - pop.marginal(q)) ** 2).sum() for q in queries])  # fmt: skip
+    pred = predict_error(sizes, views, [1e15] * 3, 1.0, Workload(queries=queries), profile)
+    assert pred.bias == pytest.approx(measured, rel=1e-6)
+    even = DataProfile.from_marginals(margs, mean)  # the same mean, spread evenly
+    flat = predict_error(sizes, views, [1e15] * 3, 1.0, Workload(queries=queries), even)
+    assert flat.bias > 5 * measured  # spread evenly, the held pairs' dependence counts
 
 
 def test_uncollected_attributes_are_named_and_cost_their_skew() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import SupportCounts, plan_collection, reconstruct
-from calmkit_aggregator.designs import pilot_views, spread_views
+from calmkit_aggregator.designs import dependent_views, pilot_views, spread_views
 from calmkit_aggregator.error_model import Workload
 from calmkit_aggregator.pilot import (
     PhasedDesign,
@@ -19,7 +19,7 @@ from calmkit_aggregator.pilot import (
     pilot_size,
     plan_after_pilot,
 )
-from calmkit_aggregator.planning import choose_plan
+from calmkit_aggregator.planning import MAX_VIEWS, choose_plan
 from calmkit_aggregator.profile import DataProfile
 from calmkit_client import CalmkitError, Plan, PlanError, Schema
 from calmkit_simulator import collect_support, synthetic_population
@@ -139,3 +139,61 @@ def test_the_phased_design_round_trips_and_validates() -> None:
         PhasedDesign(10_000, 0, 3)
     with pytest.raises(CalmkitError, match="design_json"):
         PhasedDesign.from_json('{"expected_n": 5}')
+
+
+def _planted(d: int, strong: list[tuple[int, int]], gen: np.random.Generator) -> np.ndarray:
+    """Pair weights: small random ones, and 100 on the ``strong`` pairs."""
+    raw = gen.uniform(0.0, 0.01, (d, d))
+    w = raw + raw.T
+    for a, b in strong:
+        w[a, b] = w[b, a] = 100.0
+    return w
+
+
+def test_dependent_views_hold_the_strongest_pairs_and_every_attribute() -> None:
+    gen = np.random.default_rng(4)
+    strong = [(0, 5), (1, 7), (2, 3), (4, 9), (6, 8), (0, 1), (3, 9)]
+    w = _planted(10, strong, gen)
+    first = dependent_views(range(10), 2, 5, w)  # 5 views: every attribute once
+    assert sorted(a for v in first for a in v) == list(range(10))
+    assert set(first) == {(0, 5), (1, 7), (2, 3), (4, 9), (6, 8)}  # a strong matching
+    more = dependent_views(range(10), 2, 7, w)
+    assert more[:5] == first and set(more[5:]) == {(0, 1), (3, 9)}  # then the rest
+    every = dependent_views(range(10), 2, 45, w)  # past the dependence: all pairs
+    assert len(set(every)) == 45
+    triples = dependent_views(range(10), 3, 8, w, start=[(0, 5)])
+    held = {p for v in triples for p in itertools.combinations(v, 2)}
+    assert set(strong) - {(0, 5)} <= held and len(set(triples)) == 8
+    with pytest.raises(PlanError, match=r"l \(1\) must be an int in \[2, 10\]"):
+        dependent_views(range(10), 1, 3, w)
+
+
+def test_a_profile_that_knows_the_dependent_pairs_holds_them() -> None:
+    d = 12
+    gen = np.random.default_rng(6)
+    strong = [(0, 1), (2, 3), (4, 5), (6, 7), (1, 8), (3, 10)]
+    margs = [np.array([0.5, 0.5])] * d
+    known = DataProfile.from_marginals(margs, 0.05, pair_weights=_planted(d, strong, gen))
+    even = DataProfile.from_marginals(margs, 0.05)
+    work = Workload(k=3)
+    chosen = choose_plan([2] * d, 1.0, 30_000, work, known)
+    assert chosen.design == "dependent"
+    held = {p for v in chosen.views for p in itertools.combinations(v, 2)}
+    assert set(strong) <= held
+    # at the same (l, m) the spread design leaves most of the dependence unheld
+    same = choose_plan([2] * d, 1.0, 30_000, work, known, l=chosen.l, m=chosen.m)
+    by_design = {c.design: c for c in same.candidates}
+    assert by_design["dependent"].bias < 0.1 * by_design["spread"].bias
+    assert by_design["dependent"].sse < by_design["spread"].sse
+    # a profile that does not know the pairs never builds the dependent design
+    blind = choose_plan([2] * d, 1.0, 30_000, work, even)
+    assert {c.design for c in blind.candidates} <= {"spread", "cover"}
+
+
+def test_every_view_expects_at_least_as_many_users_as_it_has_cells() -> None:
+    sizes = [2] * 16
+    chosen = choose_plan(sizes, 4.0, 3000, Workload(k=3), DataProfile.from_marginals(
+        [np.array([0.5, 0.5])] * 16, 0.3))  # fmt: skip
+    for c in chosen.candidates:
+        assert c.m <= min(MAX_VIEWS, 3000 // 2**c.l) or c.design == "cover"
+    assert chosen.m * 2**chosen.l <= 3000

@@ -127,6 +127,7 @@ class Calm(Mechanism):
         chosen_main: dict[str, object] = {
             "m": main.plan.m,
             "l": main.choice.l,
+            "design": main.choice.design,
             "pilot_m": first.m,
             "pilot_users": int(cut),
             "predicted_sse": float(main.choice.predicted.sse),
