@@ -55,8 +55,10 @@ _COVER_MAX_D = 64
 @dataclass(frozen=True)
 class Candidate:
     """One design the planner scored: its view size, count, kind (``"spread"``:
-    :func:`~.designs.spread_views`; ``"cover"``: a covering design, every k-set in a
-    view; ``"queries"``: the workload's own queries) and predicted SSE parts."""
+    :func:`~.designs.spread_views`; ``"dependent"``: :func:`~.designs.dependent_views`;
+    ``"cover"``: a covering design, every k-set in a view; ``"queries"``: the
+    workload's own queries) and predicted SSE parts: their expectation over the
+    profile's dependence quantiles (``range``: the SSE at each)."""
 
     l: int  # noqa: E741 (the paper's name)
     m: int
@@ -85,7 +87,8 @@ class PlannedViews:
     Attributes:
         views: the chosen views (sorted position tuples), ``fixed_views`` excluded.
         l, m, design: the chosen candidate's view size, count and kind.
-        predicted: the predicted error of the whole design (fixed views included).
+        predicted: the predicted error of the whole design (fixed views included),
+            expected over what the profile leaves uncertain (its dependence quantiles).
         candidates: every candidate scored, in the order scored.
         fixed_views: views that were part of the design (a pilot's).
         profile: what the prediction assumed about the data.
@@ -197,7 +200,6 @@ def choose_plan(
     seen: set[tuple[int, int, str]] = set()
 
     deps = tuple(profile.dependence_quantiles or (profile.dependence,))
-    middle = len(deps) // 2
 
     def score(lv: int, views: tuple[tuple[int, ...], ...], design: str) -> float:
         """Predict a design at every dependence quantile; returns the geometric mean
@@ -211,10 +213,12 @@ def choose_plan(
         users = users_fixed + [n / len(views)] * len(views)
         preds = predict_errors(arr, all_views, users, eps, workload, profile, deps, n=total,
                                shrink=shrink, seed=rng)  # fmt: skip
-        mid = preds[deps.index(profile.dependence) if profile.dependence in deps else middle]
-        cand = Candidate(lv, len(views), design, mid.sse, mid.noise, mid.bias,
+        expected = ErrorPrediction(  # the quantiles are equally likely values
+            float(np.mean([p.sse for p in preds])), float(np.mean([p.noise for p in preds])),
+            float(np.mean([p.bias for p in preds])), preds[0].uncollected)  # fmt: skip
+        cand = Candidate(lv, len(views), design, expected.sse, expected.noise, expected.bias,
                          tuple(p.sse for p in preds))  # fmt: skip
-        scored.append((cand, views, mid))
+        scored.append((cand, views, expected))
         return cand.typical
 
     streams: dict[int, SpreadStream] = {}

@@ -197,3 +197,18 @@ def test_every_view_expects_at_least_as_many_users_as_it_has_cells() -> None:
     for c in chosen.candidates:
         assert c.m <= min(MAX_VIEWS, 3000 // 2**c.l) or c.design == "cover"
     assert chosen.m * 2**chosen.l <= 3000
+
+
+def test_the_prediction_is_the_expectation_over_the_uncertain_dependence() -> None:
+    margs = [np.array([0.5, 0.5])] * 10
+    unsure = DataProfile(tuple(margs), 0.02, "pilot", 100, 0.05, (0.001, 0.01, 0.02, 0.08, 0.2))
+    chosen = choose_plan([2] * 10, 1.0, 20_000, Workload(k=3), unsure, l=1)  # pairs unheld
+    for c in chosen.candidates:
+        assert len(c.range) == 5 and c.sse == pytest.approx(np.mean(c.range), rel=1e-12)
+    assert chosen.predicted.sse == pytest.approx(
+        next(c.sse for c in chosen.candidates if (c.l, c.m, c.design) ==
+             (chosen.l, chosen.m, chosen.design)), rel=1e-12)  # fmt: skip
+    # the expectation lies above the prediction at the median dependence: the SSE grows
+    # with the dependence and the upper quantiles are far from the median
+    assert chosen.predicted.sse > sorted(
+        c.range for c in chosen.candidates if c.m == chosen.m and c.l == chosen.l)[0][2]
