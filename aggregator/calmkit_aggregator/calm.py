@@ -8,16 +8,22 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from calmkit_client import Plan
+from calmkit_client import CalmkitError, Plan
 from calmkit_client.schema import AttrRef
 
 from .consistency import ConsistentViews, make_consistent
 from .estimate import estimate_views
+from .global_model import GlobalEstimator, reconstruct_global
 from .maxent import Answer, answer_query
 from .shrinkage import shrink_interactions
 from .support import SupportCounts
 
-__all__ = ["MarginalEstimator", "reconstruct"]
+__all__ = ["RECONSTRUCTIONS", "Estimator", "MarginalEstimator", "reconstruct", "reconstruct_by"]
+
+# How a query is answered from the views: "local", per-query maximum entropy over the
+# views' projections (the paper's §4.5); "global", inference in one model fitted to all
+# views (:mod:`.global_model`).
+RECONSTRUCTIONS = ("local", "global")
 
 
 @dataclass(frozen=True)
@@ -58,3 +64,21 @@ def reconstruct(
     shrunk = shrink_interactions(views.tables, contrast, closure=views.closure)
     views = replace(views, tables=shrunk.tables)
     return MarginalEstimator(support.plan, views, shrinkage=shrunk.factors)
+
+
+Estimator = MarginalEstimator | GlobalEstimator
+
+
+def reconstruct_by(
+    support: SupportCounts, reconstruction: str = "local", shrink: bool = True
+) -> Estimator:
+    """:func:`reconstruct` (``"local"``) or :func:`~.global_model.reconstruct_global`
+    (``"global"``) of ``support``; ``shrink`` turns the interaction shrinkage (local) or
+    prior (global) on or off."""
+    if reconstruction == "local":
+        return reconstruct(support, shrink=shrink)
+    if reconstruction == "global":
+        return reconstruct_global(support, shrink=shrink)
+    raise CalmkitError(
+        f"reconstruction ({reconstruction!r}) must be one of {list(RECONSTRUCTIONS)}"
+    )

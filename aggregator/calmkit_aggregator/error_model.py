@@ -128,11 +128,12 @@ def predict_error(
     n: float | None = None,
     shrink: bool = True,
     seed: int = 0,
+    reconstruction: str = "local",
 ) -> ErrorPrediction:
     """Predict the pipeline's mean SSE over ``workload`` (module docstring); see
     :func:`predict_errors` for the arguments."""
     return predict_errors(sizes, views, users, epsilon, workload, profile, None, oracles, n,
-                          shrink, seed)[0]  # fmt: skip
+                          shrink, seed, reconstruction)[0]  # fmt: skip
 
 
 def predict_errors(
@@ -147,6 +148,7 @@ def predict_errors(
     n: float | None = None,
     shrink: bool = True,
     seed: int = 0,
+    reconstruction: str = "local",
 ) -> list[ErrorPrediction]:
     """Predict the pipeline's mean SSE over ``workload`` (module docstring) once per
     pair dependence in ``dependences`` (default: the profile's); the noise part is
@@ -163,7 +165,15 @@ def predict_errors(
         n: the population size (default: the sum of ``users``).
         shrink: whether the reconstruction shrinks interactions (the default).
         seed: the seed of the Norm-Sub simulation (the prediction is deterministic).
+        reconstruction: how answers are reconstructed, "local" (per-query max-ent, what
+            this model describes) or "global" (:mod:`.global_model`). For "global" the
+            local prediction is returned for now (an estimate, not a bound): the global
+            model uses every view the local answers use, and what it adds, dependence
+            carried along paths through attributes outside the query, is not modelled
+            (measured: docs/reconstruction.md).
     """
+    if reconstruction not in ("local", "global"):
+        raise CalmkitError(f"reconstruction ({reconstruction!r}) must be 'local' or 'global'")
     sizes_arr = np.asarray(sizes, dtype=np.int64)
     d = sizes_arr.size
     if profile.sizes != tuple(int(s) for s in sizes_arr):

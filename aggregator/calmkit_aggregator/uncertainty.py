@@ -20,7 +20,7 @@ import numpy as np
 from calmkit_client import CalmkitError, Plan
 from calmkit_client.schema import AttrRef
 
-from .calm import MarginalEstimator, reconstruct
+from .calm import Estimator, reconstruct_by
 from .support import SupportCounts
 
 __all__ = ["Bootstrap", "bootstrap", "plug_in_counts", "sample_support"]
@@ -52,7 +52,7 @@ def sample_support(
     return SupportCounts(plan, n, tuple(support))
 
 
-def plug_in_counts(estimator: MarginalEstimator, n: np.ndarray) -> list[np.ndarray]:
+def plug_in_counts(estimator: Estimator, n: np.ndarray) -> list[np.ndarray]:
     """Integer cell counts (L_j,) per view: ``n_j`` times the reconstructed view,
     rounded by largest remainder so that they sum to ``n_j``."""
     counts = []
@@ -73,7 +73,7 @@ def plug_in_counts(estimator: MarginalEstimator, n: np.ndarray) -> list[np.ndarr
 class Bootstrap:
     """Replicate reconstructions of one collection (see module docstring)."""
 
-    replicates: tuple[MarginalEstimator, ...]
+    replicates: tuple[Estimator, ...]
 
     def answers(self, attrs: Sequence[AttrRef]) -> np.ndarray:
         """The answer of every replicate, shape (B, *query shape)."""
@@ -86,12 +86,13 @@ class Bootstrap:
 
 def bootstrap(
     support: SupportCounts,
-    estimator: MarginalEstimator | None = None,
+    estimator: Estimator | None = None,
     replicates: int = 32,
     rng: np.random.Generator | int | None = None,
     shrink: bool = True,
+    reconstruction: str = "local",
 ) -> Bootstrap:
-    """A parametric bootstrap of ``reconstruct(support, shrink=shrink)``.
+    """A parametric bootstrap of ``reconstruct_by(support, reconstruction, shrink)``.
 
     ``estimator`` is that reconstruction if already computed. The relative standard
     error of a variance from ``B`` replicates is about ``sqrt(2 / (B - 1))`` (25% at
@@ -104,10 +105,11 @@ def bootstrap(
     if int(support.n.sum()) == 0:
         raise CalmkitError("support (no reports) has nothing to bootstrap")
     gen = np.random.default_rng(rng)
-    base = estimator if estimator is not None else reconstruct(support, shrink=shrink)
+    base = estimator if estimator is not None else reconstruct_by(support, reconstruction, shrink)
     truth = plug_in_counts(base, support.n)
     runs = tuple(
-        reconstruct(sample_support(support.plan, support.n, truth, gen), shrink=shrink)
+        reconstruct_by(sample_support(support.plan, support.n, truth, gen), reconstruction,
+                       shrink)
         for _ in range(int(replicates))
     )
     return Bootstrap(runs)

@@ -268,9 +268,12 @@ def marginal_from_proto(msg: Any) -> MarginalAnswer:
     )
 
 
-def query_request(collection_id: str, attributes: Sequence[str], replicates: int = 0) -> Any:
+def query_request(
+    collection_id: str, attributes: Sequence[str], replicates: int = 0, reconstruction: str = ""
+) -> Any:
     return pb.QueryRequest(
-        collection_id=collection_id, attributes=list(attributes), replicates=replicates
+        collection_id=collection_id, attributes=list(attributes), replicates=replicates,
+        reconstruction=reconstruction,
     )
 
 

@@ -35,6 +35,7 @@ DATASETS = {
 MECHANISMS = ("calm", "uni", "fc", "am", "ft", "em", "be", "priview", "mwem", "datacube", "wff")
 FIGURES = ("central", "fig4", "fig5", "fig6", "fig7", "fig8", "fig9")
 PLANNERS = ("pipeline", "paper")
+RECONSTRUCTIONS = ("local", "global")
 PILOT_FRACTION = 0.2
 PATHS = ("fast", "faithful")
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -252,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--replicates", type=NON_NEGATIVE, default=0,
                        help="bootstrap replicates behind the standard errors (0: the "
                        "server's default, 32; at most 1000)")  # fmt: skip
+    query.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
+                       help="local: maximum entropy per query over the views' projections; "
+                       "global: inference in one model fitted to all views at once")  # fmt: skip
 
     # -- data and evaluation --------------------------------------------------------------
     data = _command(sub, "datasets", "data_cli:_datasets",
@@ -313,6 +317,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "every user through the client code (same distribution)")  # fmt: skip
     sim.add_argument("--no-shrink", action="store_true",
                      help="skip interaction shrinkage: the paper's CALM pipeline exactly")
+    sim.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
+                     help="calm: how queries are answered from the views; local: maximum "
+                     "entropy per query over the views' projections (the paper's); "
+                     "global: inference in one model fitted to all views at once")  # fmt: skip
     central = sim.add_argument_group("central-DP references (mwem, datacube, wff)")
     central.add_argument("--rounds", type=POSITIVE, default=None,
                          help="MWEM rounds T (default: the paper's rule)")

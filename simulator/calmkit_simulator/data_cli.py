@@ -150,6 +150,7 @@ def _simulate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     mechanism = make_mechanism(args.mechanism, theta=args.theta, m=args.m, l=args.l,
                                path=args.path, shrink=not args.no_shrink,
+                               reconstruction=args.reconstruct,
                                planner=args.planner, pilot=args.pilot,
                                rounds=args.rounds, strategy=args.strategy,
                                budgets=args.budgets, noise=args.noise, delta=args.delta,
@@ -186,6 +187,7 @@ def _simulate(args: argparse.Namespace) -> int:
         "seconds_per_rep": float(np.median([r.seconds for r in results])),
         "privacy_unit": mechanism.privacy_unit,
         "shrink": not args.no_shrink,
+        "reconstruct": args.reconstruct,
         "planner": getattr(mechanism, "planner", None),
         "chosen": chosen,
         "warnings": warnings,

@@ -175,3 +175,17 @@ def test_bad_input_names_the_field() -> None:
         predict_error((2, 2), [(0, 1)], [10.0], 1.0, Workload(k=2), profile)
     with pytest.raises(CalmkitError, match="k"):
         Workload(k=0)
+
+
+def test_the_reconstruction_is_a_parameter_of_the_prediction() -> None:
+    from calmkit_aggregator.error_model import Workload, predict_error
+    from calmkit_aggregator.profile import DataProfile
+
+    sizes = (2, 2, 2, 2)
+    views = [(0, 1), (1, 2), (2, 3)]
+    profile = DataProfile.prior(Schema.from_sizes(sizes))
+    args = (sizes, views, [1000.0] * 3, 1.0, Workload(k=3), profile)
+    local = predict_error(*args)
+    assert predict_error(*args, reconstruction="global") == local
+    with pytest.raises(CalmkitError, match=r"reconstruction \('nearest'\) must be"):
+        predict_error(*args, reconstruction="nearest")

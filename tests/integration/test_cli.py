@@ -128,6 +128,7 @@ def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
         "seconds_per_rep",
         "privacy_unit",
         "shrink",
+        "reconstruct",
         "planner",
         "chosen",
         "warnings",
@@ -135,6 +136,22 @@ def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
     }
     assert out["planner"] == "pipeline" and out["chosen"]["pilot_m"] == 3
     assert out["n"] == 20000 and out["d"] == 6 and out["sse_mean"] < out["uniform_sse_mean"]
+    assert out["reconstruct"] == "local"
+
+
+def test_simulate_reconstructs_globally_on_request(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["simulate", "--dataset", "synthetic", "--d", "8", "--n", "20000", "--k", "3",
+            "--epsilon", "1", "--planner", "paper", "--queries", "20", "--reps", "2", "--json"]
+    runs = {}
+    for how in ("local", "global"):
+        assert main([*base, "--reconstruct", how]) == 0
+        runs[how] = json.loads(capsys.readouterr().out)
+        assert runs[how]["reconstruct"] == how
+        assert runs[how]["sse_mean"] < runs[how]["uniform_sse_mean"]
+    # same seed, same reports and queries: only the reconstruction differs
+    assert runs["local"]["sse_mean"] != runs["global"]["sse_mean"]
+    assert main([*base, "--reconstruct", "nearest"]) == 2
+    assert "reconstruct ('nearest') must be one of" in capsys.readouterr().err
 
 
 def test_simulate_runs_any_mechanism_by_name(capsys: pytest.CaptureFixture[str]) -> None:

@@ -49,6 +49,7 @@ def test_defaults_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_the_parser_mirrors_the_real_names() -> None:
+    from calmkit_aggregator.calm import RECONSTRUCTIONS
     from calmkit_aggregator.pilot import PILOT_FRACTION
     from calmkit_aggregator.planner import PLANNERS
     from calmkit_aggregator.service.cli import DEFAULT_ADDRESS
@@ -63,6 +64,7 @@ def test_the_parser_mirrors_the_real_names() -> None:
     assert cli.FIGURES == tuple(sorted(FIGURES))
     assert (cli.PLANNERS, cli.PILOT_FRACTION, cli.PATHS) == (PLANNERS, PILOT_FRACTION, PATHS)
     assert (cli.MIRROR_ENV, cli.DEFAULT_ADDRESS) == (MIRROR_ENV, DEFAULT_ADDRESS)
+    assert cli.RECONSTRUCTIONS == RECONSTRUCTIONS
 
 
 def test_help_loads_nothing_heavy() -> None:

@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from calmkit_aggregator import SupportCounts, reconstruct
+from calmkit_aggregator import SupportCounts, reconstruct, reconstruct_global
 from calmkit_aggregator.service.admin import AdminClient
 from calmkit_aggregator.service.server import create_server, graceful_stop
 from calmkit_aggregator.service.storage import Storage
@@ -92,6 +92,16 @@ def test_counts_and_answers_equal_the_in_process_pipeline(
             # every answer carries the bootstrap variance of its values, also max-ent
             assert np.all(np.isfinite(answer.variance)) and np.all(answer.variance > 0)
             assert answer.replicates == 32 and "bootstrap" in answer.variance_method
+        # the global reconstruction on request, equal to the in-process one
+        in_model = reconstruct_global(expected)
+        for attrs in (["a1", "a3", "a4"], ["a0", "a2", "a4"]):
+            answer = admin.query("c1", attrs, replicates=4, reconstruction="global")
+            mine = in_model.answer(attrs)
+            assert answer.method == mine.method and answer.method.startswith("model")
+            np.testing.assert_allclose(answer.values, mine.values, rtol=0, atol=1e-12)
+            assert np.all(np.isfinite(answer.variance)) and answer.replicates == 4
+        with pytest.raises(CalmkitError, match=r"reconstruction \('nearest'\) must be one of"):
+            admin.query("c1", ["a0"], reconstruction="nearest")
     state.close()
 
 

@@ -57,11 +57,12 @@ class AdminClient:
         return client_wire.collection_from_proto(self._call("CloseCollection", ref))
 
     def query(
-        self, collection_id: str, attributes: Sequence[str], replicates: int = 0
-    ) -> MarginalAnswer:
+        self, collection_id: str, attributes: Sequence[str], replicates: int = 0,
+        reconstruction: str = "",
+    ) -> MarginalAnswer:  # fmt: skip
         """A marginal; its variance from ``replicates`` bootstrap replicates (0: the
-        server's default)."""
-        req = client_wire.query_request(collection_id, attributes, replicates)
+        server's default); ``reconstruction`` "local" (the default) or "global"."""
+        req = client_wire.query_request(collection_id, attributes, replicates, reconstruction)
         return client_wire.marginal_from_proto(self._call("Query", req))
 
     def close(self) -> None:

@@ -237,7 +237,8 @@ def _format_table(answer: Any, fmt: str) -> str:
 def _query(args: argparse.Namespace) -> int:
     attrs = [a.strip() for a in args.attrs.split(",") if a.strip()]
     with _admin(args) as admin:
-        answer = admin.query(args.collection, attrs, args.replicates)
+        answer = admin.query(args.collection, attrs, args.replicates,
+                             getattr(args, "reconstruct", ""))  # fmt: skip
     print(_format_table(answer, args.format))
     return 0
 

@@ -40,7 +40,7 @@ from calmkit_client.errors import (
 )
 from calmkit_client.ids import check_collection_id
 
-from ..calm import MarginalEstimator, reconstruct
+from ..calm import Estimator, reconstruct_by
 from ..pilot import PhasedDesign, pilot_plan, pilot_size
 from ..planner import plan_collection
 from ..support import SupportCounts
@@ -130,8 +130,9 @@ class AggregatorService(wire.AggregatorServicer):
         self.storage = storage
         self._rate = RateLimit(rate_limit) if rate_limit is not None else None
         self._admin_hash = _hash_token(admin_token) if admin_token else None
-        self._estimates: dict[str, tuple[int, SupportCounts, MarginalEstimator]] = {}
-        self._bootstraps: dict[str, tuple[int, int, Bootstrap]] = {}
+        # keyed by (collection id, reconstruction)
+        self._estimates: dict[tuple[str, str], tuple[int, SupportCounts, Estimator]] = {}
+        self._bootstraps: dict[tuple[str, str], tuple[int, int, Bootstrap]] = {}
         self._estimate_lock = threading.Lock()
         self._advance_lock = threading.Lock()
 
@@ -271,39 +272,42 @@ class AggregatorService(wire.AggregatorServicer):
                      ms=round(1e3 * (time.perf_counter() - t0), 1))  # fmt: skip
 
     # -- queries -----------------------------------------------------------------------
-    def _estimator(self, collection_id: str) -> tuple[SupportCounts, MarginalEstimator, int]:
-        """The support counted now, its reconstruction (cached until more reports
-        arrive) and how many reports it rests on."""
+    def _estimator(
+        self, collection_id: str, reconstruction: str = "local"
+    ) -> tuple[SupportCounts, Estimator, int]:
+        """The support counted now, its reconstruction (cached per collection and
+        reconstruction until more reports arrive) and how many reports it rests on."""
         support = self.storage.support(collection_id)
         total = int(support.n.sum())
         if total == 0:
             raise CollectionClosed(f"collection_id ({collection_id!r}) has no reports yet")
         with self._estimate_lock:
-            cached = self._estimates.get(collection_id)
+            cached = self._estimates.get((collection_id, reconstruction))
             if cached is None or cached[0] != total:
-                cached = (total, support, reconstruct(support))
-                self._estimates[collection_id] = cached
+                cached = (total, support, reconstruct_by(support, reconstruction))
+                self._estimates[(collection_id, reconstruction)] = cached
         return cached[1], cached[2], total
 
     def _bootstrap(
-        self, collection_id: str, support: SupportCounts, estimator: MarginalEstimator,
-        total: int, replicates: int,
+        self, collection_id: str, support: SupportCounts, estimator: Estimator,
+        total: int, replicates: int, reconstruction: str = "local",
     ) -> Bootstrap:  # fmt: skip
         """Bootstrap replicates of the reconstruction (cached like it; computed outside
         the lock, so two racing queries may both compute and the later one is kept)."""
         with self._estimate_lock:
-            cached = self._bootstraps.get(collection_id)
+            cached = self._bootstraps.get((collection_id, reconstruction))
         if cached is not None and cached[:2] == (total, replicates):
             return cached[2]
-        boot = bootstrap(support, estimator, replicates, rng=_support_seed(support))
+        boot = bootstrap(support, estimator, replicates, rng=_support_seed(support),
+                         reconstruction=reconstruction)  # fmt: skip
         with self._estimate_lock:
-            self._bootstraps[collection_id] = (total, replicates, boot)
+            self._bootstraps[(collection_id, reconstruction)] = (total, replicates, boot)
         return boot
 
     @_rpc
     def Query(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._require_admin(context)
-        collection_id, names, replicates = wire.query_from_proto(request)
+        collection_id, names, replicates, reconstruction = wire.query_from_proto(request)
         if replicates > MAX_REPLICATES or replicates == 1:
             raise CalmkitError(
                 f"replicates ({replicates}) must be 0 (default {DEFAULT_REPLICATES}) or in "
@@ -311,13 +315,15 @@ class AggregatorService(wire.AggregatorServicer):
             )
         replicates = replicates or DEFAULT_REPLICATES
         record = self.storage.get_collection(collection_id)
-        support, estimator, total = self._estimator(collection_id)
+        support, estimator, total = self._estimator(collection_id, reconstruction)
         schema = record.plan.schema
         attrs = tuple(sorted(schema.resolve(names)))
         answer = estimator.answer(attrs)
-        variance = self._bootstrap(collection_id, support, estimator, total, replicates)
+        variance = self._bootstrap(collection_id, support, estimator, total, replicates,
+                                   reconstruction)  # fmt: skip
         ordered = [schema.attributes[a].name for a in attrs]
-        log_json("query", collection=collection_id, attrs=ordered, method=answer.method)
+        log_json("query", collection=collection_id, attrs=ordered, method=answer.method,
+                 reconstruction=reconstruction)  # fmt: skip
         method = (
             f"parametric bootstrap of the whole reconstruction, {replicates} replicates "
             f"(relative standard error of each variance ~{np.sqrt(2 / (replicates - 1)):.0%})"

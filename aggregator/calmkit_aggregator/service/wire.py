@@ -19,6 +19,7 @@ from calmkit_client.wire import plan_to_proto, schema_from_proto
 from calmkit_proto.v1 import calmkit_pb2 as pb
 from calmkit_proto.v1 import calmkit_pb2_grpc as pb_grpc
 
+from ..calm import RECONSTRUCTIONS
 from ..maxent import Answer
 from ..pilot import PILOT_FRACTION
 from ..planner import PLANNERS
@@ -250,8 +251,14 @@ def marginal_to_proto(
     )
 
 
-def query_from_proto(msg: Any) -> tuple[str, list[str], int]:
-    """``(collection id, attribute names, bootstrap replicates or 0 for the default)``."""
+def query_from_proto(msg: Any) -> tuple[str, list[str], int, str]:
+    """``(collection id, attribute names, bootstrap replicates or 0 for the default,
+    reconstruction: "local" when not given)``."""
     if not msg.attributes:
         raise CalmkitError("attributes (empty) must name at least one attribute")
-    return msg.collection_id, list(msg.attributes), int(msg.replicates)
+    reconstruction = str(msg.reconstruction) or "local"
+    if reconstruction not in RECONSTRUCTIONS:
+        raise CalmkitError(
+            f"reconstruction ({reconstruction[:32]!r}) must be one of {list(RECONSTRUCTIONS)}"
+        )
+    return msg.collection_id, list(msg.attributes), int(msg.replicates), reconstruction

@@ -181,14 +181,16 @@ class CollectionList(_message.Message):
     def __init__(self, collections: _Optional[_Iterable[_Union[Collection, _Mapping]]] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("collection_id", "attributes", "replicates")
+    __slots__ = ("collection_id", "attributes", "replicates", "reconstruction")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     REPLICATES_FIELD_NUMBER: _ClassVar[int]
+    RECONSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     collection_id: str
     attributes: _containers.RepeatedScalarFieldContainer[str]
     replicates: int
-    def __init__(self, collection_id: _Optional[str] = ..., attributes: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ...) -> None: ...
+    reconstruction: str
+    def __init__(self, collection_id: _Optional[str] = ..., attributes: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., reconstruction: _Optional[str] = ...) -> None: ...
 
 class MarginalTable(_message.Message):
     __slots__ = ("attributes", "shape", "values", "variance", "method", "residual", "reports", "state", "variance_method", "replicates")

@@ -41,7 +41,7 @@ __all__ = [
 
 # command-line name -> (class, the options of ``calmkit simulate`` it takes)
 MECHANISMS: dict[str, tuple[type[Mechanism], tuple[str, ...]]] = {
-    "calm": (Calm, ("theta", "m", "l", "path", "shrink", "planner", "pilot")),
+    "calm": (Calm, ("theta", "m", "l", "path", "shrink", "planner", "pilot", "reconstruction")),
     "uni": (Uniform, ()),
     "fc": (FullContingency, ("path",)),
     "am": (AllMarginals, ("path",)),

@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-from calmkit_aggregator import MarginalEstimator, plan_collection, reconstruct
+from calmkit_aggregator import RECONSTRUCTIONS, Estimator, plan_collection, reconstruct_by
 from calmkit_aggregator.pilot import (
     PILOT_FRACTION,
     combine_phases,
@@ -42,7 +42,7 @@ __all__ = ["Calm"]
 
 
 class _CalmRelease(Release):
-    def __init__(self, estimator: MarginalEstimator, chosen: dict[str, object]) -> None:
+    def __init__(self, estimator: Estimator, chosen: dict[str, object]) -> None:
         self.estimator, self.chosen = estimator, chosen
 
     def answer(self, attrs: Sequence[int]) -> np.ndarray:
@@ -72,8 +72,9 @@ def _setting_views(
 class Calm(Mechanism):
     """CALM with a planner (``"pipeline"`` with a pilot of ``pilot`` of the users, or
     ``"paper"``: Algorithm 1 with ``theta``), optionally fixed ``m``/``l``, the
-    collection path and shrinkage; ``replan``: new views every repetition instead of
-    one plan per setting (see the module docstring)."""
+    collection path, shrinkage and the ``reconstruction`` (``"local"``: per-query
+    max-ent; ``"global"``: one model of all views); ``replan``: new views every
+    repetition instead of one plan per setting (see the module docstring)."""
 
     name = "CALM"
 
@@ -87,13 +88,19 @@ class Calm(Mechanism):
         planner: str = "pipeline",
         pilot: float = PILOT_FRACTION,
         replan: bool = False,
+        reconstruction: str = "local",
     ) -> None:
+        if reconstruction not in RECONSTRUCTIONS:
+            raise CalmkitError(
+                f"reconstruction ({reconstruction!r}) must be one of {list(RECONSTRUCTIONS)}"
+            )
         if planner not in PLANNERS:
             raise CalmkitError(f"planner ({planner!r}) must be one of {list(PLANNERS)}")
         if not (isinstance(pilot, (int, float)) and 0 <= pilot < 1):
             raise CalmkitError(f"pilot ({pilot!r}) must be a fraction in [0, 1)")
         self.theta, self.m, self.l, self.path, self.shrink = theta, m, l, path, shrink
         self.planner, self.pilot, self.replan = planner, float(pilot), bool(replan)
+        self.reconstruction = reconstruction
 
     def run(self, population: Population, epsilon: float, k: int, rng: RngLike = None) -> Release:
         gen = np.random.default_rng(rng)
@@ -111,7 +118,8 @@ class Calm(Mechanism):
                 plan = Plan(population.schema, epsilon, views, seed=seed)
             support = collect_support(population, plan, gen, path=self.path)
             chosen: dict[str, object] = {"m": plan.m, "l": max(len(v) for v in plan.views)}
-            return _CalmRelease(reconstruct(support, shrink=self.shrink), chosen)
+            estimator = reconstruct_by(support, self.reconstruction, self.shrink)
+            return _CalmRelease(estimator, chosen)
         first = pilot_plan(population.schema, epsilon, seed=seed)
         cut = pilot_size(population.n, self.pilot)
         pilot_users = np.sort(gen.permutation(population.n)[:cut])
@@ -123,7 +131,8 @@ class Calm(Mechanism):
                                 workload_of(population.schema, k, None), seed=seed + 1,
                                 l=self.l, m=self.m)  # fmt: skip
         main_support = collect_support(population, main.plan, gen, path=self.path, rows=rest)
-        estimator = reconstruct(combine_phases([pilot_support, main_support]), shrink=self.shrink)
+        estimator = reconstruct_by(combine_phases([pilot_support, main_support]),
+                                   self.reconstruction, self.shrink)
         chosen_main: dict[str, object] = {
             "m": main.plan.m,
             "l": main.choice.l,

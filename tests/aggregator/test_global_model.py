@@ -1,0 +1,179 @@
+"""The global model: noiseless recovery (exact marginals in, exact answers out for
+every query, not only those inside a view) on trees, cycles and overlapping cliques;
+a distribution with a known junction tree; the clique cap; non-negativity; refusal of
+oversized dense answers; junction-tree invariants."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from calmkit_aggregator.global_model import fit_global, i_projection, reconstruct_global
+from calmkit_aggregator.junction import TableTooLarge, fit_maxent, junction_tree, project
+from calmkit_aggregator.marginal import MarginalTable
+from calmkit_aggregator.maxent import maximum_entropy
+from calmkit_client import CalmkitError, Plan, Schema
+
+SIZES = (2, 3, 2, 3, 2, 2)
+ALL = tuple(range(len(SIZES)))
+VIEW_SETS = {
+    "tree": [(0, 1), (1, 2), (1, 3), (3, 4), (4, 5)],
+    "cycle": [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (0, 5)],
+    "overlapping": [(0, 1, 2), (1, 2, 3), (2, 3, 4), (0, 4, 5), (1, 5)],
+    "missing-attribute": [(0, 1, 2), (1, 2, 3), (3, 4)],  # attribute 5 in no view
+    "duplicate": [(0, 1), (0, 1), (1, 2, 3), (3, 4, 5), (2, 3)],
+}
+TOL = 1e-12
+
+
+def _log_linear(views: list[tuple[int, ...]], seed: int) -> np.ndarray:
+    """A joint that factorises over ``views`` (random log-potentials): the maximum-
+    entropy distribution given its own view marginals, so the model can recover it."""
+    rng = np.random.default_rng(seed)
+    log_p = np.zeros(SIZES)
+    for v in views:
+        shape = [SIZES[a] if a in v else 1 for a in ALL]
+        log_p = log_p + rng.normal(0.0, 1.0, size=shape)
+    p = np.exp(log_p - log_p.max())
+    out: np.ndarray = p / p.sum()
+    return out
+
+
+def _exact(views: list[tuple[int, ...]], joint: np.ndarray) -> tuple[Plan, list[MarginalTable]]:
+    plan = Plan(Schema.from_sizes(SIZES), 1.0, views)
+    return plan, [MarginalTable(v, project(ALL, joint, v), 0.0, 1000) for v in views]
+
+
+def _queries() -> list[tuple[int, ...]]:
+    return [q for k in (1, 2, 3, len(SIZES)) for q in itertools.combinations(ALL, k)]
+
+
+@pytest.mark.parametrize("name", VIEW_SETS)
+def test_exact_marginals_give_exact_answers_to_every_query(name: str) -> None:
+    views = VIEW_SETS[name]
+    joint = _log_linear(views, seed=1)
+    plan, tables = _exact(views, joint)
+    est = fit_global(plan, tables, tol=TOL, max_iter=5000)
+    assert all(est.held) and est.residual <= TOL
+    for q in _queries():  # most of them inside no view
+        ans = est.answer(q)
+        assert ans.method == "model"
+        # IPF stops at residual TOL; its fixed point is the joint, so a query errs by
+        # at most a few TOL per cell
+        np.testing.assert_allclose(ans.values, project(ALL, joint, q), atol=1e3 * TOL)
+
+
+def test_a_known_junction_tree_is_recovered_in_one_sweep() -> None:
+    # P = prod beta_C / prod beta_S on cliques (0,1,2) - (1,2,3) - (3,4) - (4,5)
+    rng = np.random.default_rng(2)
+    cliques = [(0, 1, 2), (1, 2, 3), (3, 4), (4, 5)]
+    joint = np.ones(SIZES)
+    for c in cliques:  # a chain of conditionals: decomposable by construction
+        shape = [SIZES[a] if a in c else 1 for a in ALL]
+        joint = joint * rng.dirichlet(np.ones(int(np.prod(shape))) * 0.7).reshape(shape)
+    joint /= joint.sum()
+    tree = junction_tree(cliques, SIZES)
+    assert sorted(tree.cliques) == sorted(cliques)
+    fit = fit_maxent(tree, [(c, project(ALL, joint, c)) for c in cliques], tol=TOL)
+    # one sweep scales each clique to its target once; the second finds every target met
+    assert fit.iterations == 2 and fit.residual <= TOL
+    for q in _queries():
+        np.testing.assert_allclose(fit.model.marginal(q, 1 << 20), project(ALL, joint, q),
+                                   atol=1e-14)  # fmt: skip
+
+
+def test_model_beats_per_query_maxent_on_an_unobserved_pair() -> None:
+    # a chain 0 - 1 - 2 with strong dependence: the pair (0, 2) is in no view; the
+    # model carries the dependence through 1, per-query max-ent over (0, 2) cannot
+    views = [(0, 1), (1, 2)]
+    joint = _log_linear(views, seed=3)
+    plan, tables = _exact(views, joint)
+    est = fit_global(plan, tables, tol=TOL)
+    truth = project(ALL, joint, (0, 2))
+    np.testing.assert_allclose(est.answer((0, 2)).values, truth, atol=1e-12)
+    independent = np.outer(truth.sum(axis=1), truth.sum(axis=0))
+    assert np.abs(independent - truth).max() > 0.01  # the pair is dependent
+
+
+def test_a_clique_cap_keeps_every_view_in_the_answers() -> None:
+    views = VIEW_SETS["overlapping"]
+    joint = _log_linear(views, seed=4)
+    plan, tables = _exact(views, joint)
+    est = fit_global(plan, tables, tol=TOL, max_iter=5000, max_clique=18)
+    assert not all(est.held) and any(est.held)
+    assert est.model.tree.largest <= 18
+    for q in _queries():
+        ans = est.answer(q)
+        assert ans.method == "model+ipf"
+        assert ans.values.min() >= 0 and ans.values.sum() == pytest.approx(1.0, abs=1e-12)
+        for v in views:  # every view's projection onto the query holds
+            common = tuple(a for a in q if a in v)
+            if common:
+                np.testing.assert_allclose(project(q, ans.values, common),
+                                           project(ALL, joint, common), atol=1e-9)  # fmt: skip
+    for v in views:  # a query inside a view is its projection
+        np.testing.assert_allclose(est.answer(v).values, project(ALL, joint, v), atol=1e-9)
+
+
+def test_noisy_reports_give_non_negative_answers_summing_to_one() -> None:
+    from calmkit_simulator.collect import collect_support
+    from calmkit_simulator.synthetic import synthetic_population
+
+    pop = synthetic_population(n=20_000, sizes=(2, 3, 2, 2, 3, 2, 2, 2), rng=5)
+    views = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7), (0, 7), (1, 5)]
+    plan = Plan(pop.schema, 0.5, views, seed=5)
+    support = collect_support(pop, plan, np.random.default_rng(5))
+    for shrink in (True, False):
+        est = reconstruct_global(support, shrink=shrink)
+        assert (est.shrinkage is not None) == shrink
+        for q in itertools.combinations(range(8), 3):
+            values = est.answer(q).values
+            assert values.shape == pop.schema.shape(q)
+            assert values.min() >= 0.0 and values.sum() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_oversized_dense_answers_are_refused_with_their_size() -> None:
+    sizes = (10,) * 10
+    views = [(a, a + 1) for a in range(9)]
+    plan = Plan(Schema.from_sizes(sizes), 1.0, views)
+    uniform = np.full((10, 10), 0.01)
+    tables = [MarginalTable(v, uniform, 0.0, 100) for v in views]
+    est = fit_global(plan, tables)
+    with pytest.raises(TableTooLarge, match=r"8 attributes \(100000000 cells\)"):
+        est.answer(tuple(range(8)))  # 10^8 cells: 800 MB dense, refused before allocating
+    assert isinstance(TableTooLarge("x"), CalmkitError)
+    with pytest.raises(TableTooLarge, match="100000000 cells"):
+        est.model.marginal(tuple(range(8)), est.max_cells)
+    # an answer within the budget but with a too large intermediate table is refused too
+    with pytest.raises(TableTooLarge, match="intermediate"):
+        est.model.marginal((0, 9), 500)  # the answer has 100 cells, a message 1000
+    assert est.answer((0, 9)).values.shape == (10, 10)
+
+
+def test_i_projection_from_uniform_is_maximum_entropy() -> None:
+    joint = _log_linear(VIEW_SETS["cycle"], seed=6)
+    constraints = [(v, project(ALL, joint, v)) for v in VIEW_SETS["cycle"]]
+    start = np.full(SIZES, 1.0 / joint.size)
+    ours, residual, _ = i_projection(start, constraints, tol=TOL, max_iter=5000)
+    reference, _, _ = maximum_entropy(SIZES, constraints, tol=TOL, max_iter=5000)
+    assert residual <= TOL
+    np.testing.assert_allclose(ours, reference, atol=1e-12)
+    np.testing.assert_allclose(ours, joint, atol=1e-9)  # the joint is itself max-ent
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_junction_trees_hold_every_view_and_run_intersection(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    d = 12
+    sizes = tuple(int(s) for s in rng.integers(2, 4, size=d))
+    views = [tuple(sorted(rng.choice(d, size=int(rng.integers(2, 4)), replace=False).tolist()))
+             for _ in range(10)]  # fmt: skip
+    tree = junction_tree(views, sizes)
+    assert all(tree.home(v) is not None for v in views)
+    assert {a for c in tree.cliques for a in c} == set(range(d))
+    for a in range(d):  # the cliques holding a form a connected subtree
+        holders = {i for i, c in enumerate(tree.cliques) if a in c}
+        tops = [i for i in holders if tree.parent[i] not in holders]
+        assert len(tops) == 1
