@@ -60,7 +60,7 @@ __all__ = ["ErrorPrediction", "Workload", "predict_error", "predict_errors"]
 _CLIP_SDS = 3.0
 # Simulated repetitions per view for Norm-Sub; values per simulated batch.
 _SAMPLES = 32
-_BATCH_VALUES = 1 << 20
+_BATCH_VALUES = 1 << 18
 # Views of one shape and user count simulated per prediction (the rest: nearest truth).
 _SIMULATED = 128
 # Below this many reports per view counts are drawn exactly, above by their normal law.

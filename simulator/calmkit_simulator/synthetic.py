@@ -71,11 +71,13 @@ class BayesianNetwork:
         codes = np.zeros((n, self.schema.d), dtype=self.schema.code_dtype)
         for i, (pa, cpt) in enumerate(zip(self.parents, self.cpts)):
             cum = np.cumsum(cpt, axis=1)
-            u = gen.random(n)  # one draw per user and attribute, in this order
-            for lo in range(0, n, _BLOCK):  # the rest in blocks: O(block) temporaries
+            for lo in range(0, n, _BLOCK):  # in blocks: O(block) temporaries
                 block = codes[lo : lo + _BLOCK]
+                # one draw per user and attribute, in this order (block draws continue
+                # the generator's stream: the same values as one draw of n)
+                u = gen.random(block.shape[0])
                 config = cells_of(self.schema, block, pa)  # columns < i, in range
-                below = u[lo : lo + _BLOCK, None] >= cum[config]  # (block, size_i)
+                below = u[:, None] >= cum[config]  # (block, size_i)
                 block[:, i] = np.minimum(below.sum(axis=1), cpt.shape[1] - 1)
         return codes
 
