@@ -8,17 +8,18 @@ report, the marginal is exact). For each view size l = 1, 2, ... it scores desig
 m = ceil(d/l) (every attribute held once), 4x, 16x, ... views up to
 ``min(C(d, l), users / cells, 4096)`` (each view expecting at least as many users as
 it has cells), plus a covering design for l >= k whenever its size fits
-(every k-set then lies in a view), then refines m by factors of 2 and sqrt(2) around the
-best. At each (l, m) there are two designs: views spread evenly over the attributes
-and pairs (:func:`~.designs.spread_views`) and, when the profile expects some pairs
-to depend more than others (a pilot's profile does), views that hold those pairs
-(:func:`~.designs.dependent_views`); the model scores both. Along m (and along l
-past k) the search stops after two steps that do not improve the prediction. Every
-design is predicted at the five quantiles of the profile's pair dependence
-(``DataProfile.dependence_quantiles``, equally likely values); the chosen design
-has the smallest mean log ratio to the best design at each quantile, so an uncertain
-profile gives a design that is good across what the data cannot rule out rather
-than at one guess.
+(every k-set then lies in a view), then refines m by factors of 2 and sqrt(2) around
+the best. The search over m uses views spread evenly over the attributes and pairs
+(:func:`~.designs.spread_views`); when the profile expects some pairs to depend more
+than others (a pilot's profile does), views that hold those pairs
+(:func:`~.designs.dependent_views`) are scored too, at the two counts where the
+spread views of that size did best, and the refinement follows whichever kind won.
+Along m (and along l past k) the search stops after two steps that do not improve the
+prediction. Every design is predicted at the five quantiles of the profile's pair
+dependence (``DataProfile.dependence_quantiles``, equally likely values); the chosen
+design has the smallest mean log ratio to the best design at each quantile, so an
+uncertain profile gives a design that is good across what the data cannot rule out
+rather than at one guess.
 """
 
 from __future__ import annotations
@@ -237,13 +238,14 @@ def choose_plan(
                                                     start=fixed)  # fmt: skip
         return score(lv, dependent_streams[lv].first(mv), "dependent")
 
-    def design(lv: int, mv: int) -> float:
-        """The better of the spread and (when the profile knows which pairs depend
-        most) the dependent design of ``mv`` views of size ``lv``."""
-        value = spread(lv, mv)
-        if relevance is not None and lv >= 2:
-            value = min(value, dependent(lv, mv))
-        return value
+    def dependent_near_best(lv: int) -> float:
+        """The dependent designs (when the profile knows which pairs depend most) at
+        the two view counts where the spread designs of size ``lv`` did best."""
+        if relevance is None or lv < 2:
+            return math.inf
+        tried = sorted((c.typical, c.m) for c, _, _ in scored
+                       if c.l == lv and c.design == "spread")  # fmt: skip
+        return min((dependent(lv, mv) for _, mv in tried[:2]), default=math.inf)
 
     kinds: dict[str, Callable[[int, int], float]] = {"spread": spread, "dependent": dependent}
 
@@ -265,16 +267,17 @@ def choose_plan(
         if m is not None:
             if m > room:
                 raise PlanError(f"m ({m}) must be <= {room} new distinct views of size {lv}")
-            best_l = design(lv, int(m))
+            best_l = min(spread(lv, int(m)), dependent_near_best(lv))
         else:
             mv = lows[lv] = min(hi, math.ceil(dc / lv))
-            best_l = last = design(lv, mv)
+            best_l = last = spread(lv, mv)
             rises = 0
             while mv < hi and rises < _PATIENCE:  # m x4 until it stops paying
                 mv = min(hi, 4 * mv)
-                value = design(lv, mv)
+                value = spread(lv, mv)
                 rises = rises + 1 if value > last else 0
                 best_l, last = min(best_l, value), value
+            best_l = min(best_l, dependent_near_best(lv))
         if workload.k is not None and order <= lv <= order + 2 and dc <= _COVER_MAX_D:
             need = cover_lower_bound(dc, order, lv)
             limit = hi if m is None else int(m)
