@@ -4,6 +4,7 @@ report, restart time, health under full ingest, against the previous design.
     python benchmarks/bench_service.py [--reports 10000000] [--clients 4] [--batch 1000]
         [--baseline-reports 300000] [--baseline-ref 12bb76a] [--reps 5]
         [--postgres-replicas 1 2] [--postgres-reports 2000000]
+        [--postgres-baseline-ref 406b95c]
 
 A real ``calmkit serve`` process (SQLite, a fresh database) and ``--clients`` client
 processes, each sending pre-built batches of ``--batch`` reports back to back over
@@ -21,17 +22,24 @@ reports/s overall and per window of the store's size,
 the last window's rate over the first's, bytes the server process wrote (from
 ``/proc/PID/io``) per report and per stored byte, health p50/p99/max, and after a
 restart: seconds until the port answers health and a query (serving) and until a new
-report is accepted.
+report is accepted; and CPU seconds per 1000 reports of the server processes, the
+clients and (PostgreSQL) the database's processes, with the cores they kept busy and
+the cores the same work would need at 150,000 reports/s.
 
-PostgreSQL: the current design on a throwaway PostgreSQL 15 server (tests/pg.py: a temp
-dir, loopback, as an unprivileged user) with 1 and 2 ``calmkit serve`` replicas, the
-clients spread over them; bytes written there count the aggregator processes only.
+PostgreSQL: a throwaway PostgreSQL 15 server (tests/pg.py: a temp dir, loopback, as an
+unprivileged user) with 1 and 2 ``calmkit serve`` replicas, the clients spread over
+them; bytes written there count the aggregator processes only. The current design (the
+batch log, deduplication in each replica's memory) and the previous one at
+``--postgres-baseline-ref`` (every key under two unique indexes) run alternately, rep
+by rep, so both see the same machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
+import os
 import re
 import shutil
 import signal
@@ -42,6 +50,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -52,6 +61,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
 VIEWS = ((0, 1), (2, 3), (4, 5), (6, 7), (1, 4))
 BASELINE_REF = "12bb76a"  # the last commit with schema 2 and ReportBatch only
+PG_BASELINE_REF = "406b95c"  # the last commit with every key under unique indexes in PG
+TARGET_RATE = 150_000  # reports/s: the PostgreSQL target, for the cores it would take
 PACKAGES = ("client", "aggregator", "simulator", "protos")
 
 
@@ -70,6 +81,40 @@ def _serve(code: Path, db: Path | str) -> tuple[subprocess.Popen[str], str]:
     if not match:
         raise SystemExit(f"server did not start: {line!r}")
     return proc, match.group(1)
+
+
+def _cpu(pids: list[int]) -> dict[int, float]:
+    """CPU seconds (user + system) each live process has used so far (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _postgres_pids(data: Path) -> list[int]:
+    """The PostgreSQL server's processes: the postmaster and its children."""
+    try:
+        main = int((data / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return []
+    pids = [main]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == main:
+                pids.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
+
+
+def _used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds used between two samples (processes started meanwhile count whole)."""
+    return sum(t - before.get(pid, 0.0) for pid, t in after.items())
 
 
 def _written(pid: int) -> int:
@@ -139,10 +184,11 @@ def _client(address: str, token: str, plan_json: str, count: int, batch: int, se
         metadata = (("authorization", f"Bearer {token}"),)
         ready.wait()
         done = []
+        cpu0 = time.process_time()
         for message in messages:
             call(message, metadata=metadata, timeout=60)
             done.append(time.time())
-    out.put(done)
+    out.put((done, time.process_time() - cpu0))
 
 
 # -- one design ----------------------------------------------------------------------------------
@@ -160,14 +206,15 @@ def _measure(code: Path, tmp: Path, reports: int, clients: int, batch: int, colu
     else:
         db = tmp / "agg.db"
     try:
-        return _ingest(code, db, reports, clients, batch, columnar, windows, max(replicas, 1))
+        return _ingest(code, db, reports, clients, batch, columnar, windows, max(replicas, 1),
+                       None if pg_server is None else pg_server.data)  # fmt: skip
     finally:
         if pg_server is not None:
             pg_server.stop()
 
 
 def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, columnar: bool,
-            windows: int, replicas: int) -> dict[str, float]:  # fmt: skip
+            windows: int, replicas: int, pg_data: Path | None) -> dict[str, float]:  # fmt: skip
     from calmkit_aggregator.service.admin import AdminClient
     from calmkit_client import Schema
 
@@ -189,6 +236,8 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
         p.start()
     ready.wait()
     written0, t0 = sum(_written(p.pid) for p, _ in servers), time.time()
+    server_cpu0 = _cpu([p.pid for p, _ in servers])
+    db_cpu0 = _cpu(_postgres_pids(pg_data)) if pg_data is not None else {}
     probes: list[float | None] = []
     stop = threading.Event()
 
@@ -199,7 +248,11 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
 
     prober = threading.Thread(target=probe)
     prober.start()
-    finished = sorted(t for _ in procs for t in out.get())
+    results = [out.get() for _ in procs]
+    server_cpu = _used(server_cpu0, _cpu([p.pid for p, _ in servers]))
+    db_cpu = _used(db_cpu0, _cpu(_postgres_pids(pg_data))) if pg_data is not None else 0.0
+    finished = sorted(t for done, _ in results for t in done)
+    client_cpu = sum(cpu for _, cpu in results)
     for p in procs:
         p.join()
     stop.set()
@@ -227,6 +280,10 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
         "health_p99": float(np.percentile(ok, 99)) if ok.size else float("nan"),
         "health_max": float(ok.max()) if ok.size else float("nan"),
         "health_failed": sum(p is None for p in probes),
+        "cpu_server": 1e3 * server_cpu / reports,  # CPU seconds per 1000 reports
+        "cpu_clients": 1e3 * client_cpu / reports,
+        "cpu_db": 1e3 * db_cpu / reports,
+        "cores": (server_cpu + client_cpu + db_cpu) / seconds,
         **restart,
     }
 
@@ -254,8 +311,17 @@ def _restart(code: Path, db: Path, token: str, plan_json: str) -> dict[str, floa
 
 def _median_of(reps: int, *args: object) -> dict[str, float]:
     """Each figure's median over ``reps`` fresh runs of :func:`_run`."""
-    runs = [_run(*args) for _ in range(reps)]  # type: ignore[arg-type]
-    return {key: float(statistics.median(r[key] for r in runs)) for key in runs[0]}
+    return _alternating(reps, [args])[0]
+
+
+def _alternating(reps: int, designs: list[tuple[object, ...]]) -> list[dict[str, float]]:
+    """Each design's figures, medians over ``reps`` fresh runs of :func:`_run`, the
+    designs taking turns within each rep (so they share the machine's moods)."""
+    runs: list[list[dict[str, float]]] = [[] for _ in designs]
+    for _ in range(reps):
+        for i, args in enumerate(designs):
+            runs[i].append(_run(*args))  # type: ignore[arg-type]
+    return [{key: float(statistics.median(r[key] for r in rs)) for key in rs[0]} for rs in runs]
 
 
 def _run(code: Path, reports: int, clients: int, batch: int, columnar: bool,
@@ -300,6 +366,10 @@ def _report(name: str, r: dict[str, float], reports: int) -> None:
     )
     print(f"  restart             serving after {r['restart_serving']:.2f} s, accepting reports "
           f"after {r['restart_accepting']:.2f} s")  # fmt: skip
+    per_report = r["cpu_server"] + r["cpu_clients"] + r["cpu_db"]
+    print(f"  CPU s/1000 reports  server(s) {r['cpu_server']:.4f}, clients {r['cpu_clients']:.4f}, "
+          f"database {r['cpu_db']:.4f}; {r['cores']:.2f} cores busy; "
+          f"{per_report * TARGET_RATE / 1e3:.2f} cores at {TARGET_RATE:,}/s")  # fmt: skip
 
 
 def main() -> int:
@@ -314,40 +384,79 @@ def main() -> int:
     parser.add_argument("--postgres-replicas", type=int, nargs="*", default=[1, 2],
                         help="replica counts to run on a throwaway PostgreSQL (none: skip)")
     parser.add_argument("--postgres-reports", type=int, default=2_000_000)
+    parser.add_argument("--postgres-baseline-ref", default=PG_BASELINE_REF,
+                        help="the previous PostgreSQL design, run alternately (empty: skip)")
     args = parser.parse_args()
     base = None
-    if args.baseline_reports and shutil.which("git"):
-        worktree = Path(tempfile.mkdtemp()) / "baseline"
-        made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach",
-                               str(worktree), args.baseline_ref], capture_output=True)  # fmt: skip
-        if made.returncode == 0:
-            try:
+    if args.baseline_reports:
+        with _checkout(args.baseline_ref) as worktree:
+            if worktree is not None:
                 base = _median_of(args.reps, worktree, args.baseline_reports, args.clients,
                                   args.batch, False, args.windows)  # fmt: skip
                 _report(f"baseline ({args.baseline_ref}: ReportBatch, schema 2)", base,
                         args.baseline_reports)  # fmt: skip
-            finally:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                                str(worktree)], capture_output=True)  # fmt: skip
-        else:
-            print(f"baseline skipped: git worktree add {args.baseline_ref} failed: "
-                  f"{made.stderr.decode().strip()}")  # fmt: skip
-    current = _median_of(args.reps, ROOT, args.reports, args.clients, args.batch, True,
-                         args.windows)  # fmt: skip
-    _report("current (SubmitColumnar, batch log, schema 3)", current, args.reports)
-    if base is not None:
+    current = None
+    if args.reports:
+        current = _median_of(args.reps, ROOT, args.reports, args.clients, args.batch, True,
+                             args.windows)  # fmt: skip
+        _report("current (SubmitColumnar, batch log, schema 3)", current, args.reports)
+    if base is not None and current is not None:
         ratio = {k: current[k] / base[k] for k in ("rate", "written_per_report", "health_p99")}
         print(
             f"current / baseline: reports/s {ratio['rate']:.1f}x, bytes written per report "
             f"{ratio['written_per_report']:.2f}x, health p99 {ratio['health_p99']:.2f}x"
         )
-    for replicas in args.postgres_replicas:
-        pg = _median_of(args.reps, ROOT, args.postgres_reports, args.clients, args.batch, True,
-                        args.windows, replicas)  # fmt: skip
-        _report(f"PostgreSQL, {replicas} replica(s) (SubmitColumnar)", pg, args.postgres_reports)
-        print(f"PostgreSQL {replicas} replica(s) / SQLite current: reports/s "
-              f"{pg['rate'] / current['rate']:.2f}x")  # fmt: skip
+    if not args.postgres_replicas:
+        return 0
+    with _checkout(args.postgres_baseline_ref or None) as pg_base:
+        for replicas in args.postgres_replicas:
+            job = (args.postgres_reports, args.clients, args.batch, True, args.windows, replicas)
+            designs = [(ROOT, *job)] + ([(pg_base, *job)] if pg_base is not None else [])
+            results = _alternating(args.reps, designs)
+            pg = results[0]
+            _report(f"PostgreSQL, {replicas} replica(s): batch log, keys in memory", pg,
+                    args.postgres_reports)  # fmt: skip
+            if current is not None:
+                print(f"PostgreSQL {replicas} replica(s) / SQLite current: reports/s "
+                      f"{pg['rate'] / current['rate']:.2f}x")  # fmt: skip
+            if pg_base is not None:
+                old = results[1]
+                _report(f"PostgreSQL, {replicas} replica(s), baseline "
+                        f"({args.postgres_baseline_ref}: keys under unique indexes)", old,
+                        args.postgres_reports)  # fmt: skip
+                print(f"PostgreSQL {replicas} replica(s) current / baseline: reports/s "
+                      f"{pg['rate'] / old['rate']:.2f}x, last/first window "
+                      f"{pg['last'] / pg['first']:.2f} vs {old['last'] / old['first']:.2f}, "
+                      f"CPU per report {_per_report(pg) / _per_report(old):.2f}x")  # fmt: skip
     return 0
+
+
+def _per_report(r: dict[str, float]) -> float:
+    return r["cpu_server"] + r["cpu_clients"] + r["cpu_db"]
+
+
+@contextlib.contextmanager
+def _checkout(ref: str | None) -> Iterator[Path | None]:
+    """``ref`` checked out in a temporary git worktree, or ``ref`` itself when it is a
+    directory holding a checkout (None: no ref, or git failed)."""
+    if ref and Path(ref, "aggregator").is_dir():
+        yield Path(ref)
+        return
+    if not ref or not shutil.which("git"):
+        yield None
+        return
+    worktree = Path(tempfile.mkdtemp()) / "baseline"
+    made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree),
+                           ref], capture_output=True)  # fmt: skip
+    if made.returncode != 0:
+        print(f"baseline skipped: git worktree add {ref} failed: {made.stderr.decode().strip()}")
+        yield None
+        return
+    try:
+        yield worktree
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
+                       capture_output=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -152,6 +152,7 @@ class ReportStore(Protocol):
         design: PhasedDesign | None = None,
     ) -> CollectionRecord: ...  # fmt: skip
     def get_collection(self, collection_id: str) -> CollectionRecord: ...
+    def submit_record(self, collection_id: str, plan_digest: str) -> CollectionRecord: ...
     def list_collections(self) -> list[CollectionRecord]: ...
     def close_collection(self, collection_id: str) -> CollectionRecord: ...
     def add_phase(self, collection_id: str, phase: int, plan: Plan) -> CollectionRecord: ...
@@ -481,6 +482,12 @@ class Storage:
         with self._lock:
             self._connection()
             return self._entry(collection_id).snapshot()
+
+    def submit_record(self, collection_id: str, plan_digest: str) -> CollectionRecord:
+        """What a submit needs of the collection (its plans, submit token hash, state):
+        here the same as :meth:`get_collection`. (On PostgreSQL a replica's cached copy,
+        whose state may lag another replica's close; :meth:`add_reports` checks.)"""
+        return self.get_collection(collection_id)
 
     def list_collections(self) -> list[CollectionRecord]:
         """Every collection, oldest first."""
@@ -904,11 +911,26 @@ def _dedupe_batch(batch: ReportColumns) -> np.ndarray:
     return firsts
 
 
+class _Lookup(Protocol):
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class _KeyTables(Protocol):
+    """Key tables of stored reports: ``by_id`` (report id -> pseudonym) and
+    ``by_pseudonym`` (the pseudonyms)."""
+
+    @property
+    def by_id(self) -> _Lookup: ...
+    @property
+    def by_pseudonym(self) -> _Lookup: ...
+
+
 def _new_positions(
-    entry: _Entry, collection_id: str, distinct: np.ndarray, ids: np.ndarray,
+    entry: _KeyTables, collection_id: str, distinct: np.ndarray, ids: np.ndarray,
     pseudonyms: np.ndarray,
 ) -> np.ndarray:  # fmt: skip
-    """Of the batch's ``distinct`` positions, those not yet stored.
+    """Of the batch's ``distinct`` positions, those not yet stored (in ``entry``'s
+    tables).
 
     A report whose (report id, pseudonym) pair is stored is a retry: acknowledged as a
     duplicate and the stored report stands, whatever the content sent. A report id
