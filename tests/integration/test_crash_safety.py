@@ -1,5 +1,7 @@
 """Crash safety: ``calmkit serve`` killed with SIGKILL at random moments during ingest,
-restarted on the same database, ten times, with old-format and columnar batches mixed;
+restarted on the same database, ten times (with one graceful restart between, so later
+restarts load the key snapshot and the log after it), with old-format and columnar
+batches mixed;
 on PostgreSQL, two replicas behind the client, killed in turn.
 Every acknowledged report is counted exactly once, none is invented, resending a batch
 whose ack was lost does not double count (DESIGN.md "Service": commit, then
@@ -104,6 +106,11 @@ def _crash_run(db: str, tmp_path: Path, replicas: int) -> tuple[set[bytes], int]
         worker.join()
         kills += 1
         servers[victim] = _start(db)
+        if kills == 5:  # one graceful restart: later restarts load its key snapshot (SQLite)
+            for i, (proc, _) in enumerate(servers):  # and the log after it
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(timeout=30) == 0
+                servers[i] = _start(db)
     assert kills == 10 and 0 < next_batch < len(batches) and lost_acks >= 1
     ingest(threading.Event())  # finish, resending the batch whose ack was lost
     assert next_batch == len(batches)
@@ -135,6 +142,7 @@ def test_acknowledged_reports_survive_sigkill(tmp_path: Path) -> None:
     assert acked == set(stored)  # every ack counted, nothing invented
     with Storage(str(db)) as store:
         _assert_counts_audited(store)
+        assert store.wait_ready(60) and store._entries["crash"].key_source == "snapshot"
 
 
 def test_replicas_on_postgres_survive_sigkill(tmp_path: Path, pg_dsn: str) -> None:

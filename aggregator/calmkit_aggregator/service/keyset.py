@@ -32,12 +32,13 @@ def as_words(keys: np.ndarray) -> np.ndarray:
 
 class KeyTable:
     """16-byte keys -> 16-byte values; keys and values as (n, 2) uint64 words
-    (:func:`as_words`)."""
+    (:func:`as_words`). ``values=False``: a set of keys (values are (n, 0) arrays)."""
 
-    def __init__(self, capacity: int = 0) -> None:
+    def __init__(self, capacity: int = 0, values: bool = True) -> None:
         salt = np.frombuffer(os.urandom(16), dtype=np.uint64)
         self._salt = (salt[0], salt[1])
         self._size = 0
+        self._width = 2 if values else 0
         self._alloc(_slots_for(capacity))
 
     def __len__(self) -> int:
@@ -46,8 +47,47 @@ class KeyTable:
     def _alloc(self, slots: int) -> None:
         self._used = np.zeros(slots, dtype=bool)
         self._keys = np.zeros((slots, 2), dtype=np.uint64)
-        self._values = np.zeros((slots, 2), dtype=np.uint64)
+        self._values = np.zeros((slots, self._width), dtype=np.uint64)
         self._mask = np.uint64(slots - 1)
+
+    def export(self) -> dict[str, np.ndarray]:
+        """The table's state as arrays (copies): ``salt`` (2,) uint64, ``used`` the
+        slots in use as packed bits, and their ``keys`` and ``values`` in slot order.
+        :meth:`restore` rebuilds the same table without hashing or probing."""
+        return {
+            "salt": np.array(self._salt, dtype=np.uint64),
+            "used": np.packbits(self._used),
+            "keys": self._keys[self._used],
+            "values": self._values[self._used],
+        }
+
+    @classmethod
+    def restore(cls, salt: np.ndarray, used: np.ndarray, keys: np.ndarray,
+                values: np.ndarray) -> KeyTable:  # fmt: skip
+        """The table :meth:`export` gave these arrays (``keys``, ``values``: (n, 2) and
+        (n, 2 or 0) uint64 words; ``used``: packed bits of a power-of-two slot count);
+        ``ValueError`` if they do not fit together."""
+        slots = 8 * used.size
+        if slots < _MIN_SLOTS or slots & (slots - 1) or salt.shape != (2,):
+            raise ValueError(f"slots ({slots}) must be a power of two >= {_MIN_SLOTS}")
+        table = cls.__new__(cls)
+        table._salt = (np.uint64(salt[0]), np.uint64(salt[1]))
+        table._width = values.shape[1] if values.ndim == 2 else -1
+        if table._width not in (0, 2) or keys.ndim != 2 or keys.shape[1] != 2:
+            raise ValueError(f"keys and values (shapes {keys.shape}, {values.shape}) must be "
+                             "(n, 2) and (n, 2 or 0)")  # fmt: skip
+        table._alloc(slots)
+        table._used[:] = np.unpackbits(used).view(bool)
+        where = np.flatnonzero(table._used)
+        if where.size != keys.shape[0] or where.size != values.shape[0]:
+            raise ValueError(f"slots in use ({where.size}) must match the keys "
+                             f"({keys.shape[0]}) and values ({values.shape[0]})")  # fmt: skip
+        if where.size > MAX_LOAD * slots:
+            raise ValueError(f"keys ({where.size}) must fill at most {MAX_LOAD} of the slots")
+        table._keys[where] = keys
+        table._values[where] = values
+        table._size = int(where.size)
+        return table
 
     def _home(self, keys: np.ndarray) -> np.ndarray:
         """Each key's first slot: a salted splitmix64 finaliser of its two words."""
@@ -65,7 +105,7 @@ class KeyTable:
         """(found (n,) bool, values (n, 2) uint64: zeros where not found)."""
         n = keys.shape[0]
         found = np.zeros(n, dtype=bool)
-        values = np.zeros((n, 2), dtype=np.uint64)
+        values = np.zeros((n, self._width), dtype=np.uint64)
         slot = self._home(keys)
         pending = np.arange(n)
         while pending.size:
@@ -82,12 +122,14 @@ class KeyTable:
             slot[pending] = (slot[pending] + np.uint64(1)) & self._mask
         return found, values
 
-    def insert(self, keys: np.ndarray, values: np.ndarray) -> None:
+    def insert(self, keys: np.ndarray, values: np.ndarray | None = None) -> None:
         """Add keys that are absent and distinct (the caller checked with
         :meth:`lookup`), growing the table (at least doubling it) to keep its load
-        <= :data:`MAX_LOAD`."""
+        <= :data:`MAX_LOAD`. ``values``: (n, 2) words (None for a set)."""
         if keys.shape[0] == 0:
             return
+        if values is None:
+            values = np.zeros((keys.shape[0], self._width), dtype=np.uint64)
         if self._size + keys.shape[0] > MAX_LOAD * self._used.size:
             old = self._used
             old_keys, old_values = self._keys[old], self._values[old]

@@ -161,7 +161,7 @@ class _Keys:
     for the next commit (under ``queue_lock``)."""
 
     by_id: KeyTable = field(default_factory=KeyTable)
-    by_pseudonym: KeyTable = field(default_factory=KeyTable)
+    by_pseudonym: KeyTable = field(default_factory=lambda: KeyTable(values=False))
     seen: int = 0
     loaded: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -171,7 +171,7 @@ class _Keys:
     def add(self, ids: np.ndarray, pseudonyms: np.ndarray) -> None:
         """Insert stored keys, new to the tables: (n, 2) uint64 words each."""
         self.by_id.insert(ids, pseudonyms)
-        self.by_pseudonym.insert(pseudonyms, ids)
+        self.by_pseudonym.insert(pseudonyms)
 
 
 @dataclass
@@ -708,7 +708,8 @@ class PgStorage:
     @staticmethod
     def _drop_tables(keys: _Keys) -> None:
         """After a failure while filling the tables: start them again from the log."""
-        keys.by_id, keys.by_pseudonym, keys.seen, keys.loaded = KeyTable(), KeyTable(), 0, False
+        keys.by_id, keys.by_pseudonym = KeyTable(), KeyTable(values=False)
+        keys.seen, keys.loaded = 0, False
 
     def _load(self, collection_id: str, keys: _Keys) -> None:
         """Fill empty tables from the whole log without the collection's lock (call
