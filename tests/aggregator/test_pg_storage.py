@@ -374,3 +374,52 @@ def test_refuses_a_newer_or_foreign_database(pg_dsn: str, pg_server: object) -> 
     with pytest.raises(CalmkitError, match=r"is not a calmkit store \(it has a table named "
                        r"'batches'"):  # fmt: skip
         PgStorage(foreign)
+
+
+def _pg_dedupe_exact(store: PgStorage, cid: str, stored: list[StoredReport]) -> None:
+    """Exactly ``stored`` is known: retries are duplicates, a stored id or pseudonym
+    under another device is refused."""
+    assert store.add_reports(cid, PLAN.digest, stored) == BatchOutcome(0, len(stored))
+    x = stored[len(stored) // 2]
+    with pytest.raises(ReportConflict, match="report_id"):
+        store.add_reports(cid, PLAN.digest, [StoredReport(x.report_id, b"\x01" * 16, x.view,
+                                                          x.payload)])  # fmt: skip
+    with pytest.raises(ReportConflict, match="pseudonym"):
+        store.add_reports(cid, PLAN.digest, [StoredReport(b"\x02" * 16, x.pseudonym, x.view,
+                                                          x.payload)])  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", ["none", "corrupt", "other_db"])
+def test_a_replica_restarts_from_its_key_snapshot(
+    pg_dsn: str, pg_server: object, tmp_path: Path, damage: str
+) -> None:
+    """With key_snapshots, a replica's close writes its tables; its restart loads them
+    and the log rows other replicas appended since. A corrupt snapshot, or one of
+    another database, is not used (the tables come from the whole log)."""
+    _, reports = simulate(PLAN, 1500, seed=32)
+    folder = tmp_path / "keys"
+    with PgStorage(pg_dsn, key_snapshots=folder) as a:
+        a.create_collection("s", PLAN, 2, TOKEN_HASH)
+        for i in range(0, 1000, 250):
+            a.add_reports("s", PLAN.digest, reports[i : i + 250])
+    snap = folder / (b"s".hex() + ".snap")
+    assert snap.stat().st_mode & 0o777 == 0o600
+    with PgStorage(pg_dsn) as b:  # another replica, without snapshots, goes on
+        b.add_reports("s", PLAN.digest, reports[1000:1500])
+    if damage == "corrupt":
+        data = bytearray(snap.read_bytes())
+        data[len(data) // 3] ^= 0x04
+        snap.write_bytes(bytes(data))
+    elif damage == "other_db":  # another database's collection "s", snapshot copied over
+        other = pg_server.create_database()  # type: ignore[attr-defined]
+        with PgStorage(other, key_snapshots=tmp_path / "other") as c:
+            c.create_collection("s", PLAN, 2, TOKEN_HASH)
+            c.add_reports("s", PLAN.digest, simulate(PLAN, 1000, seed=33)[1])
+        snap.write_bytes((tmp_path / "other" / snap.name).read_bytes())
+    with PgStorage(pg_dsn, key_snapshots=folder) as again:
+        assert again.wait_ready(60)
+        keys = again._keys["s"]
+        assert keys.key_source == ("snapshot" if damage == "none" else "log")
+        _pg_dedupe_exact(again, "s", reports)
+        again.close_collection("s")
+    assert not snap.exists()

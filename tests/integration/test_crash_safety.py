@@ -37,9 +37,10 @@ BATCH = 100
 SERVE = "from calmkit_simulator.cli import main; raise SystemExit(main())"
 
 
-def _start(db: str) -> tuple[subprocess.Popen[str], str]:
+def _start(db: str, snapshots: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+    extra = [] if snapshots is None else ["--key-snapshots", str(snapshots)]
     proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE, "serve", "--address", "127.0.0.1:0", "--db", db],
+        [sys.executable, "-c", SERVE, "serve", "--address", "127.0.0.1:0", "--db", db, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -54,7 +55,11 @@ def _crash_run(db: str, tmp_path: Path, replicas: int) -> tuple[set[bytes], int]
     restart it, resend what lost its ack, stop gracefully; (acked ids, reports the
     service counted)."""
     rng = np.random.default_rng(2024)
-    servers = [_start(db) for _ in range(replicas)]
+
+    def launch(i: int) -> tuple[subprocess.Popen[str], str]:  # PostgreSQL: own key snapshots
+        return _start(db, tmp_path / f"keys{i}" if db.startswith("postgresql:") else None)
+
+    servers = [launch(i) for i in range(replicas)]
     with AdminClient(servers[0][1]) as admin:
         info = admin.create_collection(POP.schema, 1.0, POP.n, 2, collection_id="crash")
     device = DeviceState(tmp_path / "device.db")  # reports made once, resent as they are
@@ -105,12 +110,12 @@ def _crash_run(db: str, tmp_path: Path, replicas: int) -> tuple[set[bytes], int]
         stop.set()
         worker.join()
         kills += 1
-        servers[victim] = _start(db)
-        if kills == 5:  # one graceful restart: later restarts load its key snapshot (SQLite)
-            for i, (proc, _) in enumerate(servers):  # and the log after it
+        servers[victim] = launch(victim)
+        if kills == 5:  # one graceful restart: later restarts load its key snapshots
+            for i, (proc, _) in enumerate(servers):  # and the log after them
                 proc.send_signal(signal.SIGTERM)
                 assert proc.wait(timeout=30) == 0
-                servers[i] = _start(db)
+                servers[i] = launch(i)
     assert kills == 10 and 0 < next_batch < len(batches) and lost_acks >= 1
     ingest(threading.Event())  # finish, resending the batch whose ack was lost
     assert next_batch == len(batches)
@@ -159,3 +164,4 @@ def test_replicas_on_postgres_survive_sigkill(tmp_path: Path, pg_dsn: str) -> No
     assert acked == set(stored)  # every ack counted, nothing invented
     with PgStorage(pg_dsn) as store:
         _assert_counts_audited(store)
+    assert all((tmp_path / f"keys{i}" / (b"crash".hex() + ".snap")).exists() for i in (0, 1))

@@ -46,6 +46,9 @@ every report, so the ``reports`` table goes once its size is checked against the
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import threading
 import time
 import uuid
@@ -72,6 +75,7 @@ from ..pilot import PhasedDesign, combine_phases
 from ..support import SupportCounts
 from .columns import KEY_BYTES, ReportColumns, columns_from_reports, decode_columns
 from .keyset import KeyTable, as_words
+from .snapshot import SnapshotError, ids_hash, read_snapshot, write_snapshot
 from .storage import (
     CLOSED,
     OPEN,
@@ -93,6 +97,10 @@ _LOG_COLUMNS = ("report_ids", "pseudonyms", "views", "cells", "bits")
 # to this many; a larger single batch goes alone).
 _GROUP_REPORTS = 100_000
 _TABLES = {"collections", "phases", "batches", "support", "reports"}
+# Reports in a collection's tables before this replica writes its first key snapshot
+# during ingest (then each time they double; always on close), with key_snapshots.
+SNAPSHOT_FIRST = 1_000_000
+log = logging.getLogger("calmkit.aggregator")
 _SCHEMA = """
 CREATE TABLE calmkit_schema (version INTEGER NOT NULL);
 CREATE TABLE collections (
@@ -164,6 +172,10 @@ class _Keys:
     by_pseudonym: KeyTable = field(default_factory=lambda: KeyTable(values=False))
     seen: int = 0
     loaded: bool = False
+    ids_hash: int = 0  # snapshot.ids_hash of row seen's report ids
+    snapshot_seq: int = 0  # the last row in the last snapshot written or read
+    snapshot_reports: int = 0
+    key_source: str = ""  # where the tables came from: "snapshot", "log" or "new"
     lock: threading.Lock = field(default_factory=threading.Lock)
     queue: list[_Pending] = field(default_factory=list)
     queue_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -215,9 +227,12 @@ class PgStorage:
     Args:
         dsn: a libpq connection string or URL (``postgresql://user@host/db``). A new
             database gets the schema; a version 1 database is migrated.
+        key_snapshots: a folder for this replica's key snapshots (:mod:`.snapshot`:
+            written on close and as collections grow, loaded at start with the log
+            rows after them); None: the tables are always filled from the whole log.
     """
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, key_snapshots: str | os.PathLike[str] | None = None) -> None:
         try:
             import psycopg
         except ImportError:
@@ -236,6 +251,9 @@ class PgStorage:
         self._keys: dict[str, _Keys] = {}
         self._mine: dict[tuple[str, int], tuple[np.ndarray, list[np.ndarray]]] = {}
         self._closed = False
+        self._snapshots = None if key_snapshots is None else os.fspath(key_snapshots)
+        self._snapshotter: threading.Thread | None = None
+        self.snapshot_bytes = 0  # key snapshots written by this process
         self._conn: Any = self._connect()
         try:
             with self._transaction(self._conn) as cur:
@@ -442,7 +460,7 @@ class PgStorage:
                 raise CollectionExists(f"collection_id ({_show(collection_id)}) already exists")
             record = self._record(cur, collection_id)
         with self._keys_lock:  # committed with no reports: the empty tables are complete
-            self._keys.setdefault(collection_id, _Keys(loaded=True))
+            self._keys.setdefault(collection_id, _Keys(loaded=True, key_source="new"))
         return record
 
     def get_collection(self, collection_id: str) -> CollectionRecord:
@@ -465,6 +483,7 @@ class PgStorage:
             )
             record = self._record(cur, collection_id)
         self._forget(collection_id)
+        self._drop_snapshot(collection_id)
         return record
 
     def add_phase(self, collection_id: str, phase: int, plan: Plan) -> CollectionRecord:
@@ -633,7 +652,10 @@ class PgStorage:
         except Exception:  # the batches are stored and acknowledged; the tables are not
             self._drop_tables(keys)  # refilled from the log by the next batch
             return
-        keys.seen = max(keys.seen, last)
+        if last > keys.seen:
+            keys.seen, keys.ids_hash = last, ids_hash(rows[-1][3])
+        if self._snapshot_due(keys):
+            self._snapshot_later(collection_id)
 
     def _tail(self, cur: Any, collection_id: str, keys: _Keys) -> None:
         """Read the log rows committed since ``keys.seen`` into the tables."""
@@ -647,7 +669,7 @@ class PgStorage:
         except BaseException:
             self._drop_tables(keys)
             raise
-        keys.seen = int(rows[-1][0])
+        keys.seen, keys.ids_hash = int(rows[-1][0]), ids_hash(rows[-1][1])
 
     def _append(self, cur: Any, rows: list[tuple[Any, ...]]) -> int:
         """Insert the log rows (one statement); the last ``seq``."""
@@ -712,22 +734,105 @@ class PgStorage:
         keys.seen, keys.loaded = 0, False
 
     def _load(self, collection_id: str, keys: _Keys) -> None:
-        """Fill empty tables from the whole log without the collection's lock (call
-        with ``keys.lock`` held); the rows committed meanwhile come with the next
-        transaction's tail."""
+        """Fill empty tables from the collection's key snapshot and the log after it,
+        or from the whole log, without the collection's lock (call with ``keys.lock``
+        held); the rows committed meanwhile come with the next transaction's tail."""
         if keys.loaded:
             return
         conn = self._connect()
         try:
             with self._transaction(conn) as cur:
-                ids, pseudonyms, last = _read_keys(cur, collection_id, keys.seen)
-            keys.add(ids, pseudonyms)
-            keys.seen, keys.loaded = max(keys.seen, last), True
+                if not self._load_snapshot(cur, collection_id, keys):
+                    ids, pseudonyms, last, hashed = _read_keys(cur, collection_id, keys.seen)
+                    keys.add(ids, pseudonyms)
+                    keys.seen, keys.ids_hash, keys.key_source = last, hashed, "log"
+            keys.loaded = True
         except BaseException:
             self._drop_tables(keys)
             raise
         finally:
             conn.close()
+
+    def _load_snapshot(self, cur: Any, collection_id: str, keys: _Keys) -> bool:
+        """Fill the tables from this replica's snapshot and the log rows after it;
+        False (tables untouched) when there is no usable snapshot (missing, corrupt,
+        or not of this log: see :meth:`.storage.Storage._load_snapshot`)."""
+        path = self._snapshot_path(collection_id)
+        if path is None or not os.path.exists(path):
+            return False
+        try:
+            snap = read_snapshot(path, collection_id)
+        except SnapshotError as exc:
+            log.warning("key snapshot of collection %r not used (%s): reading the log",
+                        collection_id, exc)  # fmt: skip
+            return False
+        cur.execute(
+            "SELECT report_ids, (SELECT coalesce(sum(count), 0) FROM batches WHERE "
+            "collection_id = %s AND seq <= %s) FROM batches WHERE collection_id = %s "
+            "AND seq = %s",
+            (collection_id, snap.seq, collection_id, snap.seq),
+            binary=True,
+        )
+        row = cur.fetchone()
+        if row is None or ids_hash(bytes(row[0])) != snap.ids_hash or row[1] != snap.reports:
+            log.warning("key snapshot of collection %r not used (it does not match the batch "
+                        "log): reading the log", collection_id)  # fmt: skip
+            return False
+        ids, pseudonyms, last, hashed = _read_keys(cur, collection_id, snap.seq)
+        snap.by_id.insert(ids, pseudonyms)
+        snap.by_pseudonym.insert(pseudonyms)
+        keys.by_id, keys.by_pseudonym = snap.by_id, snap.by_pseudonym
+        keys.seen, keys.ids_hash = (last, hashed) if ids.size else (snap.seq, snap.ids_hash)
+        keys.snapshot_seq, keys.snapshot_reports = snap.seq, snap.reports
+        keys.key_source = "snapshot"
+        return True
+
+    # -- key snapshots -------------------------------------------------------------------
+    def _snapshot_path(self, collection_id: str) -> str | None:
+        if self._snapshots is None:
+            return None
+        return os.path.join(self._snapshots, collection_id.encode("utf-8").hex() + ".snap")
+
+    def _snapshot_due(self, keys: _Keys) -> bool:
+        """Past :data:`SNAPSHOT_FIRST` reports, then each time the tables double."""
+        stored = len(keys.by_id)
+        return (self._snapshots is not None and stored >= SNAPSHOT_FIRST
+                and stored >= 2 * keys.snapshot_reports)  # fmt: skip
+
+    def _snapshot_later(self, collection_id: str) -> None:
+        if self._snapshotter is not None and self._snapshotter.is_alive():
+            return
+        self._snapshotter = threading.Thread(
+            target=self._snapshot, args=(collection_id,), name="calmkit-snapshot", daemon=True
+        )
+        self._snapshotter.start()
+
+    def _snapshot(self, collection_id: str) -> None:
+        """Write the collection's key snapshot (tables copied under ``keys.lock``,
+        the file written outside it); a failure is logged."""
+        path = self._snapshot_path(collection_id)
+        with self._keys_lock:
+            keys = self._keys.get(collection_id)
+        if path is None or keys is None:
+            return
+        try:
+            with keys.lock:
+                if not keys.loaded or keys.seen <= keys.snapshot_seq:
+                    return
+                tables = [keys.by_id.export(), keys.by_pseudonym.export()]
+                seq, reports, hashed = keys.seen, len(keys.by_id), keys.ids_hash
+                keys.snapshot_seq, keys.snapshot_reports = seq, reports
+            os.makedirs(self._snapshots or ".", mode=0o700, exist_ok=True)
+            self.snapshot_bytes += write_snapshot(path, collection_id, seq, reports, hashed,
+                                                  tables)  # fmt: skip
+        except (OSError, CalmkitError) as exc:
+            log.warning("key snapshot of collection %r not written: %s", collection_id, exc)
+
+    def _drop_snapshot(self, collection_id: str) -> None:
+        path = self._snapshot_path(collection_id)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
     def _load_all(self, pending: list[str]) -> None:
         """Background, on open: fill the open collections' tables; a submit to one
@@ -798,7 +903,15 @@ class PgStorage:
         return not self._loader.is_alive()
 
     def close(self) -> None:
-        """Close the connections (idempotent)."""
+        """Write the key snapshots (with ``key_snapshots``), then close the
+        connections (idempotent)."""
+        if self._snapshotter is not None:
+            self._snapshotter.join()
+        if not self._closed:
+            with self._keys_lock:
+                pending = list(self._keys)
+            for cid in pending:
+                self._snapshot(cid)
         self._closed = True
         with self._lock, self._write_lock:
             for name in ("_conn", "_wconn"):
@@ -835,9 +948,12 @@ def _keys_of_rows(ids: list[bytes], pseudonyms: list[bytes]) -> tuple[np.ndarray
     return words(ids), words(pseudonyms)
 
 
-def _read_keys(cur: Any, collection_id: str, after: int) -> tuple[np.ndarray, np.ndarray, int]:
+def _read_keys(
+    cur: Any, collection_id: str, after: int
+) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Every logged (report id, pseudonym) of a collection after ``seq`` ``after``, as
-    words, and the last ``seq`` read (streamed in chunks of rows)."""
+    words, the last ``seq`` read and the xxh3 of its report ids (``after`` and 0 when
+    none), streamed in chunks of rows."""
     ids: list[bytes] = []
     pseudonyms: list[bytes] = []
     last = after
@@ -851,7 +967,7 @@ def _read_keys(cur: Any, collection_id: str, after: int) -> tuple[np.ndarray, np
             pseudonyms.append(ps)
         last = int(rows[-1][0])
     got_ids, got_ps = _keys_of_rows(ids, pseudonyms)
-    return got_ids, got_ps, last
+    return got_ids, got_ps, last, ids_hash(ids[-1]) if ids else 0
 
 
 def _first_line(exc: BaseException) -> str:
