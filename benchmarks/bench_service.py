@@ -22,13 +22,15 @@ reports/s overall and per window of the store's size,
 the last window's rate over the first's, bytes the server process wrote (from
 ``/proc/PID/io``) per report and per stored byte, health p50/p99/max, and after a
 restart: seconds until the port answers health and a query (serving) and until a new
-report is accepted; and CPU seconds per 1000 reports of the server processes, the
-clients and (PostgreSQL) the database's processes, with the cores they kept busy and
-the cores the same work would need at 150,000 reports/s.
+report is accepted. Bytes written count the server processes during ingest and their
+graceful stop (SQLite: the key snapshots) and, on PostgreSQL, the database's
+processes during ingest (WAL and what it flushed). And CPU seconds per 1000 reports
+of the server processes, the clients and (PostgreSQL) the database's processes, with
+the cores they kept busy and the cores the same work would need at 150,000 reports/s.
 
 PostgreSQL: a throwaway PostgreSQL 15 server (tests/pg.py: a temp dir, loopback, as an
 unprivileged user) with 1 and 2 ``calmkit serve`` replicas, the clients spread over
-them; bytes written there count the aggregator processes only. The current design (the
+them. The current design (the
 batch log, deduplication in each replica's memory) and the previous one at
 ``--postgres-baseline-ref`` (every key under two unique indexes) run alternately, rep
 by rep, so both see the same machine.
@@ -67,12 +69,20 @@ PACKAGES = ("client", "aggregator", "simulator", "protos")
 
 
 # -- a server process -------------------------------------------------------------------------
-def _serve(code: Path, db: Path | str) -> tuple[subprocess.Popen[str], str]:
+def _serve(code: Path, db: Path | str, snapshots: Path | None = None
+           ) -> tuple[subprocess.Popen[str], str]:  # fmt: skip
+    """A ``calmkit serve`` of ``code`` on ``db``; ``snapshots``: its ``--key-snapshots``
+    folder (PostgreSQL, when ``code`` has the option)."""
     path = ":".join(str(code / p) for p in PACKAGES)
     boot = (f"import sys; sys.path[:0] = {path.split(':')!r}; "
             "from calmkit_simulator.cli import main; raise SystemExit(main())")  # fmt: skip
+    cli = code / "simulator" / "calmkit_simulator" / "cli.py"
+    extra = []
+    if snapshots is not None and "--key-snapshots" in cli.read_text():
+        extra = ["--key-snapshots", str(snapshots)]
     proc = subprocess.Popen(
-        [sys.executable, "-c", boot, "serve", "--address", "127.0.0.1:0", "--db", str(db)],
+        [sys.executable, "-c", boot, "serve", "--address", "127.0.0.1:0", "--db", str(db),
+         *extra],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -218,7 +228,9 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
     from calmkit_aggregator.service.admin import AdminClient
     from calmkit_client import Schema
 
-    servers = [_serve(code, db) for _ in range(replicas)]
+    folders = [None] * replicas if pg_data is None else [
+        pg_data.parent / f"keys{i}" for i in range(replicas)]  # fmt: skip
+    servers = [_serve(code, db, folder) for folder in folders]
     address = servers[0][1]
     with AdminClient(address) as admin:
         info = admin.create_collection(Schema.from_sizes(SIZES), 1.0, reports, 2,
@@ -235,7 +247,10 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
     for p in procs:
         p.start()
     ready.wait()
-    written0, t0 = sum(_written(p.pid) for p, _ in servers), time.time()
+    db_pids = _postgres_pids(pg_data) if pg_data is not None else []
+    written0 = sum(_written(p.pid) for p, _ in servers)
+    db_written0 = {pid: _written(pid) for pid in db_pids}
+    t0 = time.time()
     server_cpu0 = _cpu([p.pid for p, _ in servers])
     db_cpu0 = _cpu(_postgres_pids(pg_data)) if pg_data is not None else {}
     probes: list[float | None] = []
@@ -259,23 +274,29 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
     prober.join()
     seconds = finished[-1] - t0
     written = sum(_written(p.pid) for p, _ in servers) - written0
+    db_written = sum(_written(pid) - db_written0.get(pid, 0) for pid in db_pids)
     # rate per window of the store's size: batches done in order of completion
     edges = np.linspace(0, len(finished), windows + 1).astype(int)
     stamps = np.array([t0, *finished])
     rates = [(edges[i + 1] - edges[i]) * batch / (stamps[edges[i + 1]] - stamps[edges[i]])
              for i in range(windows)]  # fmt: skip
     ok = np.array([p for p in probes if p is not None]) * 1e3
+    at_stop = 0  # what a graceful stop writes (SQLite: the key snapshots)
     for p, _ in servers:
+        before = _written(p.pid)
         p.send_signal(signal.SIGTERM)
+        os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped
+        at_stop += _written(p.pid) - before
         p.wait(timeout=60)
     stored_bytes = reports * (16 + 16 + 4 + 4)  # ids, pseudonym, view, a cell (or OUE bytes)
-    restart = _restart(code, db, info.submit_token, plan_json)
+    restart = _restart(code, db, info.submit_token, plan_json, folders[0])
     return {
         "rate": reports / seconds,
         "first": rates[0],
         "last": rates[-1],
-        "written_per_report": written / reports,
-        "written_per_stored": written / stored_bytes,
+        "written_per_report": (written + db_written + at_stop) / reports,
+        "written_per_stored": (written + db_written + at_stop) / stored_bytes,
+        "written_at_stop": at_stop / reports,
         "health_p50": float(np.percentile(ok, 50)) if ok.size else float("nan"),
         "health_p99": float(np.percentile(ok, 99)) if ok.size else float("nan"),
         "health_max": float(ok.max()) if ok.size else float("nan"),
@@ -288,12 +309,13 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
     }
 
 
-def _restart(code: Path, db: Path, token: str, plan_json: str) -> dict[str, float]:
+def _restart(code: Path, db: Path | str, token: str, plan_json: str,
+             snapshots: Path | None) -> dict[str, float]:  # fmt: skip
     """Seconds from process start to: health and a query answered; a new report accepted."""
     from calmkit_aggregator.service.admin import AdminClient
 
     t0 = time.perf_counter()
-    proc, address = _serve(code, db)
+    proc, address = _serve(code, db, snapshots)
     while _health(address, 0.5) is None:
         time.sleep(0.01)
     with AdminClient(address) as admin:
@@ -358,7 +380,8 @@ def _report(name: str, r: dict[str, float], reports: int) -> None:
     )
     print(
         f"  written             {r['written_per_report']:10,.0f} bytes/report  "
-        f"({r['written_per_stored']:.1f}x the bytes stored)"
+        f"({r['written_per_stored']:.1f}x the bytes stored; {r['written_at_stop']:,.0f} of them "
+        "by the graceful stop)"
     )
     print(
         f"  health              p50 {r['health_p50']:.1f} ms, p99 {r['health_p99']:.1f} ms, "

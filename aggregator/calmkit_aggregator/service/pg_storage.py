@@ -34,9 +34,10 @@ mid-transaction (its connection closes and the transaction aborts). Batches that
 for the lock in one replica go into the next transaction together (group commit):
 one commit, one disk flush, for all of them, each still accepted or refused whole.
 
-A replica fills its tables from the log when it starts (in the background: plans,
-queries and health are served at once; a submit waits for its collection) or on the
-first batch of a collection created by another replica. Reads of a collection's state
+A replica fills its tables when it starts (in the background: plans, queries and
+health are served at once; a submit waits for its collection) or on the first batch of
+a collection created by another replica: from its key snapshot (``key_snapshots``, see
+:mod:`.snapshot`) and the log rows after it, or from the whole log. Reads of a collection's state
 and counts go to the database, so what one replica committed, the others see.
 
 Version 1 databases (every report id and pseudonym in a ``reports`` table under two
