@@ -110,6 +110,10 @@ def test_close_and_phases_are_shared(pg_dsn: str) -> None:
     b.close_collection("s")
     with pytest.raises(CollectionClosed):
         a.add_reports("s", first.digest, simulate(first, 5, seed=24)[1])
+    assert "s" not in a._keys  # a dropped its tables and knows the collection is closed:
+    with pytest.raises(CollectionClosed):  # the next batch is refused before any reading
+        a.add_reports("s", first.digest, simulate(first, 5, seed=24)[1])
+    assert "s" not in a._keys and a.submit_record("s", first.digest).state == "closed"
     a.close()
     b.close()
 

@@ -636,6 +636,10 @@ class PgStorage:
                     p.error, p.done = exc, True
             if isinstance(exc, (CollectionClosed, CollectionNotFound)):
                 self._forget(collection_id)
+                with self._keys_lock:  # closed by another replica: refuse the next at once
+                    cached = self._records.get(collection_id)
+                    if cached is not None and isinstance(exc, CollectionClosed):
+                        self._records[collection_id] = replace(cached, state=CLOSED)
             # the commit's outcome may be unknown: re-read this writer's rows next time
             for key in [k for k in self._mine if k[0] == collection_id]:
                 self._mine.pop(key, None)
@@ -922,8 +926,13 @@ class PgStorage:
                     setattr(self, name, None)
 
     def __contains__(self, collection_id: object) -> bool:
+        """Whether the collection exists (known here, or asked of the database:
+        collections are never removed)."""
         if not isinstance(collection_id, str):
             return False
+        with self._keys_lock:
+            if collection_id in self._records:
+                return True
         with self._lock, self._transaction(self._conn) as cur:
             cur.execute("SELECT 1 FROM collections WHERE id = %s", (collection_id,))
             return cur.fetchone() is not None
