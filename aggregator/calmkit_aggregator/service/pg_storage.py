@@ -48,6 +48,7 @@ every report, so the ``reports`` table goes once its size is checked against the
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -190,13 +191,17 @@ class _Keys:
 @dataclass
 class _Pending:
     """One batch waiting to be committed: validated, deduplicated within itself
-    (``distinct`` positions), its keys as words; ``outcome`` or ``error`` once done."""
+    (``distinct`` positions), its keys as words, and the log row's blobs and the count
+    deltas of its distinct reports (made before the collection's lock: used when all of
+    them turn out new); ``outcome`` or ``error`` once done."""
 
     plan_digest: str
     batch: ReportColumns
     distinct: np.ndarray
     ids: np.ndarray
     pseudonyms: np.ndarray
+    blobs: dict[str, bytes] | None = None
+    deltas: tuple[np.ndarray, list[np.ndarray]] | None = None
     done: bool = False
     outcome: BatchOutcome | None = None
     error: BaseException | None = None
@@ -255,6 +260,9 @@ class PgStorage:
         self._snapshots = None if key_snapshots is None else os.fspath(key_snapshots)
         self._snapshotter: threading.Thread | None = None
         self.snapshot_bytes = 0  # key snapshots written by this process
+        # transactions committed, batches in them, seconds waiting for and holding the
+        # collections' locks (holding: from the lock granted to the commit returned)
+        self.stats = {"commits": 0, "batches": 0, "lock_wait": 0.0, "lock_held": 0.0}
         self._conn: Any = self._connect()
         try:
             with self._transaction(self._conn) as cur:
@@ -546,8 +554,10 @@ class PgStorage:
         if not len(batch):
             return BatchOutcome(0, 0)
         distinct = _dedupe_batch(batch)
+        fresh = batch.take(distinct) if distinct.size < len(batch) else batch
         mine = _Pending(plan_digest, batch, distinct, as_words(batch.report_ids),
-                        as_words(batch.pseudonyms))  # fmt: skip
+                        as_words(batch.pseudonyms), fresh.encode(),
+                        fresh.support_deltas())  # fmt: skip
         keys = self._keys_of(collection_id)
         with keys.queue_lock:
             keys.queue.append(mine)
@@ -584,8 +594,10 @@ class PgStorage:
         written: list[tuple[_Pending, int, np.ndarray]] = []  # (batch, phase, new positions)
         try:
             with self._write_lock, self._transaction(self._wconn) as cur:
+                t0 = time.perf_counter()
                 cur.execute(_LOCK, (collection_id,))
                 row = cur.fetchone()
+                t1 = time.perf_counter()
                 if row is None:
                     raise CollectionNotFound(f"collection_id ({_show(collection_id)}) not found")
                 if row[0] != OPEN:
@@ -599,7 +611,8 @@ class PgStorage:
                     all(pl.digest != p.plan_digest for pl in record.plans) for p in group
                 ):
                     record = self._record(cur, collection_id, counts=False)
-                accepted = _Keys(loaded=True)  # keys of the batches accepted so far
+                size = sum(len(p.batch) for p in group)  # keys of the batches accepted so far:
+                accepted = _Keys(KeyTable(size), KeyTable(size, values=False), loaded=True)
                 both = _Union(_Either(keys.by_id, accepted.by_id),
                               _Either(keys.by_pseudonym, accepted.by_pseudonym))  # fmt: skip
                 rows: list[tuple[Any, ...]] = []
@@ -616,12 +629,15 @@ class PgStorage:
                     written.append((p, phase, new))
                     if not new.size:
                         continue
-                    accepted.add(p.ids[new], p.pseudonyms[new])
-                    fresh = p.batch.take(new) if new.size < len(p.batch) else p.batch
-                    blobs = fresh.encode()
-                    rows.append((collection_id, phase, len(fresh),
+                    if len(group) > 1:
+                        accepted.add(p.ids[new], p.pseudonyms[new])
+                    if new.size == p.distinct.size and p.blobs is not None and p.deltas:
+                        blobs, (n, counts) = p.blobs, p.deltas  # all new: made beforehand
+                    else:
+                        fresh = p.batch.take(new) if new.size < len(p.batch) else p.batch
+                        blobs, (n, counts) = fresh.encode(), fresh.support_deltas()
+                    rows.append((collection_id, phase, int(new.size),
                                  *(blobs[c] for c in _LOG_COLUMNS)))  # fmt: skip
-                    n, counts = fresh.support_deltas()
                     if phase in deltas:
                         old_n, old_counts = deltas[phase]
                         n, counts = old_n + n, [a + b for a, b in zip(old_counts, counts)]
@@ -645,6 +661,10 @@ class PgStorage:
                 self._mine.pop(key, None)
             return
         # committed: count it here and keep the tables up to date
+        self.stats["commits"] += 1
+        self.stats["batches"] += len(written)
+        self.stats["lock_wait"] += t1 - t0
+        self.stats["lock_held"] += time.perf_counter() - t1
         for phase, total in totals.items():
             self._mine[(collection_id, phase)] = total
         for p, _, new in written:
@@ -917,6 +937,12 @@ class PgStorage:
                 pending = list(self._keys)
             for cid in pending:
                 self._snapshot(cid)
+            commits = max(self.stats["commits"], 1)
+            log.info(json.dumps({  # how the collections' locks were used, for the operator
+                "event": "storage", "commits": self.stats["commits"],
+                "batches_per_commit": round(self.stats["batches"] / commits, 2),
+                "lock_wait_ms": round(1e3 * self.stats["lock_wait"] / commits, 2),
+                "lock_held_ms": round(1e3 * self.stats["lock_held"] / commits, 2)}))  # fmt: skip
         self._closed = True
         with self._lock, self._write_lock:
             for name in ("_conn", "_wconn"):
