@@ -4,6 +4,7 @@ report, restart time, health under full ingest, against the previous design.
     python benchmarks/bench_service.py [--reports 10000000] [--clients 4] [--batch 1000]
         [--baseline-reports 300000] [--baseline-ref 12bb76a] [--reps 5]
         [--postgres-replicas 1 2] [--postgres-reports 2000000]
+        [--postgres-baseline-ref 406b95c]
 
 A real ``calmkit serve`` process (SQLite, a fresh database) and ``--clients`` client
 processes, each sending pre-built batches of ``--batch`` reports back to back over
@@ -21,17 +22,26 @@ reports/s overall and per window of the store's size,
 the last window's rate over the first's, bytes the server process wrote (from
 ``/proc/PID/io``) per report and per stored byte, health p50/p99/max, and after a
 restart: seconds until the port answers health and a query (serving) and until a new
-report is accepted.
+report is accepted. Bytes written count the server processes during ingest and their
+graceful stop (SQLite: the key snapshots) and, on PostgreSQL, the database's
+processes during ingest (WAL and what it flushed). And CPU seconds per 1000 reports
+of the server processes, the clients and (PostgreSQL) the database's processes, with
+the cores they kept busy and the cores the same work would need at 150,000 reports/s.
 
-PostgreSQL: the current design on a throwaway PostgreSQL 15 server (tests/pg.py: a temp
-dir, loopback, as an unprivileged user) with 1 and 2 ``calmkit serve`` replicas, the
-clients spread over them; bytes written there count the aggregator processes only.
+PostgreSQL: a throwaway PostgreSQL 15 server (tests/pg.py: a temp dir, loopback, as an
+unprivileged user) with 1 and 2 ``calmkit serve`` replicas, the clients spread over
+them. The current design (the
+batch log, deduplication in each replica's memory) and the previous one at
+``--postgres-baseline-ref`` (every key under two unique indexes) run alternately, rep
+by rep, so both see the same machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
+import os
 import re
 import shutil
 import signal
@@ -42,6 +52,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -52,16 +63,26 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
 VIEWS = ((0, 1), (2, 3), (4, 5), (6, 7), (1, 4))
 BASELINE_REF = "12bb76a"  # the last commit with schema 2 and ReportBatch only
+PG_BASELINE_REF = "406b95c"  # the last commit with every key under unique indexes in PG
+TARGET_RATE = 150_000  # reports/s: the PostgreSQL target, for the cores it would take
 PACKAGES = ("client", "aggregator", "simulator", "protos")
 
 
 # -- a server process -------------------------------------------------------------------------
-def _serve(code: Path, db: Path | str) -> tuple[subprocess.Popen[str], str]:
+def _serve(code: Path, db: Path | str, snapshots: Path | None = None
+           ) -> tuple[subprocess.Popen[str], str]:  # fmt: skip
+    """A ``calmkit serve`` of ``code`` on ``db``; ``snapshots``: its ``--key-snapshots``
+    folder (PostgreSQL, when ``code`` has the option)."""
     path = ":".join(str(code / p) for p in PACKAGES)
     boot = (f"import sys; sys.path[:0] = {path.split(':')!r}; "
             "from calmkit_simulator.cli import main; raise SystemExit(main())")  # fmt: skip
+    cli = code / "simulator" / "calmkit_simulator" / "cli.py"
+    extra = []
+    if snapshots is not None and "--key-snapshots" in cli.read_text():
+        extra = ["--key-snapshots", str(snapshots)]
     proc = subprocess.Popen(
-        [sys.executable, "-c", boot, "serve", "--address", "127.0.0.1:0", "--db", str(db)],
+        [sys.executable, "-c", boot, "serve", "--address", "127.0.0.1:0", "--db", str(db),
+         *extra],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -70,6 +91,40 @@ def _serve(code: Path, db: Path | str) -> tuple[subprocess.Popen[str], str]:
     if not match:
         raise SystemExit(f"server did not start: {line!r}")
     return proc, match.group(1)
+
+
+def _cpu(pids: list[int]) -> dict[int, float]:
+    """CPU seconds (user + system) each live process has used so far (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _postgres_pids(data: Path) -> list[int]:
+    """The PostgreSQL server's processes: the postmaster and its children."""
+    try:
+        main = int((data / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return []
+    pids = [main]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == main:
+                pids.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
+
+
+def _used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds used between two samples (processes started meanwhile count whole)."""
+    return sum(t - before.get(pid, 0.0) for pid, t in after.items())
 
 
 def _written(pid: int) -> int:
@@ -139,10 +194,11 @@ def _client(address: str, token: str, plan_json: str, count: int, batch: int, se
         metadata = (("authorization", f"Bearer {token}"),)
         ready.wait()
         done = []
+        cpu0 = time.process_time()
         for message in messages:
             call(message, metadata=metadata, timeout=60)
             done.append(time.time())
-    out.put(done)
+    out.put((done, time.process_time() - cpu0))
 
 
 # -- one design ----------------------------------------------------------------------------------
@@ -160,18 +216,21 @@ def _measure(code: Path, tmp: Path, reports: int, clients: int, batch: int, colu
     else:
         db = tmp / "agg.db"
     try:
-        return _ingest(code, db, reports, clients, batch, columnar, windows, max(replicas, 1))
+        return _ingest(code, db, reports, clients, batch, columnar, windows, max(replicas, 1),
+                       None if pg_server is None else pg_server.data)  # fmt: skip
     finally:
         if pg_server is not None:
             pg_server.stop()
 
 
 def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, columnar: bool,
-            windows: int, replicas: int) -> dict[str, float]:  # fmt: skip
+            windows: int, replicas: int, pg_data: Path | None) -> dict[str, float]:  # fmt: skip
     from calmkit_aggregator.service.admin import AdminClient
     from calmkit_client import Schema
 
-    servers = [_serve(code, db) for _ in range(replicas)]
+    folders = [None] * replicas if pg_data is None else [
+        pg_data.parent / f"keys{i}" for i in range(replicas)]  # fmt: skip
+    servers = [_serve(code, db, folder) for folder in folders]
     address = servers[0][1]
     with AdminClient(address) as admin:
         info = admin.create_collection(Schema.from_sizes(SIZES), 1.0, reports, 2,
@@ -188,7 +247,12 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
     for p in procs:
         p.start()
     ready.wait()
-    written0, t0 = sum(_written(p.pid) for p, _ in servers), time.time()
+    db_pids = _postgres_pids(pg_data) if pg_data is not None else []
+    written0 = sum(_written(p.pid) for p, _ in servers)
+    db_written0 = {pid: _written(pid) for pid in db_pids}
+    t0 = time.time()
+    server_cpu0 = _cpu([p.pid for p, _ in servers])
+    db_cpu0 = _cpu(_postgres_pids(pg_data)) if pg_data is not None else {}
     probes: list[float | None] = []
     stop = threading.Event()
 
@@ -199,44 +263,59 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
 
     prober = threading.Thread(target=probe)
     prober.start()
-    finished = sorted(t for _ in procs for t in out.get())
+    results = [out.get() for _ in procs]
+    server_cpu = _used(server_cpu0, _cpu([p.pid for p, _ in servers]))
+    db_cpu = _used(db_cpu0, _cpu(_postgres_pids(pg_data))) if pg_data is not None else 0.0
+    finished = sorted(t for done, _ in results for t in done)
+    client_cpu = sum(cpu for _, cpu in results)
     for p in procs:
         p.join()
     stop.set()
     prober.join()
     seconds = finished[-1] - t0
     written = sum(_written(p.pid) for p, _ in servers) - written0
+    db_written = sum(_written(pid) - db_written0.get(pid, 0) for pid in db_pids)
     # rate per window of the store's size: batches done in order of completion
     edges = np.linspace(0, len(finished), windows + 1).astype(int)
     stamps = np.array([t0, *finished])
     rates = [(edges[i + 1] - edges[i]) * batch / (stamps[edges[i + 1]] - stamps[edges[i]])
              for i in range(windows)]  # fmt: skip
     ok = np.array([p for p in probes if p is not None]) * 1e3
+    at_stop = 0  # what a graceful stop writes (SQLite: the key snapshots)
     for p, _ in servers:
+        before = _written(p.pid)
         p.send_signal(signal.SIGTERM)
+        os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped
+        at_stop += _written(p.pid) - before
         p.wait(timeout=60)
     stored_bytes = reports * (16 + 16 + 4 + 4)  # ids, pseudonym, view, a cell (or OUE bytes)
-    restart = _restart(code, db, info.submit_token, plan_json)
+    restart = _restart(code, db, info.submit_token, plan_json, folders[0])
     return {
         "rate": reports / seconds,
         "first": rates[0],
         "last": rates[-1],
-        "written_per_report": written / reports,
-        "written_per_stored": written / stored_bytes,
+        "written_per_report": (written + db_written + at_stop) / reports,
+        "written_per_stored": (written + db_written + at_stop) / stored_bytes,
+        "written_at_stop": at_stop / reports,
         "health_p50": float(np.percentile(ok, 50)) if ok.size else float("nan"),
         "health_p99": float(np.percentile(ok, 99)) if ok.size else float("nan"),
         "health_max": float(ok.max()) if ok.size else float("nan"),
         "health_failed": sum(p is None for p in probes),
+        "cpu_server": 1e3 * server_cpu / reports,  # CPU seconds per 1000 reports
+        "cpu_clients": 1e3 * client_cpu / reports,
+        "cpu_db": 1e3 * db_cpu / reports,
+        "cores": (server_cpu + client_cpu + db_cpu) / seconds,
         **restart,
     }
 
 
-def _restart(code: Path, db: Path, token: str, plan_json: str) -> dict[str, float]:
+def _restart(code: Path, db: Path | str, token: str, plan_json: str,
+             snapshots: Path | None) -> dict[str, float]:  # fmt: skip
     """Seconds from process start to: health and a query answered; a new report accepted."""
     from calmkit_aggregator.service.admin import AdminClient
 
     t0 = time.perf_counter()
-    proc, address = _serve(code, db)
+    proc, address = _serve(code, db, snapshots)
     while _health(address, 0.5) is None:
         time.sleep(0.01)
     with AdminClient(address) as admin:
@@ -254,8 +333,17 @@ def _restart(code: Path, db: Path, token: str, plan_json: str) -> dict[str, floa
 
 def _median_of(reps: int, *args: object) -> dict[str, float]:
     """Each figure's median over ``reps`` fresh runs of :func:`_run`."""
-    runs = [_run(*args) for _ in range(reps)]  # type: ignore[arg-type]
-    return {key: float(statistics.median(r[key] for r in runs)) for key in runs[0]}
+    return _alternating(reps, [args])[0]
+
+
+def _alternating(reps: int, designs: list[tuple[object, ...]]) -> list[dict[str, float]]:
+    """Each design's figures, medians over ``reps`` fresh runs of :func:`_run`, the
+    designs taking turns within each rep (so they share the machine's moods)."""
+    runs: list[list[dict[str, float]]] = [[] for _ in designs]
+    for _ in range(reps):
+        for i, args in enumerate(designs):
+            runs[i].append(_run(*args))  # type: ignore[arg-type]
+    return [{key: float(statistics.median(r[key] for r in rs)) for key in rs[0]} for rs in runs]
 
 
 def _run(code: Path, reports: int, clients: int, batch: int, columnar: bool,
@@ -292,7 +380,8 @@ def _report(name: str, r: dict[str, float], reports: int) -> None:
     )
     print(
         f"  written             {r['written_per_report']:10,.0f} bytes/report  "
-        f"({r['written_per_stored']:.1f}x the bytes stored)"
+        f"({r['written_per_stored']:.1f}x the bytes stored; {r['written_at_stop']:,.0f} of them "
+        "by the graceful stop)"
     )
     print(
         f"  health              p50 {r['health_p50']:.1f} ms, p99 {r['health_p99']:.1f} ms, "
@@ -300,6 +389,10 @@ def _report(name: str, r: dict[str, float], reports: int) -> None:
     )
     print(f"  restart             serving after {r['restart_serving']:.2f} s, accepting reports "
           f"after {r['restart_accepting']:.2f} s")  # fmt: skip
+    per_report = r["cpu_server"] + r["cpu_clients"] + r["cpu_db"]
+    print(f"  CPU s/1000 reports  server(s) {r['cpu_server']:.4f}, clients {r['cpu_clients']:.4f}, "
+          f"database {r['cpu_db']:.4f}; {r['cores']:.2f} cores busy; "
+          f"{per_report * TARGET_RATE / 1e3:.2f} cores at {TARGET_RATE:,}/s")  # fmt: skip
 
 
 def main() -> int:
@@ -314,40 +407,79 @@ def main() -> int:
     parser.add_argument("--postgres-replicas", type=int, nargs="*", default=[1, 2],
                         help="replica counts to run on a throwaway PostgreSQL (none: skip)")
     parser.add_argument("--postgres-reports", type=int, default=2_000_000)
+    parser.add_argument("--postgres-baseline-ref", default=PG_BASELINE_REF,
+                        help="the previous PostgreSQL design, run alternately (empty: skip)")
     args = parser.parse_args()
     base = None
-    if args.baseline_reports and shutil.which("git"):
-        worktree = Path(tempfile.mkdtemp()) / "baseline"
-        made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach",
-                               str(worktree), args.baseline_ref], capture_output=True)  # fmt: skip
-        if made.returncode == 0:
-            try:
+    if args.baseline_reports:
+        with _checkout(args.baseline_ref) as worktree:
+            if worktree is not None:
                 base = _median_of(args.reps, worktree, args.baseline_reports, args.clients,
                                   args.batch, False, args.windows)  # fmt: skip
                 _report(f"baseline ({args.baseline_ref}: ReportBatch, schema 2)", base,
                         args.baseline_reports)  # fmt: skip
-            finally:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                                str(worktree)], capture_output=True)  # fmt: skip
-        else:
-            print(f"baseline skipped: git worktree add {args.baseline_ref} failed: "
-                  f"{made.stderr.decode().strip()}")  # fmt: skip
-    current = _median_of(args.reps, ROOT, args.reports, args.clients, args.batch, True,
-                         args.windows)  # fmt: skip
-    _report("current (SubmitColumnar, batch log, schema 3)", current, args.reports)
-    if base is not None:
+    current = None
+    if args.reports:
+        current = _median_of(args.reps, ROOT, args.reports, args.clients, args.batch, True,
+                             args.windows)  # fmt: skip
+        _report("current (SubmitColumnar, batch log, schema 3)", current, args.reports)
+    if base is not None and current is not None:
         ratio = {k: current[k] / base[k] for k in ("rate", "written_per_report", "health_p99")}
         print(
             f"current / baseline: reports/s {ratio['rate']:.1f}x, bytes written per report "
             f"{ratio['written_per_report']:.2f}x, health p99 {ratio['health_p99']:.2f}x"
         )
-    for replicas in args.postgres_replicas:
-        pg = _median_of(args.reps, ROOT, args.postgres_reports, args.clients, args.batch, True,
-                        args.windows, replicas)  # fmt: skip
-        _report(f"PostgreSQL, {replicas} replica(s) (SubmitColumnar)", pg, args.postgres_reports)
-        print(f"PostgreSQL {replicas} replica(s) / SQLite current: reports/s "
-              f"{pg['rate'] / current['rate']:.2f}x")  # fmt: skip
+    if not args.postgres_replicas:
+        return 0
+    with _checkout(args.postgres_baseline_ref or None) as pg_base:
+        for replicas in args.postgres_replicas:
+            job = (args.postgres_reports, args.clients, args.batch, True, args.windows, replicas)
+            designs = [(ROOT, *job)] + ([(pg_base, *job)] if pg_base is not None else [])
+            results = _alternating(args.reps, designs)
+            pg = results[0]
+            _report(f"PostgreSQL, {replicas} replica(s): batch log, keys in memory", pg,
+                    args.postgres_reports)  # fmt: skip
+            if current is not None:
+                print(f"PostgreSQL {replicas} replica(s) / SQLite current: reports/s "
+                      f"{pg['rate'] / current['rate']:.2f}x")  # fmt: skip
+            if pg_base is not None:
+                old = results[1]
+                _report(f"PostgreSQL, {replicas} replica(s), baseline "
+                        f"({args.postgres_baseline_ref}: keys under unique indexes)", old,
+                        args.postgres_reports)  # fmt: skip
+                print(f"PostgreSQL {replicas} replica(s) current / baseline: reports/s "
+                      f"{pg['rate'] / old['rate']:.2f}x, last/first window "
+                      f"{pg['last'] / pg['first']:.2f} vs {old['last'] / old['first']:.2f}, "
+                      f"CPU per report {_per_report(pg) / _per_report(old):.2f}x")  # fmt: skip
     return 0
+
+
+def _per_report(r: dict[str, float]) -> float:
+    return r["cpu_server"] + r["cpu_clients"] + r["cpu_db"]
+
+
+@contextlib.contextmanager
+def _checkout(ref: str | None) -> Iterator[Path | None]:
+    """``ref`` checked out in a temporary git worktree, or ``ref`` itself when it is a
+    directory holding a checkout (None: no ref, or git failed)."""
+    if ref and Path(ref, "aggregator").is_dir():
+        yield Path(ref)
+        return
+    if not ref or not shutil.which("git"):
+        yield None
+        return
+    worktree = Path(tempfile.mkdtemp()) / "baseline"
+    made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree),
+                           ref], capture_output=True)  # fmt: skip
+    if made.returncode != 0:
+        print(f"baseline skipped: git worktree add {ref} failed: {made.stderr.decode().strip()}")
+        yield None
+        return
+    try:
+        yield worktree
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
+                       capture_output=True)  # fmt: skip
 
 
 if __name__ == "__main__":

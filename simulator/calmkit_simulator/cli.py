@@ -195,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--db", required=True, metavar="FILE|URL",
                        help="SQLite database file (created with mode 0600 if missing), or a "
                        "postgresql://user@host/db URL shared by replica servers")  # fmt: skip
+    serve.add_argument("--key-snapshots", default=None, metavar="DIR",
+                       help="with a postgresql:// --db: a folder for this replica's "
+                       "snapshots of its deduplication tables, so a restart loads them "
+                       "instead of reading the whole log (SQLite: always FILE-keys/)")  # fmt: skip
     serve.add_argument("--token-file", default=None, metavar="FILE",
                        help="admin bearer token, mode 0600 (default: none, admin calls "
                        "open: loopback only)")  # fmt: skip

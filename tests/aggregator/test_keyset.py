@@ -63,3 +63,25 @@ def test_probing_wraps_around_the_end(bulk: bool) -> None:
     assert table._used[:299].all() and table._used[-1]  # the run wrapped to slot 0 on
     _agrees(table, {k.tobytes(): v.tobytes() for k, v in zip(keys, values)},
             np.concatenate([keys, rng.integers(0, 256, (50, 16), dtype=np.uint8)]))  # fmt: skip
+
+
+@pytest.mark.parametrize("values", [True, False])
+def test_export_and_restore_give_the_same_table(values: bool) -> None:
+    rng = np.random.default_rng(3)
+    keys = rng.integers(0, 256, (5000, 16), dtype=np.uint8)
+    vals = rng.integers(0, 256, (5000, 16), dtype=np.uint8)
+    table = KeyTable(values=values)
+    table.insert(as_words(keys[:4000]), as_words(vals[:4000]) if values else None)
+    state = table.export()
+    again = KeyTable.restore(**state)
+    assert len(again) == 4000
+    found, got = again.lookup(as_words(keys))
+    assert found.tolist() == [True] * 4000 + [False] * 1000
+    if values:
+        assert got[:4000].tobytes() == as_words(vals[:4000]).tobytes()
+    else:
+        assert got.shape == (5000, 0)
+    again.insert(as_words(keys[4000:]), as_words(vals[4000:]) if values else None)
+    assert again.lookup(as_words(keys))[0].all() and len(again) == 5000
+    with pytest.raises(ValueError, match="slots in use"):
+        KeyTable.restore(state["salt"], state["used"], state["keys"][:-1], state["values"][:-1])

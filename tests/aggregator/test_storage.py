@@ -536,3 +536,19 @@ def test_large_batch_and_its_retry(store: Storage, plan: Plan) -> None:
     assert store.add_reports("abc", plan.digest, reports) == BatchOutcome(10_000, 0)
     assert store.add_reports("abc", plan.digest, reports) == BatchOutcome(0, 10_000)
     assert_counts_equal(store.support("abc"), SupportCounts.from_reports(plan, batches))
+
+
+def test_keys_alike_in_their_first_bytes_are_told_apart(store: Storage, plan: Plan) -> None:
+    """Report ids and pseudonyms that share their first 8 bytes (as a client could
+    choose them) are still distinct reports; repeats among them still count once."""
+    store.create_collection("abc", plan, 2, TOKEN_HASH)
+    _, reports = simulate(plan, 300, seed=14)
+    alike = [StoredReport(b"\x11" * 8 + r.report_id[8:], b"\x22" * 8 + r.pseudonym[8:], r.view,
+                          r.payload) for r in reports]  # fmt: skip
+    assert store.add_reports("abc", plan.digest, alike[:200] + alike[:20]) == BatchOutcome(200, 20)
+    assert store.add_reports("abc", plan.digest, alike) == BatchOutcome(100, 200)
+    clash = StoredReport(alike[5].report_id, b"\x22" * 8 + b"\x00" * 8, alike[5].view,
+                         alike[5].payload)  # fmt: skip
+    with pytest.raises(ReportConflict, match=r"reports\[1\]\.report_id"):
+        store.add_reports("abc", plan.digest, [alike[6], clash])
+    assert store.get_collection("abc").reports == 300

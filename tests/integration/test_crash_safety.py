@@ -1,5 +1,7 @@
 """Crash safety: ``calmkit serve`` killed with SIGKILL at random moments during ingest,
-restarted on the same database, ten times, with old-format and columnar batches mixed;
+restarted on the same database, ten times (with one graceful restart between, so later
+restarts load the key snapshot and the log after it), with old-format and columnar
+batches mixed;
 on PostgreSQL, two replicas behind the client, killed in turn.
 Every acknowledged report is counted exactly once, none is invented, resending a batch
 whose ack was lost does not double count (DESIGN.md "Service": commit, then
@@ -35,9 +37,10 @@ BATCH = 100
 SERVE = "from calmkit_simulator.cli import main; raise SystemExit(main())"
 
 
-def _start(db: str) -> tuple[subprocess.Popen[str], str]:
+def _start(db: str, snapshots: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+    extra = [] if snapshots is None else ["--key-snapshots", str(snapshots)]
     proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE, "serve", "--address", "127.0.0.1:0", "--db", db],
+        [sys.executable, "-c", SERVE, "serve", "--address", "127.0.0.1:0", "--db", db, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -52,7 +55,11 @@ def _crash_run(db: str, tmp_path: Path, replicas: int) -> tuple[set[bytes], int]
     restart it, resend what lost its ack, stop gracefully; (acked ids, reports the
     service counted)."""
     rng = np.random.default_rng(2024)
-    servers = [_start(db) for _ in range(replicas)]
+
+    def launch(i: int) -> tuple[subprocess.Popen[str], str]:  # PostgreSQL: own key snapshots
+        return _start(db, tmp_path / f"keys{i}" if db.startswith("postgresql:") else None)
+
+    servers = [launch(i) for i in range(replicas)]
     with AdminClient(servers[0][1]) as admin:
         info = admin.create_collection(POP.schema, 1.0, POP.n, 2, collection_id="crash")
     device = DeviceState(tmp_path / "device.db")  # reports made once, resent as they are
@@ -103,7 +110,12 @@ def _crash_run(db: str, tmp_path: Path, replicas: int) -> tuple[set[bytes], int]
         stop.set()
         worker.join()
         kills += 1
-        servers[victim] = _start(db)
+        servers[victim] = launch(victim)
+        if kills == 5:  # one graceful restart: later restarts load its key snapshots
+            for i, (proc, _) in enumerate(servers):  # and the log after them
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(timeout=30) == 0
+                servers[i] = launch(i)
     assert kills == 10 and 0 < next_batch < len(batches) and lost_acks >= 1
     ingest(threading.Event())  # finish, resending the batch whose ack was lost
     assert next_batch == len(batches)
@@ -135,6 +147,7 @@ def test_acknowledged_reports_survive_sigkill(tmp_path: Path) -> None:
     assert acked == set(stored)  # every ack counted, nothing invented
     with Storage(str(db)) as store:
         _assert_counts_audited(store)
+        assert store.wait_ready(60) and store._entries["crash"].key_source == "snapshot"
 
 
 def test_replicas_on_postgres_survive_sigkill(tmp_path: Path, pg_dsn: str) -> None:
@@ -143,9 +156,12 @@ def test_replicas_on_postgres_survive_sigkill(tmp_path: Path, pg_dsn: str) -> No
 
     acked, counted = _crash_run(pg_dsn, tmp_path, replicas=2)
     with psycopg.connect(pg_dsn) as conn:
-        stored = [bytes(r[0]) for r in conn.execute("SELECT report_id FROM reports")]
-        logged = b"".join(bytes(r[0]) for r in conn.execute("SELECT report_ids FROM batches"))
-    assert len(stored) == len(set(stored)) == counted == POP.n  # each exactly once
-    assert acked == set(stored) == {logged[i : i + 16] for i in range(0, len(logged), 16)}
+        blobs = b"".join(bytes(r[0]) for r in conn.execute("SELECT report_ids FROM batches"))
+        pseudonyms = b"".join(bytes(r[0]) for r in conn.execute("SELECT pseudonyms FROM batches"))
+    stored = [blobs[i : i + 16] for i in range(0, len(blobs), 16)]
+    devices = {pseudonyms[i : i + 16] for i in range(0, len(pseudonyms), 16)}
+    assert len(stored) == len(set(stored)) == len(devices) == counted == POP.n  # exactly once
+    assert acked == set(stored)  # every ack counted, nothing invented
     with PgStorage(pg_dsn) as store:
         _assert_counts_audited(store)
+    assert all((tmp_path / f"keys{i}" / (b"crash".hex() + ".snap")).exists() for i in (0, 1))

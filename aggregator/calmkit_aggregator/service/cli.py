@@ -84,7 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
     from calmkit_aggregator.service.handlers import log_json
     from calmkit_aggregator.service.pg_storage import PgStorage, is_postgres_url
     from calmkit_aggregator.service.server import ServerTls, create_server, graceful_stop
-    from calmkit_aggregator.service.storage import Storage
+    from calmkit_aggregator.service.storage import ReportStore, Storage
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     token = _read_token(args.token_file)
@@ -94,7 +94,16 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tls_cert is not None:
         _read_secret_file("tls_key", args.tls_key)  # the key file's mode is checked
         tls = ServerTls.from_files(args.tls_cert, args.tls_key)
-    storage = PgStorage(args.db) if is_postgres_url(args.db) else Storage(args.db)
+    snapshots = getattr(args, "key_snapshots", None)
+    if is_postgres_url(args.db):
+        storage: ReportStore = PgStorage(args.db, key_snapshots=snapshots)
+    elif snapshots is not None:
+        raise CalmkitError(
+            f"key_snapshots ({snapshots!r}) must go with a postgresql:// db (SQLite keeps "
+            "its key snapshots next to the database file, in FILE-keys/)"
+        )
+    else:
+        storage = Storage(args.db)
     try:
         server, port = create_server(
             args.address, storage, admin_token=token, tls=tls, insecure=args.insecure,
@@ -103,6 +112,9 @@ def _serve(args: argparse.Namespace) -> int:
     except BaseException:
         storage.close()
         raise
+    stop = threading.Event()  # handled before "listening" is printed: a SIGTERM at once
+    for sig in (signal.SIGTERM, signal.SIGINT):  # still stops gracefully
+        signal.signal(sig, lambda *_: stop.set())
     host = args.address.rsplit(":", 1)[0]
     scheme = "TLS" if tls is not None else "plaintext"
     print(f"calmkit serve: listening on {host}:{port} ({scheme}, db {storage.path})", flush=True)
@@ -111,9 +123,6 @@ def _serve(args: argparse.Namespace) -> int:
               flush=True)  # fmt: skip
     log_json("serving", address=f"{host}:{port}", db=storage.path, admin_token=token is not None,
              tls=tls is not None, rate_limit=args.rate_limit)  # fmt: skip
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     log_json("stopping", grace_seconds=args.grace)
     graceful_stop(server, args.grace)

@@ -232,7 +232,7 @@ class AggregatorService(wire.AggregatorServicer):
         """Authenticate, charge the rate limit, decode against the plan the batch
         names, store, then acknowledge (after the commit)."""
         t0 = time.perf_counter()
-        record = self.storage.get_collection(request.collection_id)
+        record = self.storage.submit_record(request.collection_id, request.plan_digest)
         self._require_submit(context, record.submit_token_hash)
         if self._rate is not None:
             self._rate.charge(record.submit_token_hash, count)

@@ -1,35 +1,62 @@
 """Storage on PostgreSQL: several aggregator processes (replicas) behind one address
-share collections, with the guarantees of the embedded SQLite store (:mod:`.storage`).
+share collections, with the guarantees of the embedded SQLite store (:mod:`.storage`):
+a batch is committed before its ack, accepted whole or refused whole, counted exactly
+once across retries, replicas and SIGKILL, and a pseudonym holds one report.
 
-- A batch is committed before its ack, accepted whole or refused whole.
-- Exactly once across retries and replicas: ``reports(collection_id, report_id,
-  pseudonym)`` is unique on the report id and on the pseudonym. A batch's ids are
-  inserted with ``ON CONFLICT DO NOTHING``. The ones not inserted are classified in the
-  same transaction:
-  - the stored (report id, pseudonym) pair: a duplicate;
-  - anything else: :class:`ReportConflict`, naming no stored value.
-  A replica inserting the same key concurrently waits for the other's commit; a deadlock
-  between two replicas' batches aborts one with UNAVAILABLE, and its client retries.
-- The batch log (``batches``, the columnar layout of :mod:`.columns`) keeps every
-  report's payload.
-- The support counts are kept one row per (collection, phase, writer). Each replica
-  process writes only its own row, in the batch's transaction, so replicas never wait
-  on each other's counts. A read sums the rows.
-- Every read of a collection (its state, phases, counts) goes to the database, so what
-  one replica committed, the others see. Only plans (immutable, by digest) are cached.
+The database holds what SQLite holds (schema version :data:`PG_SCHEMA_VERSION`):
 
-The batch's ids are split into 16-byte keys by the database (``substring`` over
-``generate_series``), so no Python runs per report.
+- ``batches``: the append-only batch log (the columnar layout of :mod:`.columns`), one
+  row per accepted batch holding its new reports. ``seq`` grows; nothing is keyed by a
+  client's random values, so a batch costs the same with 10 or 10 million stored.
+- ``support``: the support counts, one row per (collection, phase, writer). Each
+  replica process writes only its own row, in its batches' transactions; a read sums
+  the rows.
+- ``collections`` and ``phases``: as in SQLite.
+
+Deduplication is in memory, as in SQLite: each replica keeps the key tables of
+:mod:`.keyset` (report id -> pseudonym, and the pseudonyms) for every collection it
+takes reports for, with ``seen``, the last log row they include. A replica commits
+batches of a collection in one transaction that:
+
+1. locks the collection's row (``SELECT ... FOR NO KEY UPDATE``): the batches of one
+   collection commit one transaction at a time, over all replicas, and a concurrent
+   close or new phase waits;
+2. reads the log rows other replicas appended since ``seen`` (a new statement, so it
+   sees every commit made before the lock was granted) into its tables;
+3. deduplicates each batch against the tables with numpy (a retry is acknowledged and
+   not counted; a conflict refuses that batch and names no stored value);
+4. appends one log row per accepted batch and updates its support row; commits
+   (``synchronous_commit`` on: durable before the ack).
+
+Within one collection, log rows therefore commit in ``seq`` order, so step 2 misses
+nothing. The row lock is released when the transaction ends, also when a replica dies
+mid-transaction (its connection closes and the transaction aborts). Batches that wait
+for the lock in one replica go into the next transaction together (group commit):
+one commit, one disk flush, for all of them, each still accepted or refused whole.
+
+A replica fills its tables when it starts (in the background: plans, queries and
+health are served at once; a submit waits for its collection) or on the first batch of
+a collection created by another replica: from its key snapshot (``key_snapshots``, see
+:mod:`.snapshot`) and the log rows after it, or from the whole log. Reads of a collection's state
+and counts go to the database, so what one replica committed, the others see.
+
+Version 1 databases (every report id and pseudonym in a ``reports`` table under two
+unique indexes, as well as in the log) are migrated on open: the log already holds
+every report, so the ``reports`` table goes once its size is checked against the log.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
+import os
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
@@ -48,7 +75,9 @@ from calmkit_client.errors import (
 
 from ..pilot import PhasedDesign, combine_phases
 from ..support import SupportCounts
-from .columns import ReportColumns, columns_from_reports
+from .columns import KEY_BYTES, ReportColumns, columns_from_reports, decode_columns
+from .keyset import KeyTable, as_words
+from .snapshot import SnapshotError, ids_hash, read_snapshot, write_snapshot
 from .storage import (
     CLOSED,
     OPEN,
@@ -57,16 +86,26 @@ from .storage import (
     StoredReport,
     _check_collection_args,
     _dedupe_batch,
+    _new_positions,
     _stored_plan,
 )
 
 __all__ = ["PG_SCHEMA_VERSION", "PgStorage", "is_postgres_url"]
 
-PG_SCHEMA_VERSION = 1
+PG_SCHEMA_VERSION = 2
 _I64 = np.dtype("<i8")
+_LOG_COLUMNS = ("report_ids", "pseudonyms", "views", "cells", "bits")
+# Reports committed in one transaction at most (group commit takes waiting batches up
+# to this many; a larger single batch goes alone).
+_GROUP_REPORTS = 100_000
+_TABLES = {"collections", "phases", "batches", "support", "reports"}
+# Reports in a collection's tables before this replica writes its first key snapshot
+# during ingest (then each time they double; always on close), with key_snapshots.
+SNAPSHOT_FIRST = 1_000_000
+log = logging.getLogger("calmkit.aggregator")
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS calmkit_schema (version INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS collections (
+CREATE TABLE calmkit_schema (version INTEGER NOT NULL);
+CREATE TABLE collections (
     id TEXT PRIMARY KEY,
     plan_json TEXT NOT NULL,
     digest TEXT NOT NULL,
@@ -77,7 +116,7 @@ CREATE TABLE IF NOT EXISTS collections (
     closed_at DOUBLE PRECISION,
     design_json TEXT
 );
-CREATE TABLE IF NOT EXISTS phases (
+CREATE TABLE phases (
     collection_id TEXT NOT NULL REFERENCES collections (id),
     phase INTEGER NOT NULL CHECK (phase >= 1),
     plan_json TEXT NOT NULL,
@@ -85,16 +124,7 @@ CREATE TABLE IF NOT EXISTS phases (
     created_at DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (collection_id, phase)
 );
--- No foreign keys on the per-report tables (a trigger per row costs a fifth of the
--- insert): add_reports checks the collection under FOR SHARE in the same transaction.
-CREATE TABLE IF NOT EXISTS reports (
-    collection_id TEXT NOT NULL,
-    report_id BYTEA NOT NULL,
-    pseudonym BYTEA NOT NULL,
-    PRIMARY KEY (collection_id, report_id),
-    UNIQUE (collection_id, pseudonym)
-);
-CREATE TABLE IF NOT EXISTS batches (
+CREATE TABLE batches (
     seq BIGSERIAL PRIMARY KEY,
     collection_id TEXT NOT NULL,
     phase INTEGER NOT NULL,
@@ -105,7 +135,7 @@ CREATE TABLE IF NOT EXISTS batches (
     cells BYTEA NOT NULL,
     bits BYTEA NOT NULL
 );
-CREATE TABLE IF NOT EXISTS support (
+CREATE TABLE support (
     collection_id TEXT NOT NULL REFERENCES collections (id),
     phase INTEGER NOT NULL,
     writer UUID NOT NULL,
@@ -114,26 +144,17 @@ CREATE TABLE IF NOT EXISTS support (
     PRIMARY KEY (collection_id, phase, writer)
 );
 """
-# The batch's keys, split by the database: (position, report id, pseudonym).
-_KEYS = """SELECT i, substring(%(ids)s::bytea FROM 16 * i + 1 FOR 16) AS rid,
-                  substring(%(ps)s::bytea FROM 16 * i + 1 FOR 16) AS ps
-           FROM generate_series(0, %(n)s - 1) AS i"""
-_INSERT_KEYS = f"""WITH batch AS ({_KEYS}),
-    added AS (
-        INSERT INTO reports (collection_id, report_id, pseudonym)
-        SELECT %(cid)s, rid, ps FROM batch ORDER BY rid
-        ON CONFLICT DO NOTHING
-        RETURNING report_id
-    )
-    SELECT batch.i FROM batch JOIN added ON added.report_id = batch.rid"""
-# For the keys not inserted: is the pair stored (a retry), else is the id taken?
-_CLASSIFY = f"""WITH batch AS ({_KEYS})
-    SELECT batch.i,
-           EXISTS (SELECT 1 FROM reports r WHERE r.collection_id = %(cid)s
-                   AND r.report_id = batch.rid AND r.pseudonym = batch.ps),
-           EXISTS (SELECT 1 FROM reports r WHERE r.collection_id = %(cid)s
-                   AND r.report_id = batch.rid)
-    FROM batch WHERE batch.i = ANY(%(positions)s)"""
+# Both versions: the log is read per collection in seq order (a tail from ``seen``),
+# and its random bytes are stored without compression attempts.
+_LOG_SETUP = """
+CREATE INDEX IF NOT EXISTS batches_tail ON batches (collection_id, seq);
+ALTER TABLE batches ALTER COLUMN report_ids SET STORAGE EXTERNAL,
+                    ALTER COLUMN pseudonyms SET STORAGE EXTERNAL,
+                    ALTER COLUMN bits SET STORAGE EXTERNAL;
+"""
+_LOCK = "SELECT state FROM collections WHERE id = %s FOR NO KEY UPDATE"
+_TAIL = ("SELECT seq, report_ids, pseudonyms FROM batches WHERE collection_id = %s "
+         "AND seq > %s ORDER BY seq")  # fmt: skip
 
 
 def is_postgres_url(db: str) -> bool:
@@ -142,14 +163,82 @@ def is_postgres_url(db: str) -> bool:
     return isinstance(db, str) and db.startswith(("postgresql://", "postgres://"))
 
 
+@dataclass
+class _Keys:
+    """This replica's key tables of one collection: ``by_id`` (report id ->
+    pseudonym) and ``by_pseudonym``, holding every log row up to ``seen``; ``lock``
+    serialises this replica's commits to the collection; ``queue``: batches waiting
+    for the next commit (under ``queue_lock``)."""
+
+    by_id: KeyTable = field(default_factory=KeyTable)
+    by_pseudonym: KeyTable = field(default_factory=lambda: KeyTable(values=False))
+    seen: int = 0
+    loaded: bool = False
+    ids_hash: int = 0  # snapshot.ids_hash of row seen's report ids
+    snapshot_seq: int = 0  # the last row in the last snapshot written or read
+    snapshot_reports: int = 0
+    key_source: str = ""  # where the tables came from: "snapshot", "log" or "new"
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    queue: list[_Pending] = field(default_factory=list)
+    queue_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, ids: np.ndarray, pseudonyms: np.ndarray) -> None:
+        """Insert stored keys, new to the tables: (n, 2) uint64 words each."""
+        self.by_id.insert(ids, pseudonyms)
+        self.by_pseudonym.insert(pseudonyms)
+
+
+@dataclass
+class _Pending:
+    """One batch waiting to be committed: validated, deduplicated within itself
+    (``distinct`` positions), its keys as words, and the log row's blobs and the count
+    deltas of its distinct reports (made before the collection's lock: used when all of
+    them turn out new); ``outcome`` or ``error`` once done."""
+
+    plan_digest: str
+    batch: ReportColumns
+    distinct: np.ndarray
+    ids: np.ndarray
+    pseudonyms: np.ndarray
+    blobs: dict[str, bytes] | None = None
+    deltas: tuple[np.ndarray, list[np.ndarray]] | None = None
+    done: bool = False
+    outcome: BatchOutcome | None = None
+    error: BaseException | None = None
+
+
+class _Either:
+    """Lookups in two key tables holding disjoint keys (the stored ones and those of
+    batches accepted earlier in the same transaction)."""
+
+    def __init__(self, first: KeyTable, second: KeyTable) -> None:
+        self.tables = (first, second)
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        found, values = self.tables[0].lookup(keys)
+        more, other = self.tables[1].lookup(keys)
+        values[more] = other[more]
+        return found | more, values
+
+
+@dataclass
+class _Union:
+    by_id: Any
+    by_pseudonym: Any
+
+
 class PgStorage:
     """Collections and reports in one PostgreSQL database, shared by replicas.
 
     Args:
-        dsn: a libpq connection string or URL (``postgresql://user@host/db``).
+        dsn: a libpq connection string or URL (``postgresql://user@host/db``). A new
+            database gets the schema; a version 1 database is migrated.
+        key_snapshots: a folder for this replica's key snapshots (:mod:`.snapshot`:
+            written on close and as collections grow, loaded at start with the log
+            rows after them); None: the tables are always filled from the whole log.
     """
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, key_snapshots: str | os.PathLike[str] | None = None) -> None:
         try:
             import psycopg
         except ImportError:
@@ -157,40 +246,118 @@ class PgStorage:
                 "db (a postgresql:// URL) needs psycopg: pip install 'calmkit[postgres]'"
             ) from None
         self._psycopg = psycopg
+        self._dsn = dsn
         self.path = _redact(dsn)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the read connection
+        self._write_lock = threading.Lock()  # the write connection
+        self._keys_lock = threading.Lock()  # the dict of key tables and the record cache
         self._writer = uuid.uuid4()  # this process's own support rows
         self._plans: dict[str, Plan] = {}
+        self._records: dict[str, CollectionRecord] = {}
+        self._keys: dict[str, _Keys] = {}
         self._mine: dict[tuple[str, int], tuple[np.ndarray, list[np.ndarray]]] = {}
+        self._closed = False
+        self._snapshots = None if key_snapshots is None else os.fspath(key_snapshots)
+        self._snapshotter: threading.Thread | None = None
+        self.snapshot_bytes = 0  # key snapshots written by this process
+        # transactions committed, batches in them, seconds waiting for and holding the
+        # collections' locks (holding: from the lock granted to the commit returned)
+        self.stats = {"commits": 0, "batches": 0, "lock_wait": 0.0, "lock_held": 0.0}
+        self._conn: Any = self._connect()
         try:
-            self._conn: Any = psycopg.connect(dsn, autocommit=False)
+            with self._transaction(self._conn) as cur:
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext('calmkit schema'))")
+                self._setup_schema(cur)
+                cur.execute("SELECT id FROM collections WHERE state = %s", (OPEN,))
+                pending = [cid for (cid,) in cur.fetchall()]
+            self._wconn: Any = self._connect(writer=True)
+        except BaseException:
+            self._conn.close()
+            raise
+        for cid in pending:
+            self._keys[cid] = _Keys()
+        self._loader = threading.Thread(target=self._load_all, args=(pending,),
+                                        name="calmkit-pg-keys", daemon=True)  # fmt: skip
+        self._loader.start()
+
+    def _connect(self, writer: bool = False) -> Any:
+        """A connection with commits durable before they return; the write connection
+        gives up waiting for a collection's lock after 10 s (the client retries) and a
+        transaction left idle by a stuck replica ends after 60 s, releasing its locks."""
+        psycopg = self._psycopg
+        try:
+            conn = psycopg.connect(self._dsn, autocommit=True)
+            conn.execute("SET synchronous_commit = on")
+            if writer:
+                conn.execute("SET lock_timeout = '10s'")
+                conn.execute("SET idle_in_transaction_session_timeout = '60s'")
+            conn.autocommit = False
         except psycopg.Error as exc:
             raise CalmkitError(f"db ({self.path!r}) cannot be opened: {_first_line(exc)}") from None
-        with self._transaction() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(hashtext('calmkit schema'))")
-            cur.execute(_SCHEMA)
-            cur.execute("SELECT version FROM calmkit_schema")
-            row = cur.fetchone()
-            if row is None:
-                cur.execute("INSERT INTO calmkit_schema VALUES (%s)", (PG_SCHEMA_VERSION,))
-            elif row[0] != PG_SCHEMA_VERSION:
+        return conn
+
+    def _setup_schema(self, cur: Any) -> None:
+        """Create the schema, migrate version 1, or refuse a database that is not a
+        calmkit store or is newer (inside the caller's transaction, under the schema
+        lock, so replicas starting together migrate once)."""
+        cur.execute("SELECT to_regclass('calmkit_schema') IS NOT NULL")
+        if not cur.fetchone()[0]:
+            cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+            clash = sorted(_TABLES & {t for (t,) in cur.fetchall()})
+            if clash:
                 raise CalmkitError(
-                    f"schema version ({row[0]}) of {self.path!r} must be {PG_SCHEMA_VERSION}"
+                    f"database ({self.path!r}) is not a calmkit store (it has a table named "
+                    f"{clash[0]!r} but no calmkit_schema)"
                 )
+            cur.execute(_SCHEMA)
+            cur.execute(_LOG_SETUP)
+            cur.execute("INSERT INTO calmkit_schema VALUES (%s)", (PG_SCHEMA_VERSION,))
+            return
+        cur.execute("SELECT version FROM calmkit_schema")
+        row = cur.fetchone()
+        version = None if row is None else row[0]
+        if version == 1:
+            self._migrate_1(cur)
+        elif version != PG_SCHEMA_VERSION:
+            raise CalmkitError(
+                f"schema version ({version}) of {self.path!r} must be {PG_SCHEMA_VERSION} "
+                "(or 1, which is migrated)"
+            )
+
+    def _migrate_1(self, cur: Any) -> None:
+        """Version 1 -> 2: the ``reports`` table (one row per report under two unique
+        indexes) goes; the batch log, written in the same transactions, already holds
+        every report, which is checked per collection first."""
+        cur.execute(
+            "SELECT c.id, (SELECT count(*) FROM reports r WHERE r.collection_id = c.id), "
+            "(SELECT coalesce(sum(count), 0) FROM batches b WHERE b.collection_id = c.id) "
+            "FROM collections c ORDER BY c.id"
+        )
+        for cid, rows, logged in cur.fetchall():
+            if rows != logged:
+                raise CalmkitError(
+                    f"reports of collection {_show(cid)} ({rows}) must equal the reports in "
+                    f"its batch log ({logged}) to migrate {self.path!r} to schema version "
+                    f"{PG_SCHEMA_VERSION}: this database is damaged"
+                )
+        cur.execute("DROP TABLE reports")
+        cur.execute(_LOG_SETUP)
+        cur.execute("UPDATE calmkit_schema SET version = %s", (PG_SCHEMA_VERSION,))
 
     # -- transactions ------------------------------------------------------------------
     @contextmanager
-    def _transaction(self) -> Iterator[Any]:
-        """A cursor in one transaction (committed on exit, rolled back on error);
-        connection trouble, deadlocks and serialization failures are
-        :class:`ServiceUnavailable` (the client retries)."""
+    def _transaction(self, conn: Any) -> Iterator[Any]:
+        """A cursor in one transaction on ``conn`` (committed on exit, rolled back on
+        error); lost connections, lock timeouts, deadlocks and serialization failures
+        are :class:`ServiceUnavailable` (the client retries)."""
         psycopg = self._psycopg
-        if self._conn is None:
+        if self._closed:
             raise ServiceUnavailable("storage is closed (the server is shutting down)")
         try:
-            with self._conn.transaction(), self._conn.cursor() as cur:
+            with conn.transaction(), conn.cursor() as cur:
                 yield cur
-        except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+        except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
+                psycopg.errors.LockNotAvailable) as exc:  # fmt: skip
             raise ServiceUnavailable(
                 f"the batch met a concurrent one ({_first_line(exc)}): retry"
             ) from None
@@ -204,16 +371,14 @@ class PgStorage:
             plan = self._plans[digest] = _stored_plan(cid, phase, plan_json, digest)
         return plan
 
-    def _record(
-        self, cur: Any, collection_id: str, lock: str = "", counts: bool = True
-    ) -> CollectionRecord:
-        """The collection as stored now (``lock``: ``FOR SHARE`` / ``FOR UPDATE``;
-        ``counts=False``: without the report totals, one query fewer)."""
+    def _record(self, cur: Any, collection_id: str, counts: bool = True) -> CollectionRecord:
+        """The collection as stored now (``counts=False``: without the report totals,
+        one query fewer)."""
         if not isinstance(collection_id, str):
             raise CollectionNotFound(f"collection_id ({_show(collection_id)}) not found")
         cur.execute(
             "SELECT plan_json, digest, k, state, submit_token_hash, created_at, closed_at, "
-            f"design_json FROM collections WHERE id = %s {lock}",
+            "design_json FROM collections WHERE id = %s",
             (collection_id,),
         )
         row = cur.fetchone()
@@ -230,6 +395,8 @@ class PgStorage:
         design = None if design_json is None else PhasedDesign.from_json(design_json)
         record = CollectionRecord(collection_id, tuple(plans), k, state, bytes(token_hash),
                                   created, closed, 0, design)  # fmt: skip
+        with self._keys_lock:
+            self._records[collection_id] = record
         if not counts:
             return record
         parts = self._parts(cur, record)
@@ -263,6 +430,19 @@ class PgStorage:
             out.append(SupportCounts(plan, n_p, tuple(np.split(flat_p, sizes))))
         return out
 
+    def submit_record(self, collection_id: str, plan_digest: str) -> CollectionRecord:
+        """The collection's record as this replica last read it, for a submit: plans,
+        submit token hash, design. Read again when unknown here or when
+        ``plan_digest`` is not among its plans (another replica started a phase). Its
+        state and report totals may lag: :meth:`add_reports` checks the state under
+        the collection's lock."""
+        with self._keys_lock:
+            record = self._records.get(collection_id) if isinstance(collection_id, str) else None
+        if record is None or all(p.digest != plan_digest for p in record.plans):
+            with self._lock, self._transaction(self._conn) as cur:
+                record = self._record(cur, collection_id, counts=False)
+        return record
+
     # -- collections -------------------------------------------------------------------
     def create_collection(
         self,
@@ -276,7 +456,7 @@ class PgStorage:
         _check_collection_args(collection_id, plan, k, submit_token_hash)
         if design is not None and not isinstance(design, PhasedDesign):
             raise CalmkitError(f"design ({_show(design)}) must be a PhasedDesign or None")
-        with self._lock, self._transaction() as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             cur.execute(
                 "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash, "
                 "created_at, closed_at, design_json) VALUES (%s, %s, %s, %s, %s, %s, %s, NULL, %s) "
@@ -287,35 +467,42 @@ class PgStorage:
             )  # fmt: skip
             if cur.rowcount == 0:
                 raise CollectionExists(f"collection_id ({_show(collection_id)}) already exists")
-            return self._record(cur, collection_id)
+            record = self._record(cur, collection_id)
+        with self._keys_lock:  # committed with no reports: the empty tables are complete
+            self._keys.setdefault(collection_id, _Keys(loaded=True, key_source="new"))
+        return record
 
     def get_collection(self, collection_id: str) -> CollectionRecord:
         """The collection's record as committed now; :class:`CollectionNotFound`."""
-        with self._lock, self._transaction() as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             return self._record(cur, collection_id)
 
     def list_collections(self) -> list[CollectionRecord]:
         """Every collection, oldest first."""
-        with self._lock, self._transaction() as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             cur.execute("SELECT id FROM collections ORDER BY created_at, id")
             return [self._record(cur, cid) for (cid,) in cur.fetchall()]
 
     def close_collection(self, collection_id: str) -> CollectionRecord:
-        """Stop accepting reports (idempotent)."""
-        with self._lock, self._transaction() as cur:
+        """Stop accepting reports (idempotent); this replica drops its key tables."""
+        with self._lock, self._transaction(self._conn) as cur:
             cur.execute(
                 "UPDATE collections SET state = %s, closed_at = %s WHERE id = %s AND state = %s",
                 (CLOSED, time.time(), collection_id, OPEN),
             )
-            return self._record(cur, collection_id)
+            record = self._record(cur, collection_id)
+        self._forget(collection_id)
+        self._drop_snapshot(collection_id)
+        return record
 
     def add_phase(self, collection_id: str, phase: int, plan: Plan) -> CollectionRecord:
         """Start ``phase`` with ``plan``; idempotent across replicas (the first stored
         plan of a phase stays)."""
         if not isinstance(plan, Plan):
             raise CalmkitError(f"plan ({_show(plan)}) must be a Plan")
-        with self._lock, self._transaction() as cur:
-            record = self._record(cur, collection_id, "FOR UPDATE")
+        with self._lock, self._transaction(self._conn) as cur:
+            cur.execute("SELECT 1 FROM collections WHERE id = %s FOR UPDATE", (collection_id,))
+            record = self._record(cur, collection_id)
             current = record.phase
             if phase <= current:
                 return record
@@ -343,7 +530,15 @@ class PgStorage:
         reports: Sequence[StoredReport] | ReportColumns,
     ) -> BatchOutcome:
         """Validate, deduplicate (across replicas) and store a batch, then count it;
-        see :meth:`.storage.Storage.add_reports` for the contract."""
+        see :meth:`.storage.Storage.add_reports` for the contract. Batches that arrive
+        while another commit of the collection runs in this replica are committed
+        together in the next transaction."""
+        record = self.submit_record(collection_id, plan_digest)
+        if record.state != OPEN:  # closing is final: a stale "open" is checked again below
+            raise CollectionClosed(
+                f"collection_id ({_show(collection_id)}) is {record.state}: it accepts no reports"
+            )
+        plan = record.plans[record.phase_of(plan_digest)]
         if isinstance(reports, ReportColumns):
             if reports.plan.digest != plan_digest:
                 raise PlanMismatch(
@@ -355,79 +550,337 @@ class PgStorage:
             bad = next((i for i, r in enumerate(reports) if not isinstance(r, StoredReport)), None)
             if bad is not None:
                 raise CalmkitError(f"reports[{bad}] ({_show(reports[bad])}) must be a StoredReport")
-            record = self.get_collection(collection_id)
-            plan = record.plans[record.phase_of(plan_digest)]
             batch = columns_from_reports(plan, list(reports))
         if not len(batch):
             return BatchOutcome(0, 0)
-        firsts = _dedupe_batch(batch)
-        distinct = batch.take(firsts)
-        keys = {
-            "cid": collection_id,
-            "n": len(distinct),
-            "ids": distinct.report_ids.tobytes(),
-            "ps": distinct.pseudonyms.tobytes(),
-        }
-        with self._lock, self._transaction() as cur:
-            # the collection's state and phases, held against a concurrent close
-            record = self._record(cur, collection_id, "FOR SHARE", counts=False)
-            if record.state != OPEN:
-                raise CollectionClosed(
-                    f"collection_id ({_show(collection_id)}) is {record.state}: it accepts no "
-                    "reports"
-                )
-            phase = record.phase_of(plan_digest)
-            cur.execute(_INSERT_KEYS, keys)
-            new = np.sort(np.array([i for (i,) in cur.fetchall()], dtype=np.int64))
-            if new.size < len(distinct):
-                rest = np.setdiff1d(np.arange(len(distinct)), new)
-                cur.execute(_CLASSIFY, {**keys, "positions": rest.tolist()})
-                _raise_conflicts(cur.fetchall(), batch, firsts, collection_id)
-            counted = (
-                self._append(cur, collection_id, phase, distinct.take(new)) if new.size else None
-            )
-        if counted is not None:  # committed: this writer's row now holds these totals
-            self._mine[counted[0]] = counted[1]
-        return BatchOutcome(int(new.size), len(batch) - int(new.size))
+        distinct = _dedupe_batch(batch)
+        fresh = batch.take(distinct) if distinct.size < len(batch) else batch
+        mine = _Pending(plan_digest, batch, distinct, as_words(batch.report_ids),
+                        as_words(batch.pseudonyms), fresh.encode(),
+                        fresh.support_deltas())  # fmt: skip
+        keys = self._keys_of(collection_id)
+        with keys.queue_lock:
+            keys.queue.append(mine)
+        while not mine.done:
+            with keys.lock:  # the leader commits what waits, from the front of the queue
+                if mine.done:
+                    break
+                with keys.queue_lock:
+                    group: list[_Pending] = []
+                    size = 0
+                    while keys.queue and (not group or size + len(keys.queue[0].batch)
+                                          <= _GROUP_REPORTS):  # fmt: skip
+                        size += len(keys.queue[0].batch)
+                        group.append(keys.queue.pop(0))
+                try:
+                    self._load(collection_id, keys)
+                    self._commit(collection_id, keys, group)
+                finally:
+                    for p in group:  # whatever failed, no batch of the group is left waiting
+                        if not p.done:
+                            p.error = p.error or ServiceUnavailable(
+                                "the batch was not stored: retry"
+                            )
+                            p.done = True
+        if mine.error is not None:
+            raise mine.error
+        assert mine.outcome is not None
+        return mine.outcome
 
-    def _append(
-        self, cur: Any, collection_id: str, phase: int, fresh: ReportColumns
-    ) -> tuple[tuple[str, int], tuple[np.ndarray, list[np.ndarray]]]:
-        """Log the new reports and write this writer's updated counts (in the caller's
-        transaction); returns the new totals, for the caller to keep once committed."""
-        blobs = fresh.encode()
+    def _commit(self, collection_id: str, keys: _Keys, group: list[_Pending]) -> None:
+        """One transaction for the ``group``'s batches (see the module docstring);
+        each batch gets its outcome or its own error."""
+        psycopg = self._psycopg
+        written: list[tuple[_Pending, int, np.ndarray]] = []  # (batch, phase, new positions)
+        try:
+            with self._write_lock, self._transaction(self._wconn) as cur:
+                t0 = time.perf_counter()
+                cur.execute(_LOCK, (collection_id,))
+                row = cur.fetchone()
+                t1 = time.perf_counter()
+                if row is None:
+                    raise CollectionNotFound(f"collection_id ({_show(collection_id)}) not found")
+                if row[0] != OPEN:
+                    raise CollectionClosed(
+                        f"collection_id ({_show(collection_id)}) is {row[0]}: it accepts no "
+                        "reports"
+                    )
+                self._tail(cur, collection_id, keys)
+                record = self._records.get(collection_id)
+                if record is None or any(
+                    all(pl.digest != p.plan_digest for pl in record.plans) for p in group
+                ):
+                    record = self._record(cur, collection_id, counts=False)
+                size = sum(len(p.batch) for p in group)  # keys of the batches accepted so far:
+                accepted = _Keys(KeyTable(size), KeyTable(size, values=False), loaded=True)
+                both = _Union(_Either(keys.by_id, accepted.by_id),
+                              _Either(keys.by_pseudonym, accepted.by_pseudonym))  # fmt: skip
+                rows: list[tuple[Any, ...]] = []
+                deltas: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
+                for p in group:
+                    try:
+                        phase = record.phase_of(p.plan_digest)
+                        tables = both if len(accepted.by_id) else keys
+                        new = _new_positions(tables, collection_id, p.distinct, p.ids,
+                                             p.pseudonyms)  # fmt: skip
+                    except (PlanMismatch, ReportConflict) as exc:
+                        p.error, p.done = exc, True
+                        continue
+                    written.append((p, phase, new))
+                    if not new.size:
+                        continue
+                    if len(group) > 1:
+                        accepted.add(p.ids[new], p.pseudonyms[new])
+                    if new.size == p.distinct.size and p.blobs is not None and p.deltas:
+                        blobs, (n, counts) = p.blobs, p.deltas  # all new: made beforehand
+                    else:
+                        fresh = p.batch.take(new) if new.size < len(p.batch) else p.batch
+                        blobs, (n, counts) = fresh.encode(), fresh.support_deltas()
+                    rows.append((collection_id, phase, int(new.size),
+                                 *(blobs[c] for c in _LOG_COLUMNS)))  # fmt: skip
+                    if phase in deltas:
+                        old_n, old_counts = deltas[phase]
+                        n, counts = old_n + n, [a + b for a, b in zip(old_counts, counts)]
+                    deltas[phase] = (n, counts)
+                last = self._append(cur, rows) if rows else 0
+                totals = {ph: self._totals(cur, collection_id, ph, d) for ph, d in deltas.items()}
+        except (CalmkitError, psycopg.Error) as exc:
+            if not isinstance(exc, CalmkitError):
+                exc = ServiceUnavailable(f"database error: {_first_line(exc)}: retry")
+            for p in group:
+                if not p.done:
+                    p.error, p.done = exc, True
+            if isinstance(exc, (CollectionClosed, CollectionNotFound)):
+                self._forget(collection_id)
+                with self._keys_lock:  # closed by another replica: refuse the next at once
+                    cached = self._records.get(collection_id)
+                    if cached is not None and isinstance(exc, CollectionClosed):
+                        self._records[collection_id] = replace(cached, state=CLOSED)
+            # the commit's outcome may be unknown: re-read this writer's rows next time
+            for key in [k for k in self._mine if k[0] == collection_id]:
+                self._mine.pop(key, None)
+            return
+        # committed: count it here and keep the tables up to date
+        self.stats["commits"] += 1
+        self.stats["batches"] += len(written)
+        self.stats["lock_wait"] += t1 - t0
+        self.stats["lock_held"] += time.perf_counter() - t1
+        for phase, total in totals.items():
+            self._mine[(collection_id, phase)] = total
+        for p, _, new in written:
+            p.outcome = BatchOutcome(int(new.size), len(p.batch) - int(new.size))
+            p.done = True
+        try:
+            for p, _, new in written:
+                if new.size:
+                    keys.add(p.ids[new], p.pseudonyms[new])
+        except Exception:  # the batches are stored and acknowledged; the tables are not
+            self._drop_tables(keys)  # refilled from the log by the next batch
+            return
+        if last > keys.seen:
+            keys.seen, keys.ids_hash = last, ids_hash(rows[-1][3])
+        if self._snapshot_due(keys):
+            self._snapshot_later(collection_id)
+
+    def _tail(self, cur: Any, collection_id: str, keys: _Keys) -> None:
+        """Read the log rows committed since ``keys.seen`` into the tables."""
+        cur.execute(_TAIL, (collection_id, keys.seen), binary=True)
+        rows = cur.fetchall()
+        if not rows:
+            return
+        ids, pseudonyms = _keys_of_rows([r[1] for r in rows], [r[2] for r in rows])
+        try:
+            keys.add(ids, pseudonyms)
+        except BaseException:
+            self._drop_tables(keys)
+            raise
+        keys.seen, keys.ids_hash = int(rows[-1][0]), ids_hash(rows[-1][1])
+
+    def _append(self, cur: Any, rows: list[tuple[Any, ...]]) -> int:
+        """Insert the log rows (one statement); the last ``seq``."""
+        values = ", ".join(["(%s, %s, %s, %b, %b, %b, %b, %b)"] * len(rows))
         cur.execute(
             "INSERT INTO batches (collection_id, phase, count, report_ids, pseudonyms, views, "
-            "cells, bits) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-            (collection_id, phase, len(fresh), blobs["report_ids"], blobs["pseudonyms"],
-             blobs["views"], blobs["cells"], blobs["bits"]),
-        )  # fmt: skip
-        n, counts = fresh.support_deltas()
-        key = (collection_id, phase)
-        old_n, old_counts = self._mine.get(
-            key, (np.zeros_like(n), [np.zeros_like(c) for c in counts])
+            f"cells, bits) VALUES {values} RETURNING seq",
+            [x for r in rows for x in r],
         )
-        total_n = old_n + n
-        total = [a + b for a, b in zip(old_counts, counts)]
+        return max(int(s) for (s,) in cur.fetchall())
+
+    def _totals(
+        self, cur: Any, collection_id: str, phase: int,
+        delta: tuple[np.ndarray, list[np.ndarray]],
+    ) -> tuple[np.ndarray, list[np.ndarray]]:  # fmt: skip
+        """Write this writer's support row of ``phase`` plus ``delta`` (in the
+        caller's transaction); the new totals, kept once committed."""
+        key = (collection_id, phase)
+        n, counts = delta
+        old = self._mine.get(key)
+        if old is None:  # first use, or after a commit whose outcome was unknown
+            cur.execute(
+                "SELECT n, counts FROM support WHERE collection_id = %s AND phase = %s "
+                "AND writer = %s",
+                (collection_id, phase, self._writer),
+            )
+            row = cur.fetchone()
+            if row is None:
+                old = (np.zeros_like(n), [np.zeros_like(c) for c in counts])
+            else:
+                flat = np.frombuffer(row[1], _I64).astype(np.int64)
+                sizes = np.cumsum([c.size for c in counts])[:-1]
+                old = (np.frombuffer(row[0], _I64).astype(np.int64), np.split(flat, sizes))
+        total_n = old[0] + n
+        total = [a + b for a, b in zip(old[1], counts)]
         cur.execute(
             "INSERT INTO support (collection_id, phase, writer, n, counts) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (collection_id, phase, writer) "
+            "VALUES (%s, %s, %s, %b, %b) ON CONFLICT (collection_id, phase, writer) "
             "DO UPDATE SET n = excluded.n, counts = excluded.counts",
             (collection_id, phase, self._writer, total_n.astype(_I64).tobytes(),
              np.concatenate(total).astype(_I64).tobytes()),
         )  # fmt: skip
-        return key, (total_n, total)
+        return total_n, total
 
+    # -- key tables ----------------------------------------------------------------------
+    def _keys_of(self, collection_id: str) -> _Keys:
+        with self._keys_lock:
+            keys = self._keys.get(collection_id)
+            if keys is None:
+                keys = self._keys[collection_id] = _Keys()
+            return keys
+
+    def _forget(self, collection_id: str) -> None:
+        """Drop a closed collection's key tables (it takes no more reports)."""
+        with self._keys_lock:
+            self._keys.pop(collection_id, None)
+
+    @staticmethod
+    def _drop_tables(keys: _Keys) -> None:
+        """After a failure while filling the tables: start them again from the log."""
+        keys.by_id, keys.by_pseudonym = KeyTable(), KeyTable(values=False)
+        keys.seen, keys.loaded = 0, False
+
+    def _load(self, collection_id: str, keys: _Keys) -> None:
+        """Fill empty tables from the collection's key snapshot and the log after it,
+        or from the whole log, without the collection's lock (call with ``keys.lock``
+        held); the rows committed meanwhile come with the next transaction's tail."""
+        if keys.loaded:
+            return
+        conn = self._connect()
+        try:
+            with self._transaction(conn) as cur:
+                if not self._load_snapshot(cur, collection_id, keys):
+                    ids, pseudonyms, last, hashed = _read_keys(cur, collection_id, keys.seen)
+                    keys.add(ids, pseudonyms)
+                    keys.seen, keys.ids_hash, keys.key_source = last, hashed, "log"
+            keys.loaded = True
+        except BaseException:
+            self._drop_tables(keys)
+            raise
+        finally:
+            conn.close()
+
+    def _load_snapshot(self, cur: Any, collection_id: str, keys: _Keys) -> bool:
+        """Fill the tables from this replica's snapshot and the log rows after it;
+        False (tables untouched) when there is no usable snapshot (missing, corrupt,
+        or not of this log: see :meth:`.storage.Storage._load_snapshot`)."""
+        path = self._snapshot_path(collection_id)
+        if path is None or not os.path.exists(path):
+            return False
+        try:
+            snap = read_snapshot(path, collection_id)
+        except SnapshotError as exc:
+            log.warning("key snapshot of collection %r not used (%s): reading the log",
+                        collection_id, exc)  # fmt: skip
+            return False
+        cur.execute(
+            "SELECT report_ids, (SELECT coalesce(sum(count), 0) FROM batches WHERE "
+            "collection_id = %s AND seq <= %s) FROM batches WHERE collection_id = %s "
+            "AND seq = %s",
+            (collection_id, snap.seq, collection_id, snap.seq),
+            binary=True,
+        )
+        row = cur.fetchone()
+        if row is None or ids_hash(bytes(row[0])) != snap.ids_hash or row[1] != snap.reports:
+            log.warning("key snapshot of collection %r not used (it does not match the batch "
+                        "log): reading the log", collection_id)  # fmt: skip
+            return False
+        ids, pseudonyms, last, hashed = _read_keys(cur, collection_id, snap.seq)
+        snap.by_id.insert(ids, pseudonyms)
+        snap.by_pseudonym.insert(pseudonyms)
+        keys.by_id, keys.by_pseudonym = snap.by_id, snap.by_pseudonym
+        keys.seen, keys.ids_hash = (last, hashed) if ids.size else (snap.seq, snap.ids_hash)
+        keys.snapshot_seq, keys.snapshot_reports = snap.seq, snap.reports
+        keys.key_source = "snapshot"
+        return True
+
+    # -- key snapshots -------------------------------------------------------------------
+    def _snapshot_path(self, collection_id: str) -> str | None:
+        if self._snapshots is None:
+            return None
+        return os.path.join(self._snapshots, collection_id.encode("utf-8").hex() + ".snap")
+
+    def _snapshot_due(self, keys: _Keys) -> bool:
+        """Past :data:`SNAPSHOT_FIRST` reports, then each time the tables double."""
+        stored = len(keys.by_id)
+        return (self._snapshots is not None and stored >= SNAPSHOT_FIRST
+                and stored >= 2 * keys.snapshot_reports)  # fmt: skip
+
+    def _snapshot_later(self, collection_id: str) -> None:
+        if self._snapshotter is not None and self._snapshotter.is_alive():
+            return
+        self._snapshotter = threading.Thread(
+            target=self._snapshot, args=(collection_id,), name="calmkit-snapshot", daemon=True
+        )
+        self._snapshotter.start()
+
+    def _snapshot(self, collection_id: str) -> None:
+        """Write the collection's key snapshot (tables copied under ``keys.lock``,
+        the file written outside it); a failure is logged."""
+        path = self._snapshot_path(collection_id)
+        with self._keys_lock:
+            keys = self._keys.get(collection_id)
+        if path is None or keys is None:
+            return
+        try:
+            with keys.lock:
+                if not keys.loaded or keys.seen <= keys.snapshot_seq:
+                    return
+                tables = [keys.by_id.export(), keys.by_pseudonym.export()]
+                seq, reports, hashed = keys.seen, len(keys.by_id), keys.ids_hash
+                keys.snapshot_seq, keys.snapshot_reports = seq, reports
+            os.makedirs(self._snapshots or ".", mode=0o700, exist_ok=True)
+            self.snapshot_bytes += write_snapshot(path, collection_id, seq, reports, hashed,
+                                                  tables)  # fmt: skip
+        except (OSError, CalmkitError) as exc:
+            log.warning("key snapshot of collection %r not written: %s", collection_id, exc)
+
+    def _drop_snapshot(self, collection_id: str) -> None:
+        path = self._snapshot_path(collection_id)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    def _load_all(self, pending: list[str]) -> None:
+        """Background, on open: fill the open collections' tables; a submit to one
+        that is not filled yet waits for it (or fills it itself)."""
+        for cid in pending:
+            keys = self._keys_of(cid)
+            with keys.lock:
+                try:
+                    self._load(cid, keys)
+                except Exception:  # the first submit to it loads it again
+                    continue
+
+    # -- counts ----------------------------------------------------------------------------
     def support(self, collection_id: str) -> SupportCounts:
         """The support counts over every phase, as committed by every replica."""
-        with self._lock, self._transaction() as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             record = self._record(cur, collection_id)
             parts = self._parts(cur, record)
         return combine_phases(parts)
 
     def phase_support(self, collection_id: str, phase: int) -> SupportCounts:
         """One phase's support counts (its own plan)."""
-        with self._lock, self._transaction() as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             record = self._record(cur, collection_id)
             if (
                 isinstance(phase, bool)
@@ -439,20 +892,29 @@ class PgStorage:
 
     def recount(self, collection_id: str) -> SupportCounts:
         """The support counts recounted from the batch log (an audit)."""
-        from .columns import decode_columns
-
-        with self._lock, self._transaction() as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             record = self._record(cur, collection_id)
             parts = [SupportCounts.zeros(p) for p in record.plans]
             cur.execute(
-                "SELECT phase, count, report_ids, pseudonyms, views, cells, bits FROM batches "
-                "WHERE collection_id = %s ORDER BY seq",
+                "SELECT seq, phase, count, report_ids, pseudonyms, views, cells, bits "
+                "FROM batches WHERE collection_id = %s ORDER BY seq",
                 (collection_id,),
+                binary=True,
             )
-            for phase, count, rid, ps, views, cells, bits in cur.fetchall():
-                columns = decode_columns(record.plans[phase], count, report_ids=bytes(rid),
-                                         pseudonyms=bytes(ps), views=bytes(views),
-                                         cells=bytes(cells), bits=bytes(bits))  # fmt: skip
+            for seq, phase, count, rid, ps, views, cells, bits in cur.fetchall():
+                if not 0 <= phase < len(parts):
+                    raise CalmkitError(
+                        f"batch {seq} of collection {_show(collection_id)} has phase ({phase}) "
+                        f"outside [0, {len(parts) - 1}]"
+                    )
+                try:
+                    columns = decode_columns(record.plans[phase], count, report_ids=bytes(rid),
+                                             pseudonyms=bytes(ps), views=bytes(views),
+                                             cells=bytes(cells), bits=bytes(bits))  # fmt: skip
+                except CalmkitError as exc:
+                    raise CalmkitError(
+                        f"batch {seq} of collection {_show(collection_id)} is invalid: {exc}"
+                    ) from None
                 n, counts = columns.support_deltas()
                 old = parts[phase]
                 summed = tuple(a + b for a, b in zip(old.counts, counts))
@@ -461,20 +923,43 @@ class PgStorage:
 
     # -- lifecycle -----------------------------------------------------------------------
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """Always ready: deduplication lives in the database."""
-        return True
+        """Wait until the open collections' key tables are filled; whether they are."""
+        self._loader.join(timeout)
+        return not self._loader.is_alive()
 
     def close(self) -> None:
-        """Close the connection (idempotent)."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        """Write the key snapshots (with ``key_snapshots``), then close the
+        connections (idempotent)."""
+        if self._snapshotter is not None:
+            self._snapshotter.join()
+        if not self._closed:
+            with self._keys_lock:
+                pending = list(self._keys)
+            for cid in pending:
+                self._snapshot(cid)
+            commits = max(self.stats["commits"], 1)
+            log.info(json.dumps({  # how the collections' locks were used, for the operator
+                "event": "storage", "commits": self.stats["commits"],
+                "batches_per_commit": round(self.stats["batches"] / commits, 2),
+                "lock_wait_ms": round(1e3 * self.stats["lock_wait"] / commits, 2),
+                "lock_held_ms": round(1e3 * self.stats["lock_held"] / commits, 2)}))  # fmt: skip
+        self._closed = True
+        with self._lock, self._write_lock:
+            for name in ("_conn", "_wconn"):
+                conn = getattr(self, name, None)
+                if conn is not None:
+                    conn.close()
+                    setattr(self, name, None)
 
     def __contains__(self, collection_id: object) -> bool:
+        """Whether the collection exists (known here, or asked of the database:
+        collections are never removed)."""
         if not isinstance(collection_id, str):
             return False
-        with self._lock, self._transaction() as cur:
+        with self._keys_lock:
+            if collection_id in self._records:
+                return True
+        with self._lock, self._transaction(self._conn) as cur:
             cur.execute("SELECT 1 FROM collections WHERE id = %s", (collection_id,))
             return cur.fetchone() is not None
 
@@ -490,25 +975,35 @@ class PgStorage:
         self.close()
 
 
-def _raise_conflicts(
-    rows: list[tuple[int, bool, bool]], batch: ReportColumns, firsts: np.ndarray, cid: str
-) -> None:
-    """Keys not inserted (positions among the batch's distinct reports ``firsts``): a
-    stored pair is a retry; otherwise the first conflict raises, naming only what the
-    client sent and its position in the batch."""
-    for k, pair_stored, id_taken in sorted(rows):
-        if pair_stored:
-            continue
-        i = int(firsts[k])
-        if id_taken:
-            raise ReportConflict(
-                f"reports[{i}].report_id ({_show(bytes(batch.report_ids[i]))}) is already used "
-                f"in collection {_show(cid)}"
-            )
-        raise ReportConflict(
-            f"reports[{i}].pseudonym ({_show(bytes(batch.pseudonyms[i]))}) already holds a "
-            f"report in collection {_show(cid)} (a device reports once per collection)"
-        )
+def _keys_of_rows(ids: list[bytes], pseudonyms: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Log rows' report id and pseudonym blobs -> (n, 2) uint64 words each."""
+
+    def words(blobs: list[bytes]) -> np.ndarray:
+        return as_words(np.frombuffer(b"".join(blobs), np.uint8).reshape(-1, KEY_BYTES))
+
+    return words(ids), words(pseudonyms)
+
+
+def _read_keys(
+    cur: Any, collection_id: str, after: int
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Every logged (report id, pseudonym) of a collection after ``seq`` ``after``, as
+    words, the last ``seq`` read and the xxh3 of its report ids (``after`` and 0 when
+    none), streamed in chunks of rows."""
+    ids: list[bytes] = []
+    pseudonyms: list[bytes] = []
+    last = after
+    while True:
+        cur.execute(_TAIL + " LIMIT 1000", (collection_id, last), binary=True)
+        rows = cur.fetchall()
+        if not rows:
+            break
+        for _, rid, ps in rows:
+            ids.append(rid)
+            pseudonyms.append(ps)
+        last = int(rows[-1][0])
+    got_ids, got_ps = _keys_of_rows(ids, pseudonyms)
+    return got_ids, got_ps, last, ids_hash(ids[-1]) if ids else 0
 
 
 def _first_line(exc: BaseException) -> str:

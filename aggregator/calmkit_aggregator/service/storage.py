@@ -40,6 +40,8 @@ it and every count update guarded by one lock. Validation runs outside the lock.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sqlite3
 import threading
@@ -69,6 +71,7 @@ from ..pilot import PhasedDesign, combine_phases
 from ..support import SupportCounts
 from .columns import KEY_BYTES, ReportColumns, columns_from_reports, decode_columns
 from .keyset import KeyTable, as_words
+from .snapshot import SnapshotError, ids_hash, read_snapshot, write_snapshot
 
 __all__ = [
     "PSEUDONYM_BYTES",
@@ -81,6 +84,10 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 3
+# Reports in a collection's tables before its first key snapshot is written during
+# ingest (then each time they double; always on close).
+SNAPSHOT_FIRST = 1_000_000
+log = logging.getLogger("calmkit.aggregator")
 PSEUDONYM_BYTES = 16
 TOKEN_HASH_BYTES = 32  # sha256
 OPEN, CLOSED = "open", "closed"
@@ -152,6 +159,7 @@ class ReportStore(Protocol):
         design: PhasedDesign | None = None,
     ) -> CollectionRecord: ...  # fmt: skip
     def get_collection(self, collection_id: str) -> CollectionRecord: ...
+    def submit_record(self, collection_id: str, plan_digest: str) -> CollectionRecord: ...
     def list_collections(self) -> list[CollectionRecord]: ...
     def close_collection(self, collection_id: str) -> CollectionRecord: ...
     def add_phase(self, collection_id: str, phase: int, plan: Plan) -> CollectionRecord: ...
@@ -238,9 +246,14 @@ class _Entry:
     n: list[np.ndarray]
     counts: list[list[np.ndarray]]
     by_id: KeyTable = field(default_factory=KeyTable)
-    by_pseudonym: KeyTable = field(default_factory=KeyTable)
+    by_pseudonym: KeyTable = field(default_factory=lambda: KeyTable(values=False))
     ready: threading.Event = field(default_factory=threading.Event)
     load_error: BaseException | None = None
+    seq: int = 0  # the last batch-log row in the tables
+    ids_hash: int = 0  # snapshot.ids_hash of that row's report ids
+    snapshot_seq: int = 0  # the last row in the last snapshot written or read
+    snapshot_reports: int = 0
+    key_source: str = ""  # where the tables came from: "snapshot" or "log"
 
     @classmethod
     def empty(cls, record: CollectionRecord) -> _Entry:
@@ -315,6 +328,10 @@ class Storage:
         self.path = os.fspath(path)
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
+        memory = self.path == ":memory:" or self.path.startswith("file:")
+        self._snapshots = None if memory else self.path + "-keys"
+        self._snapshotter: threading.Thread | None = None
+        self.snapshot_bytes = 0  # key snapshots written by this process
         _create_private(self.path)
         try:
             self._conn: sqlite3.Connection | None = sqlite3.connect(
@@ -382,11 +399,13 @@ class Storage:
                 entry.set_support_row(phase, n_blob, counts_blob)
             if state != OPEN:
                 entry.ready.set()  # a closed collection takes no reports: no key tables
+                self._drop_snapshot(cid)
             self._entries[cid] = entry
 
     def _load_keys(self) -> None:
-        """Background: fill the open collections' key tables from the batch log, on a
-        connection of its own (WAL readers do not block the writer)."""
+        """Background: fill the open collections' key tables, from their snapshots and
+        the log rows after them, or else from the whole batch log, on a connection of
+        its own (WAL readers do not block the writer)."""
         pending = [e for e in self._entries.values() if not e.ready.is_set()]
         if not pending:
             return
@@ -400,21 +419,114 @@ class Storage:
         try:
             for entry in pending:
                 try:
-                    ids, pseudonyms = _stored_keys(conn, entry.record.collection_id)
-                    # the two tables fill in parallel (numpy's sorts and copies drop the GIL)
-                    other = threading.Thread(target=entry.by_pseudonym.insert,
-                                             args=(pseudonyms, ids))  # fmt: skip
-                    other.start()
-                    entry.by_id.insert(ids, pseudonyms)
-                    other.join()
-                    if len(entry.by_pseudonym) != len(ids):
-                        raise CalmkitError("the pseudonym table did not fill")
+                    if not self._load_snapshot(conn, entry):
+                        self._load_log(conn, entry)
                 except BaseException as exc:  # reported to the submits that wait
                     entry.load_error = exc
                 finally:
                     entry.ready.set()
         finally:
             conn.close()
+
+    def _load_log(self, conn: sqlite3.Connection, entry: _Entry) -> None:
+        """Fill the tables from the whole batch log."""
+        ids, pseudonyms, entry.seq, entry.ids_hash = _stored_keys(
+            conn, entry.record.collection_id
+        )
+        # the two tables fill in parallel (numpy's sorts and copies drop the GIL)
+        other = threading.Thread(target=entry.by_pseudonym.insert, args=(pseudonyms,))
+        other.start()
+        entry.by_id.insert(ids, pseudonyms)
+        other.join()
+        if len(entry.by_pseudonym) != len(ids):
+            raise CalmkitError("the pseudonym table did not fill")
+        entry.key_source = "log"
+
+    def _load_snapshot(self, conn: sqlite3.Connection, entry: _Entry) -> bool:
+        """Fill the tables from the collection's snapshot and the log rows after it;
+        False (tables untouched) when there is no usable snapshot: missing, corrupt,
+        or not of this log (its last row is not there with the same report ids, or
+        the log holds another number of reports up to it)."""
+        cid = entry.record.collection_id
+        path = self._snapshot_path(cid)
+        if path is None or not os.path.exists(path):
+            return False
+        try:
+            snap = read_snapshot(path, cid)
+        except SnapshotError as exc:
+            log.warning("key snapshot of collection %r not used (%s): rebuilding from the log",
+                        cid, exc)  # fmt: skip
+            return False
+        row = conn.execute(
+            "SELECT report_ids, (SELECT coalesce(sum(count), 0) FROM batches WHERE "
+            "collection_id = ? AND seq <= ?) FROM batches WHERE collection_id = ? AND seq = ?",
+            (cid, snap.seq, cid, snap.seq),
+        ).fetchone()
+        if row is None or ids_hash(row[0]) != snap.ids_hash or row[1] != snap.reports:
+            log.warning("key snapshot of collection %r not used (it does not match the batch "
+                        "log): rebuilding from the log", cid)  # fmt: skip
+            return False
+        ids, pseudonyms, seq, hashed = _stored_keys(conn, cid, after=snap.seq)
+        snap.by_id.insert(ids, pseudonyms)
+        snap.by_pseudonym.insert(pseudonyms)
+        entry.by_id, entry.by_pseudonym = snap.by_id, snap.by_pseudonym
+        entry.snapshot_seq, entry.snapshot_reports = snap.seq, snap.reports
+        entry.seq, entry.ids_hash = (seq, hashed) if ids.size else (snap.seq, snap.ids_hash)
+        entry.key_source = "snapshot"
+        return True
+
+    # -- key snapshots -------------------------------------------------------------------
+    def _snapshot_path(self, collection_id: str) -> str | None:
+        """Where a collection's key snapshot lives (None: an in-memory database)."""
+        if self._snapshots is None:
+            return None
+        return os.path.join(self._snapshots, collection_id.encode("utf-8").hex() + ".snap")
+
+    def _snapshot_due(self, entry: _Entry) -> bool:
+        """Whether the tables have grown enough since the last snapshot: past
+        :data:`SNAPSHOT_FIRST` reports, then each time they double (so all snapshots
+        together write at most about twice the last one)."""
+        stored = len(entry.by_id)
+        return (self._snapshots is not None and stored >= SNAPSHOT_FIRST
+                and stored >= 2 * entry.snapshot_reports)  # fmt: skip
+
+    def _snapshot_later(self, collection_id: str) -> None:
+        """Start writing a snapshot in the background, unless one is being written
+        (call with the lock held)."""
+        if self._snapshotter is not None and self._snapshotter.is_alive():
+            return
+        self._snapshotter = threading.Thread(
+            target=self._snapshot, args=(collection_id,), name="calmkit-snapshot", daemon=True
+        )
+        self._snapshotter.start()
+
+    def _snapshot(self, collection_id: str, locked: bool = False) -> None:
+        """Write a collection's key snapshot: the tables are copied under the lock
+        (``locked``: the caller holds it), the file written outside it. A failure is
+        logged: the next restart rebuilds from the log."""
+        path = self._snapshot_path(collection_id)
+        if path is None:
+            return
+        try:
+            with contextlib.nullcontext() if locked else self._lock:
+                entry = self._entries.get(collection_id)
+                if (entry is None or not entry.ready.is_set() or entry.load_error is not None
+                        or entry.record.state != OPEN or entry.seq <= entry.snapshot_seq):
+                    return  # fmt: skip
+                tables = [entry.by_id.export(), entry.by_pseudonym.export()]
+                seq, reports, hashed = entry.seq, len(entry.by_id), entry.ids_hash
+                entry.snapshot_seq, entry.snapshot_reports = seq, reports
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            self.snapshot_bytes += write_snapshot(path, collection_id, seq, reports, hashed,
+                                                  tables)  # fmt: skip
+        except (OSError, CalmkitError) as exc:
+            log.warning("key snapshot of collection %r not written: %s", collection_id, exc)
+
+    def _drop_snapshot(self, collection_id: str) -> None:
+        path = self._snapshot_path(collection_id)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
     def recount(self, collection_id: str) -> SupportCounts:
         """The collection's support counts recounted from its batch log (every phase
@@ -482,6 +594,12 @@ class Storage:
             self._connection()
             return self._entry(collection_id).snapshot()
 
+    def submit_record(self, collection_id: str, plan_digest: str) -> CollectionRecord:
+        """What a submit needs of the collection (its plans, submit token hash, state):
+        here the same as :meth:`get_collection`. (On PostgreSQL a replica's cached copy,
+        whose state may lag another replica's close; :meth:`add_reports` checks.)"""
+        return self.get_collection(collection_id)
+
     def list_collections(self) -> list[CollectionRecord]:
         """Every collection, oldest first."""
         with self._lock:
@@ -502,6 +620,8 @@ class Storage:
                     (CLOSED, closed_at, collection_id),
                 )
             entry.record = replace(entry.record, state=CLOSED, closed_at=closed_at)
+            entry.by_id, entry.by_pseudonym = KeyTable(), KeyTable(values=False)
+            self._drop_snapshot(collection_id)  # a closed collection takes no reports
             return entry.snapshot()
 
     def add_phase(self, collection_id: str, phase: int, plan: Plan) -> CollectionRecord:
@@ -603,12 +723,13 @@ class Storage:
                 try:
                     with _transaction(conn):
                         blobs = fresh.encode()
-                        conn.execute(
+                        row = conn.execute(
                             "INSERT INTO batches (collection_id, phase, count, report_ids, "
                             "pseudonyms, views, cells, bits) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                             (collection_id, phase, len(fresh), blobs["report_ids"],
                              blobs["pseudonyms"], blobs["views"], blobs["cells"], blobs["bits"]),
                         )  # fmt: skip
+                        seq = int(row.lastrowid or 0)
                         _write_support(conn, collection_id, phase, entry)
                 except BaseException:
                     entry.n[phase] -= n
@@ -616,7 +737,10 @@ class Storage:
                         entry.counts[phase][j] -= c
                     raise
                 entry.by_id.insert(ids[new], pseudonyms[new])
-                entry.by_pseudonym.insert(pseudonyms[new], ids[new])
+                entry.by_pseudonym.insert(pseudonyms[new])
+                entry.seq, entry.ids_hash = seq, ids_hash(blobs["report_ids"])
+                if self._snapshot_due(entry):
+                    self._snapshot_later(collection_id)
         return BatchOutcome(int(new.size), len(batch) - int(new.size))
 
     def support(self, collection_id: str) -> SupportCounts:
@@ -649,9 +773,14 @@ class Storage:
         return not self._loader.is_alive()
 
     def close(self) -> None:
-        """Close the database (idempotent); later calls raise :class:`CalmkitError`."""
+        """Write the open collections' key snapshots, then close the database
+        (idempotent); later calls raise :class:`CalmkitError`."""
+        if self._snapshotter is not None:
+            self._snapshotter.join()
         with self._lock:
             if self._conn is not None:
+                for cid in list(self._entries):
+                    self._snapshot(cid, locked=True)
                 self._conn.close()
                 self._conn = None
 
@@ -753,20 +882,28 @@ def _write_support(
         )
 
 
-def _stored_keys(conn: sqlite3.Connection, collection_id: str) -> tuple[np.ndarray, np.ndarray]:
-    """Every stored (report id, pseudonym) of a collection as (n, 2) uint64 words each."""
+def _stored_keys(
+    conn: sqlite3.Connection, collection_id: str, after: int = 0
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Every stored (report id, pseudonym) of a collection in log rows after ``after``,
+    as (n, 2) uint64 words each; the last row read and :func:`.snapshot.ids_hash` of
+    its report ids (``after`` and 0 when there is none)."""
     ids, pseudonyms = [], []
-    for rid_blob, pseudonym_blob in conn.execute(
-        "SELECT report_ids, pseudonyms FROM batches WHERE collection_id = ? ORDER BY seq",
-        (collection_id,),
+    last = after
+    for seq, rid_blob, pseudonym_blob in conn.execute(
+        "SELECT seq, report_ids, pseudonyms FROM batches WHERE collection_id = ? AND seq > ? "
+        "ORDER BY seq",
+        (collection_id, after),
     ):
         ids.append(rid_blob)
         pseudonyms.append(pseudonym_blob)
+        last = seq
 
     def as_keys(blobs: list[bytes]) -> np.ndarray:
         return np.frombuffer(b"".join(blobs), np.uint8).reshape(-1, KEY_BYTES)
 
-    return as_words(as_keys(ids)), as_words(as_keys(pseudonyms))
+    hashed = ids_hash(ids[-1]) if ids else 0
+    return as_words(as_keys(ids)), as_words(as_keys(pseudonyms)), last, hashed
 
 
 def _read_batches(
@@ -875,10 +1012,19 @@ def _content(batch: ReportColumns) -> np.ndarray:
     return np.ascontiguousarray(row).view(f"V{row.shape[1]}").ravel()
 
 
+def _distinct(keys: np.ndarray) -> bool:
+    """Whether (n, 16) uint8 keys are all different, if their first 8 bytes already
+    are (one sort of n integers); False when that cannot tell (then compare whole)."""
+    head = np.sort(np.ascontiguousarray(keys[:, :8]).view("<u8").ravel())
+    return not bool((head[1:] == head[:-1]).any())
+
+
 def _dedupe_batch(batch: ReportColumns) -> np.ndarray:
     """Sorted positions of the batch's distinct reports (the first of each report id).
     Identical repeats collapse; a repeat with other content, or two report ids with one
     pseudonym, raises :class:`ReportConflict`."""
+    if _distinct(batch.report_ids) and _distinct(batch.pseudonyms):
+        return np.arange(len(batch))  # the usual batch: nothing repeats
     ids = batch.report_ids.view("V16").ravel()
     _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
     if first.size < len(batch):
@@ -904,11 +1050,26 @@ def _dedupe_batch(batch: ReportColumns) -> np.ndarray:
     return firsts
 
 
+class _Lookup(Protocol):
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class _KeyTables(Protocol):
+    """Key tables of stored reports: ``by_id`` (report id -> pseudonym) and
+    ``by_pseudonym`` (the pseudonyms)."""
+
+    @property
+    def by_id(self) -> _Lookup: ...
+    @property
+    def by_pseudonym(self) -> _Lookup: ...
+
+
 def _new_positions(
-    entry: _Entry, collection_id: str, distinct: np.ndarray, ids: np.ndarray,
+    entry: _KeyTables, collection_id: str, distinct: np.ndarray, ids: np.ndarray,
     pseudonyms: np.ndarray,
 ) -> np.ndarray:  # fmt: skip
-    """Of the batch's ``distinct`` positions, those not yet stored.
+    """Of the batch's ``distinct`` positions, those not yet stored (in ``entry``'s
+    tables).
 
     A report whose (report id, pseudonym) pair is stored is a retry: acknowledged as a
     duplicate and the stored report stands, whatever the content sent. A report id
