@@ -75,7 +75,7 @@ class BayesianNetwork:
                 block = codes[lo : lo + _BLOCK]
                 # one draw per user and attribute, in this order (block draws continue
                 # the generator's stream: the same values as one draw of n)
-                u = gen.random(block.shape[0])
+                u = gen.random((block.shape[0],))
                 config = cells_of(self.schema, block, pa)  # columns < i, in range
                 below = u[:, None] >= cum[config]  # (block, size_i)
                 block[:, i] = np.minimum(below.sum(axis=1), cpt.shape[1] - 1)
