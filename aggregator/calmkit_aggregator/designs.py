@@ -143,6 +143,7 @@ class DependentStream:
             raise PlanError(f"weights (shape {w.shape}) must be square over every attribute")
         self.gain = w[np.ix_(arr, arr)].copy()  # dependence of the pairs no view holds
         np.fill_diagonal(self.gain, 0.0)
+        self.positive = int(np.count_nonzero(np.triu(self.gain, 1) > 0))  # unheld, > 0
         self.uses = np.zeros(d, dtype=np.int64)
         self.used = {tuple(sorted(int(a) for a in v)) for v in start}
         index = {a: i for i, a in enumerate(self.pool)}
@@ -158,9 +159,17 @@ class DependentStream:
         self.out: list[tuple[int, ...]] = []
         self.rest: SpreadStream | None = None  # once no unheld pair depends
         self.spread_from = 0
+        # every pair by falling dependence (ties at random): gains only ever drop to 0,
+        # so the next seed is the first pair of this order still unheld
+        upper = np.triu_indices(d, 1)
+        order = np.lexsort((self.gen.random(upper[0].size), -self.gain[upper]))
+        self.order = np.stack([upper[0][order], upper[1][order]], axis=1)
+        self.next = 0
 
     def _hold(self, pos: Sequence[int]) -> None:
         idx = np.array(pos, dtype=np.int64)
+        block = self.gain[idx[:, None], idx]
+        self.positive -= int(np.count_nonzero(np.triu(block, 1) > 0))
         self.gain[idx[:, None], idx] = 0.0
         self.uses[idx] += 1
 
@@ -169,7 +178,7 @@ class DependentStream:
             raise PlanError(f"m ({m!r}) must be an int in [0, {self.room}] (new distinct "
                             f"{self.l}-sets)")  # fmt: skip
         while len(self.out) < m and self.rest is None:
-            if not (self.uses == 0).any() and not (self.gain > 0).any():
+            if self.positive == 0 and self.uses.all():
                 # every attribute held and no unheld pair depends: spread the rest
                 self.rest = SpreadStream(self.pool, self.l, self.gen, start=list(self.used))
                 self.spread_from = len(self.out)
@@ -190,10 +199,14 @@ class DependentStream:
         the attributes in no view while there are any."""
         d = len(self.pool)
         live = self.uses == 0
-        if live.sum() < 2:
-            live = np.ones(d, dtype=bool) if not live.any() else live
         tie = self.gen.random(d)
-        if live.sum() >= 2:
+        if not live.any():  # every attribute held: the strongest unheld pair
+            while self.gain[self.order[self.next, 0], self.order[self.next, 1]] <= 0:
+                self.next += 1
+            a, b = self.order[self.next]
+            block = [int(a), int(b)]
+            live = np.ones(d, dtype=bool)
+        elif live.sum() >= 2:
             scores = np.where(np.outer(live, live), self.gain, -np.inf)
             np.fill_diagonal(scores, -np.inf)
             top = scores.max()

@@ -200,11 +200,12 @@ def predict_errors(
     held = {a for v in vs for a in v if sizes_arr[a] > 1}
     uncollected = tuple(a for a in range(d) if sizes_arr[a] > 1 and a not in held)
     out = []
+    spread = None if workload.k is None else _spreading(groups, profile, sizes_arr, workload.k)
     for dep in [profile.dependence] if dependences is None else dependences:
         bias = _bias(groups, profile, dep)
         err = _shrink(views_model, comps, groups, pooled, bias) if shrink else pooled
-        if workload.k is not None:
-            noise, biased = _all_k(groups, err, bias, profile, dep, sizes_arr, workload.k)
+        if spread is not None:
+            noise, biased = spread.parts(err, bias, dep)
         else:
             noise, biased = _explicit(groups, err, profile, dep, sizes_arr, workload)
         biased = max(0.0, biased)
@@ -637,16 +638,33 @@ def _extensions(groups: _Groups, d: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(src), np.concatenate(ext)
 
 
-def _all_k(
-    groups: _Groups,
-    err: np.ndarray,
-    bias: np.ndarray,
-    profile: DataProfile,
-    dependence: float,
-    sizes: np.ndarray,
-    k: int,
-) -> tuple[float, float]:
-    """(noise, bias) parts of the mean SSE over all k-subsets (module docstring, 6)."""
+@dataclass(frozen=True)
+class _Spreading:
+    """What the mean over all k-subsets (module docstring, 6) weighs each group's error
+    and bias with, computed once per design: the SSE parts are then linear in them.
+
+    ``skew``: the sum over k-sets of the skews of their unheld attributes, spread;
+    ``pairs``: the same for the pair dependences per unit of ``dependence``;
+    ``held`` / ``free`` (groups,): a group's weight as held (its error) and as the
+    bias it would have had; ``count``: the number of k-sets."""
+
+    skew: float
+    pairs: float
+    held: np.ndarray
+    free: np.ndarray
+    count: int
+
+    def parts(self, err: np.ndarray, bias: np.ndarray, dependence: float) -> tuple[float, float]:
+        """(noise, bias) parts of the mean SSE."""
+        base = self.skew + (dependence * self.pairs if dependence > 0 else 0.0)
+        # einsum, not a BLAS dot: a threaded dot of this size stalls on a busy machine
+        noise = float(np.einsum("i,i->", err, self.held)) if self.held.size else 0.0
+        correction = float(np.einsum("i,i->", bias, self.free)) if self.free.size else 0.0
+        return noise / self.count, (base - correction) / self.count
+
+
+def _spreading(groups: _Groups, profile: DataProfile, sizes: np.ndarray, k: int) -> _Spreading:
+    """The weights of :class:`_Spreading` for all k-subsets of the attributes."""
     d = sizes.size
     g_free = profile.concentration / sizes
     g_held = 1.0 / sizes
@@ -656,13 +674,13 @@ def _all_k(
     count = math.comb(d, k)
 
     # Nothing held: attributes uniform, pairs filled independently.
-    base = 0.0
     e_all = _elementary(all_power[:, None], k)[:, 0]
     out = np.ones(d)  # E_{k-1} over the other attributes, by dividing out (1 + x g_a)
     for j in range(1, k):
         out = e_all[j] - g_free * out
-    base += float(profile.skew @ out)
-    if k >= 2 and dependence > 0:
+    skew = float(profile.skew @ out)
+    pairs = 0.0
+    if k >= 2:
         # sum over pairs a < b of W_ab c_a c_b E_{k-2}(g over the other attributes),
         # dividing (1 + x g_a) and then (1 + x g_b) out of the generating polynomial
         without_a = np.ones(d)
@@ -671,9 +689,10 @@ def _all_k(
             without_a = e_all[j] - g_free * without_a
             without_ab = without_a[:, None] - g_free[None, :] * without_ab
         spread = profile.weights * np.outer(dim_over_cells, dim_over_cells) * without_ab
-        base += dependence * float(spread.sum()) / 2  # W is symmetric, 0 on the diagonal
+        pairs = float(spread.sum()) / 2  # W is symmetric, 0 on the diagonal
     if not groups.order.size:
-        return 0.0, base / count
+        empty = np.zeros(0)
+        return _Spreading(skew, pairs, empty, empty, count)
 
     # Held components: their error in place of their bias, spread by g(S, c).
     r = groups.order
@@ -690,9 +709,7 @@ def _all_k(
     e_free = _elementary(free_power, k)
     pick = k - r
     rows = np.arange(r.size)
-    noise = float((err * e_held[pick, rows]).sum())
-    correction = float((bias * e_free[pick, rows]).sum())
-    return noise / count, (base - correction) / count
+    return _Spreading(skew, pairs, e_held[pick, rows], e_free[pick, rows], count)
 
 
 def _explicit(
