@@ -290,6 +290,15 @@ def _run_in_worker(task: Task, data_dir: str | None) -> dict[str, Any]:
     return run_task(task, data_dir)
 
 
+def _one_blas_thread() -> None:
+    """Worker initialiser: one BLAS/OpenMP thread per worker process, as Dask's workers
+    run. With ``jobs`` processes on ``jobs`` cores, threaded BLAS in every process
+    oversubscribes the cores and its idle threads spin."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+
+
 # -- the runner -----------------------------------------------------------------------
 def run_tasks(
     tasks: Iterable[Task],
@@ -333,7 +342,8 @@ def run_tasks(
         for task in todo:
             results[task.key()] = _finish(cache, task, run_task(task, where), progress)
         return results
-    with ProcessPoolExecutor(max_workers=min(jobs, os.cpu_count() or 1, len(todo))) as pool:
+    workers = min(jobs, os.cpu_count() or 1, len(todo))
+    with ProcessPoolExecutor(max_workers=workers, initializer=_one_blas_thread) as pool:
         pending: dict[Future[dict[str, Any]], Task] = {}
         queue = list(reversed(todo))
         while queue or pending:

@@ -290,3 +290,19 @@ def test_progress_lines_off_a_terminal() -> None:
         "fig4 tasks: 6/40 (15%), 1m00s elapsed, ETA 5m40s",
         "fig4 tasks: 9/40 (22%), 1m30s elapsed, ETA 5m10s",
     ]
+
+
+def _blas_threads() -> int:
+    from threadpoolctl import threadpool_info
+
+    return max((pool["num_threads"] for pool in threadpool_info()), default=1)
+
+
+def test_worker_processes_run_one_blas_thread_each() -> None:
+    # --jobs N puts N processes on N cores: threaded BLAS in each would oversubscribe
+    from concurrent.futures import ProcessPoolExecutor
+
+    from calmkit_simulator.grid import _one_blas_thread
+
+    with ProcessPoolExecutor(max_workers=1, initializer=_one_blas_thread) as pool:
+        assert pool.submit(_blas_threads).result() == 1
