@@ -11,6 +11,7 @@ fresh process that imports the design's code:
 - collect: every user's report under the plan, as support counts (the fast path);
 - reconstruct: estimates, consistency, shrinkage;
 - answer: 50 random k-way queries and their true marginals.
+Each measurement runs with one BLAS thread (CPU seconds of one core).
 ``--planner pipeline`` (the default, as ``calmkit simulate``): a pilot of 10% of the
 users on attribute pairs, then the planned views; plan counts both planning steps,
 collect both phases. Also printed: peak memory (max RSS above the interpreter and
@@ -50,6 +51,9 @@ def _rss_mb() -> float:
 def _measure(code: str, d: int, k: int, log2n: int, planner: str) -> dict[str, Any]:
     sys.path[:0] = [str(Path(code) / p) for p in PACKAGES]
     import numpy as np
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)  # one core: threaded BLAS would add other cores' (or spinning) time
 
     from calmkit_aggregator.calm import reconstruct
     from calmkit_aggregator.pilot import combine_phases, pilot_plan, pilot_size, plan_after_pilot
