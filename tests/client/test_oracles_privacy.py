@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -143,8 +144,68 @@ def test_unknown_oracle_name() -> None:
 def test_cells_out_of_range_are_rejected() -> None:
     with pytest.raises(OracleError, match=r"cell \(8\) must be in \[0, 8\)"):
         GRR(1.0, 8).perturb(np.array([1, 8]))
+    with pytest.raises(OracleError, match=r"^cell \(8\) must be in \[0, 8\)$"):
+        OUE(1.0, 8).perturb(np.array([0, 8]))  # the bad one, not the smallest
     with pytest.raises(OracleError, match=r"cell \(-1\)"):
         OUE(1.0, 8).perturb_one(-1)
+
+
+def test_epsilon_tolerance_is_relative_to_epsilon() -> None:
+    # From epsilon 16 on, 64-bit thresholds realise the loss only to ~1e-13..1e-12
+    # absolute: within the relative tolerance 1e-12 * epsilon, so the oracles are built.
+    for eps in (16.0, 18.0, 19.0):
+        for oracle in (GRR(eps, 2), OUE(eps, 8)):
+            assert 0 < abs(oracle.realised_epsilon - eps) <= 1e-12 * eps
+
+
+@pytest.mark.parametrize("bad", [np.array([[0, 1]]), np.array([0.0, 1.0])])
+def test_cells_must_be_a_1d_int_array(bad: np.ndarray) -> None:
+    msg = rf"^cells \(shape {re.escape(str(bad.shape))}, dtype {bad.dtype}\) must be 1-D ints$"
+    for oracle in (GRR(1.0, 4), OUE(1.0, 4)):
+        with pytest.raises(OracleError, match=msg):
+            oracle.perturb(bad, rng=np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True, np.float64(3.0)])
+def test_report_count_must_be_a_positive_int(bad: object) -> None:
+    msg = rf"^n \({re.escape(repr(bad))}\) must be an int > 0$"
+    for oracle in (GRR(1.0, 4), OUE(1.0, 4)):
+        with pytest.raises(OracleError, match=msg):
+            oracle.estimate(np.ones(4), bad)  # type: ignore[arg-type]
+        with pytest.raises(OracleError, match=msg):
+            oracle.variance(bad)  # type: ignore[arg-type]
+        with pytest.raises(OracleError, match=msg):
+            oracle.sum_variance(bad, 0.5, 2)  # type: ignore[arg-type]
+        with pytest.raises(OracleError, match=msg):
+            oracle.contrast_variance(bad)  # type: ignore[arg-type]
+
+
+def test_one_report_is_enough() -> None:
+    for oracle in (GRR(1.0, 4), OUE(1.0, 4)):
+        assert np.all(np.isfinite(oracle.estimate(np.array([1, 0, 0, 0]), 1)))
+        assert oracle.variance(1) > 0 and oracle.contrast_variance(1) > 0
+        assert oracle.sum_variance(1, 1.0, 2) > 0
+
+
+def test_group_size_must_be_an_int_in_1_to_L() -> None:
+    oracle = GRR(1.0, 4)
+    for bad in (True, 1.5, np.float64(2.0)):
+        msg = rf"^cells \({re.escape(repr(bad))}\) must be an int in \[1, 4\]$"
+        with pytest.raises(OracleError, match=msg):
+            oracle.sum_variance(10, 0.5, bad)  # type: ignore[arg-type]
+    for bad in (0, -1, 5):
+        with pytest.raises(OracleError, match=rf"^cells \({bad}\) must be in \[1, 4\]$"):
+            oracle.sum_variance(10, 0.5, bad)
+    for cells in (1, 4, np.int64(3)):  # the bounds are allowed
+        assert oracle.sum_variance(10, 0.5, cells) > 0
+
+
+def test_choose_oracle_names_L_as_given() -> None:
+    # the value as the caller gave it (a numpy int keeps its repr)
+    for bad in (1, np.int64(1), 0):
+        msg = rf"^L \({re.escape(repr(bad))}\) must be an int >= 2$"
+        with pytest.raises(OracleError, match=msg):
+            choose_oracle(bad, 1.0)
 
 
 def test_payload_checks() -> None:
@@ -155,3 +216,11 @@ def test_payload_checks() -> None:
         oue.support(np.zeros((1, 3), dtype=np.uint8))
     with pytest.raises(OracleError, match=r"GRR payload \(10\)"):
         GRR(1.0, 10).support(np.array([0, 10]))
+    grr_msg = r"^GRR payload \(-1\) must be a cell in \[0, 10\)$"
+    for bad in ([0, -1], [-1, 3]):  # the bad one is named, not the largest
+        with pytest.raises(OracleError, match=grr_msg):
+            GRR(1.0, 10).support(np.array(bad))
+    # L = 20: 3 bytes, 4 padding bits; row 0 has bits set in its middle byte only
+    payloads = np.array([[0, 255, 0], [0, 0, 1]], dtype=np.uint8)
+    with pytest.raises(OracleError, match=r"^OUE payload \(row 1\) must have its 4 padding"):
+        OUE(1.0, 20).support(payloads)
