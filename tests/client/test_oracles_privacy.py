@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -158,6 +159,24 @@ def test_epsilon_tolerance_is_relative_to_epsilon() -> None:
             assert 0 < abs(oracle.realised_epsilon - eps) <= 1e-12 * eps
 
 
+def test_refusal_names_the_loss_the_thresholds_would_realise() -> None:
+    # eps = 44 at L = 2: q 2^64 = 1.44 rounds to Q = 1 word per other cell, so the true
+    # cell keeps K = 2^64 - 1 words and the loss would be log(K / Q) = 44.36
+    realised = math.log(2**64 - 1) - math.log(1)
+    with pytest.raises(OracleError, match=re.escape(f"at L=2 (realised {realised!r})")):
+        GRR(44.0, 2)
+
+
+def test_thresholds_are_the_nearest_64_bit_fractions() -> None:
+    # q 2^64 is an integer for q >= 2^-12 (53-bit mantissas); these smaller q have a
+    # fractional part of 0.6-0.65 (rounds up) or 0.5 (a tie), and eps = 1 none
+    for eps, L in [(10.0, 8), (14.0, 3), (15.0, 3), (15.0, 8), (9.0, 3), (1.0, 8)]:
+        oracle = GRR(eps, L)
+        other, keep = oracle.likelihood(1, 0), oracle.likelihood(0, 0)
+        assert abs(other - Fraction(oracle.q)) * 2**64 <= Fraction(1, 2)
+        assert keep + (L - 1) * other == 1
+
+
 @pytest.mark.parametrize("bad", [np.array([[0, 1]]), np.array([0.0, 1.0])])
 def test_cells_must_be_a_1d_int_array(bad: np.ndarray) -> None:
     msg = rf"^cells \(shape {re.escape(str(bad.shape))}, dtype {bad.dtype}\) must be 1-D ints$"
@@ -220,7 +239,8 @@ def test_payload_checks() -> None:
     for bad in ([0, -1], [-1, 3]):  # the bad one is named, not the largest
         with pytest.raises(OracleError, match=grr_msg):
             GRR(1.0, 10).support(np.array(bad))
-    # L = 20: 3 bytes, 4 padding bits; row 0 has bits set in its middle byte only
-    payloads = np.array([[0, 255, 0], [0, 0, 1]], dtype=np.uint8)
+    # L = 20: 3 bytes, 4 padding bits; row 0 has bits set in its middle byte only, rows
+    # 1 and 2 a padding bit: the first bad row is named
+    payloads = np.array([[0, 255, 0], [0, 0, 1], [0, 0, 2]], dtype=np.uint8)
     with pytest.raises(OracleError, match=r"^OUE payload \(row 1\) must have its 4 padding"):
         OUE(1.0, 20).support(payloads)
