@@ -149,6 +149,11 @@ def test_cells_out_of_range_are_rejected() -> None:
         OUE(1.0, 8).perturb(np.array([0, 8]))  # the bad one, not the smallest
     with pytest.raises(OracleError, match=r"cell \(-1\)"):
         OUE(1.0, 8).perturb_one(-1)
+    for oracle in (GRR(1.0, 8), OUE(1.0, 8)):
+        with pytest.raises(OracleError, match=r"^cell \(-1\) must be in \[0, 8\)$"):
+            oracle.perturb(np.array([-1, 3]))  # the bad one, not the largest
+        with pytest.raises(OracleError, match=r"^cell \(8\) must be in \[0, 8\)$"):
+            oracle.perturb_one(8)
 
 
 def test_epsilon_tolerance_is_relative_to_epsilon() -> None:
@@ -157,6 +162,9 @@ def test_epsilon_tolerance_is_relative_to_epsilon() -> None:
     for eps in (16.0, 18.0, 19.0):
         for oracle in (GRR(eps, 2), OUE(eps, 8)):
             assert 0 < abs(oracle.realised_epsilon - eps) <= 1e-12 * eps
+    # below epsilon 1 it is 1e-12 absolute: at 0.001 the logs' rounding alone is ~5e-15
+    for oracle in (GRR(0.001, 2), OUE(0.001, 8)):
+        assert 1e-12 * 0.001 < abs(oracle.realised_epsilon - 0.001) <= 1e-12
 
 
 def test_refusal_names_the_loss_the_thresholds_would_realise() -> None:
@@ -221,7 +229,7 @@ def test_group_size_must_be_an_int_in_1_to_L() -> None:
 
 def test_choose_oracle_names_L_as_given() -> None:
     # the value as the caller gave it (a numpy int keeps its repr)
-    for bad in (1, np.int64(1), 0):
+    for bad in (1, np.int64(1), 0, 2.5, True, "8"):
         msg = rf"^L \({re.escape(repr(bad))}\) must be an int >= 2$"
         with pytest.raises(OracleError, match=msg):
             choose_oracle(bad, 1.0)
@@ -241,6 +249,6 @@ def test_payload_checks() -> None:
             GRR(1.0, 10).support(np.array(bad))
     # L = 20: 3 bytes, 4 padding bits; row 0 has bits set in its middle byte only, rows
     # 1 and 2 a padding bit: the first bad row is named
-    payloads = np.array([[0, 255, 0], [0, 0, 1], [0, 0, 2]], dtype=np.uint8)
+    payloads = np.array([[0, 255, 16], [0, 0, 1], [0, 0, 2]], dtype=np.uint8)
     with pytest.raises(OracleError, match=r"^OUE payload \(row 1\) must have its 4 padding"):
         OUE(1.0, 20).support(payloads)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calmkit_client import GRR, OUE, FrequencyOracle
+from calmkit_client import GRR, MAX_VIEW_CELLS, OUE, FrequencyOracle
 from tests.stats import assert_variance, assert_z
 
 CASES = [GRR(1.0, 8), GRR(0.5, 64), OUE(1.0, 8), OUE(1.0, 64), OUE(0.3, 256), GRR(2.0, 3)]
@@ -81,6 +81,14 @@ def test_grr_batch_equals_consecutive_single_reports() -> None:
     batch = oracle.perturb(np.arange(9).repeat(50), rng=np.random.default_rng(5))
     rng = np.random.default_rng(5)
     assert batch.tolist() == [oracle.perturb_one(c, rng) for c in np.arange(9).repeat(50)]
+
+
+def test_oue_perturbs_the_largest_views() -> None:
+    # MAX_VIEW_CELLS (2^20) cells: more bits than one chunk holds, so one report a chunk
+    oracle = OUE(1.0, MAX_VIEW_CELLS)
+    payloads = oracle.perturb(np.array([0, MAX_VIEW_CELLS - 1]), rng=np.random.default_rng(4))
+    assert payloads.shape == (2, MAX_VIEW_CELLS // 8) and payloads.dtype == np.uint8
+    assert oracle.support(payloads).shape == (MAX_VIEW_CELLS,)
 
 
 def test_oue_support_counts_match_unpacked_bits() -> None:
