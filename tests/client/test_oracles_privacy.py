@@ -99,6 +99,8 @@ def test_choose_oracle_switches_at_3e_eps_plus_2() -> None:
     cut = 3 * math.e + 2  # 10.15
     assert choose_oracle(10, eps).name == "GRR" and 10 < cut
     assert choose_oracle(11, eps).name == "OUE"
+    # at L = 3 e^eps + 2 exactly (L = 8, eps = ln 2) the variances are equal: OUE
+    assert 3 * math.exp(math.log(2)) + 2 == 8 and choose_oracle(8, math.log(2)).name == "OUE"
     # the rule picks the smaller f-independent variance
     for L in range(2, 40):
         chosen = choose_oracle(L, eps).variance(1000)
@@ -134,6 +136,9 @@ def test_L_must_be_an_int_at_least_2(bad: object) -> None:
 def test_epsilon_too_large_for_exact_thresholds_is_refused() -> None:
     with pytest.raises(OracleError, match="64-bit"):
         OUE(40.0, 8)
+    for cls in (GRR, OUE):  # past MAX_EPSILON = 44 the bound itself is named
+        with pytest.raises(OracleError, match=r"^epsilon \(44.5\) must be <= 44 \(a 64-bit"):
+            cls(44.5, 2)
     assert abs(OUE(15.0, 8).realised_epsilon - 15.0) <= 1e-11
 
 
@@ -150,6 +155,9 @@ def test_cells_out_of_range_are_rejected() -> None:
     with pytest.raises(OracleError, match=r"cell \(-1\)"):
         OUE(1.0, 8).perturb_one(-1)
     for oracle in (GRR(1.0, 8), OUE(1.0, 8)):
+        for bad in (1.5, True, "3"):
+            with pytest.raises(OracleError, match=rf"^cell \({re.escape(repr(bad))}\) must be an"):
+                oracle.perturb_one(bad)  # type: ignore[arg-type]
         with pytest.raises(OracleError, match=r"^cell \(-1\) must be in \[0, 8\)$"):
             oracle.perturb(np.array([-1, 3]))  # the bad one, not the largest
         with pytest.raises(OracleError, match=r"^cell \(8\) must be in \[0, 8\)$"):
@@ -165,6 +173,9 @@ def test_epsilon_tolerance_is_relative_to_epsilon() -> None:
     # below epsilon 1 it is 1e-12 absolute: at 0.001 the logs' rounding alone is ~5e-15
     for oracle in (GRR(0.001, 2), OUE(0.001, 8)):
         assert 1e-12 * 0.001 < abs(oracle.realised_epsilon - 0.001) <= 1e-12
+    # and not more: GRR at eps 0.2 over 16384 cells would realise 0.2 - 1.24e-12
+    with pytest.raises(OracleError, match=r"with 64-bit thresholds at L=16384 \(realised 0.19"):
+        GRR(0.2, 16384)
 
 
 def test_refusal_names_the_loss_the_thresholds_would_realise() -> None:
@@ -243,6 +254,10 @@ def test_payload_checks() -> None:
         oue.support(np.zeros((1, 3), dtype=np.uint8))
     with pytest.raises(OracleError, match=r"GRR payload \(10\)"):
         GRR(1.0, 10).support(np.array([0, 10]))
+    for bad in (np.array([0.0, 1.0]), np.array([[0, 1]])):
+        msg = rf"^GRR payloads \(shape {re.escape(str(bad.shape))}, dtype {bad.dtype}\) must be"
+        with pytest.raises(OracleError, match=msg):
+            GRR(1.0, 10).support(bad)
     grr_msg = r"^GRR payload \(-1\) must be a cell in \[0, 10\)$"
     for bad in ([0, -1], [-1, 3]):  # the bad one is named, not the largest
         with pytest.raises(OracleError, match=grr_msg):

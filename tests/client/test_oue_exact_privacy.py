@@ -91,13 +91,16 @@ def _one_ones(oracle: OUE, cell: int) -> tuple[int, int]:
 
 @pytest.mark.parametrize("path", ["batch", "one"])
 # At eps = 0.2 the threshold's top byte (115) is odd: its lowest bit is bit 56 of the
-# threshold, which the tie comparison of the low 56 bits must leave out.
-@pytest.mark.parametrize(("L", "eps"), [(2, 0.5), (9, 1.0), (16, 3.0), (5, 0.2)])
+# threshold, which the tie comparison of the low 56 bits must leave out. At eps = 9 the
+# threshold itself is odd (q < 2^-11 has bits down to 2^-64): its lowest bit counts.
+@pytest.mark.parametrize(("L", "eps"), [(2, 0.5), (9, 1.0), (16, 3.0), (5, 0.2), (3, 9.0)])
 def test_oue_privacy_loss_is_exact(path: str, L: int, eps: float) -> None:
     oracle = OUE(epsilon=eps, L=L)
     for cell in (0, L - 1):
         true_ones, other_ones = (_batch_ones if path == "batch" else _one_ones)(oracle, cell)
         assert true_ones == TWO64 // 2  # p = 1/2 exactly
+        # exactly the nearest whole number of words to q 2^64 (q as its float formula)
+        assert abs(other_ones - Fraction(1 / (math.exp(eps) + 1)) * TWO64) <= Fraction(1, 2)
         q = Fraction(other_ones, TWO64)
         ratio = (1 - q) / q  # (p (1-q)) / (q p), the worst output ratio
         # as the oracle computes it, so equal counts give the same float
