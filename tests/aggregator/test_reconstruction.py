@@ -98,9 +98,11 @@ def test_maxent_is_exact_on_a_junction_tree() -> None:
 
 def test_closure_includes_nested_intersections_and_empty_set() -> None:
     closure = intersection_closure([(0, 1, 2), (1, 2, 3), (2, 3, 4), (5, 6)])
-    assert closure[0] == ()
-    assert (1, 2) in closure and (2, 3) in closure and (2,) in closure
+    assert closure == [(), (2,), (1, 2), (2, 3)]  # (2,) = (1, 2) & (2, 3); no view itself
     assert intersection_closure([(0, 1), (0, 1)]) == [(), (0, 1)]
+    # a view inside another is its own intersection with it; views that share nothing
+    assert intersection_closure([(0, 1, 2, 3), (1, 2), (3, 4)]) == [(), (3,), (1, 2)]
+    assert intersection_closure([(0, 1), (2, 3)]) == [()]
 
 
 def test_consistency_on_noisy_views_agrees_everywhere_and_sums_to_one() -> None:
