@@ -61,7 +61,8 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "profile": (f"{AGG}/profile.py", (
         f"{T}/aggregator/test_profile.py", f"{T}/aggregator/test_planning.py",
         f"{T}/aggregator/test_error_model.py")),
-    "designs": (f"{AGG}/designs.py", (f"{T}/aggregator/test_planning.py",)),
+    "designs": (f"{AGG}/designs.py", (
+        f"{T}/aggregator/test_designs.py", f"{T}/aggregator/test_planning.py")),
 }  # fmt: skip
 
 _BINARY = ("Add_Sub", "Sub_Add", "Mul_Div", "Div_Mul", "FloorDiv_Div", "Mod_FloorDiv",
