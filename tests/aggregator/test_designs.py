@@ -344,6 +344,7 @@ def test_without_dependence_the_rest_is_the_spread_stream_from_the_views_so_far(
         _is_design(views, range(8), 2, 20, [(0, 1)])
         assert sorted(a for v in views[:3] for a in v) == [2, 3, 4, 5, 6, 7]
         gen = np.random.default_rng(seed)
+        gen.random(28)  # the ties of the pairs' order
         gen.random(8), gen.random(8), gen.random(8)  # one tie draw per grown view
         rest = SpreadStream(range(8), 2, gen, start=[(0, 1), *views[:3]]).first(17)
         assert views[3:] == rest
@@ -369,16 +370,6 @@ def test_a_view_grows_by_the_most_unheld_dependence_then_the_least_used() -> Non
     w[0, 1] = w[1, 0] = 10.0
     for seed in SEEDS:
         assert dependent_views(range(6), 3, 1, w, rng=seed, start=start) == ((0, 1, 2),)
-
-
-def test_equally_dependent_pairs_go_to_the_least_used_attributes_first() -> None:
-    # (0, 1) and (2, 3) depend equally, no view holds them; 0 and 1 are held once, 2 and
-    # 3 three times
-    start = [(0, 2), (1, 3), (2, 4), (3, 5), (2, 5), (3, 4)]
-    w = np.zeros((6, 6))
-    w[0, 1] = w[1, 0] = w[2, 3] = w[3, 2] = 1.0
-    for seed in range(20):
-        assert dependent_views(range(6), 2, 1, w, rng=seed, start=start) == ((0, 1),)
 
 
 def re_shape(shape: tuple[int, ...]) -> str:
