@@ -97,3 +97,11 @@ def test_the_result_is_frozen() -> None:
     out = make_consistent(_random_views(2))
     with pytest.raises(dataclasses.FrozenInstanceError):
         out.iterations = 0  # type: ignore[misc]
+
+
+def test_a_cell_at_exactly_minus_tol_is_non_negative_enough() -> None:
+    # "within tol" includes tol: the view (summing to 1, nothing shared) is kept as is
+    values = np.array([[0.75, 0.5], [0.0, -0.25]])
+    out = make_consistent([MarginalTable((0, 1), values, 1e-3)], tol=0.25)
+    assert out.iterations == 1 and out.negativity == 0.25
+    np.testing.assert_array_equal(out.tables[0].values, values)
