@@ -52,12 +52,17 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         f"{T}/aggregator/test_shrinkage.py", f"{T}/aggregator/test_reconstruction.py",
         f"{T}/integration/test_calm_end_to_end.py")),
     "maxent": (f"{AGG}/maxent.py", (
-        f"{T}/aggregator/test_reconstruction.py", f"{T}/aggregator/test_shrinkage.py",
-        f"{T}/integration/test_calm_end_to_end.py")),
+        f"{T}/aggregator/test_maxent.py", f"{T}/aggregator/test_reconstruction.py",
+        f"{T}/aggregator/test_shrinkage.py", f"{T}/integration/test_calm_end_to_end.py")),
     "planning": (f"{AGG}/planning.py", (
         f"{T}/aggregator/test_planning.py", f"{T}/aggregator/test_error_model.py")),
     "error_model": (f"{AGG}/error_model.py", (
         f"{T}/aggregator/test_error_model.py", f"{T}/aggregator/test_planning.py")),
+    "profile": (f"{AGG}/profile.py", (
+        f"{T}/aggregator/test_profile.py", f"{T}/aggregator/test_planning.py",
+        f"{T}/aggregator/test_error_model.py")),
+    "designs": (f"{AGG}/designs.py", (
+        f"{T}/aggregator/test_designs.py", f"{T}/aggregator/test_planning.py")),
 }  # fmt: skip
 
 _BINARY = ("Add_Sub", "Sub_Add", "Mul_Div", "Div_Mul", "FloorDiv_Div", "Mod_FloorDiv",

@@ -83,6 +83,7 @@ class SpreadStream:
             pos = np.array([index[a] for a in v if a in index], dtype=np.int64)
             self.pairs[pos[:, None], pos] += 1
         self.stall = 0
+        self.tail: list[tuple[int, ...]] | None = None  # the fallback's sets, in order
 
     def first(self, m: int) -> tuple[tuple[int, ...], ...]:
         if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not 0 <= m <= self.room:
@@ -100,8 +101,12 @@ class SpreadStream:
                     self.pairs[idx[:, None], idx] += 1
             self.stall = self.stall + 1 if len(self.out) == before else 0
         if len(self.out) < m:
-            self.out.extend(_least_used(self.pool, self.l, m - len(self.out), self.used,
-                                        self.out))  # fmt: skip
+            if self.tail is None:  # ordered once: a design read in pieces is the same
+                self.tail = _least_used(self.pool, self.l, self.room - len(self.out),
+                                        self.used, self.out)  # fmt: skip
+            take = m - len(self.out)
+            self.out.extend(self.tail[:take])
+            del self.tail[:take]
             self.used.update(self.out)
         return tuple(self.out[:m])
 

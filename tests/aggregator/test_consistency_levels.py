@@ -6,6 +6,8 @@ stated residuals (it converges before ``max_iter`` on every one of them)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -69,3 +71,37 @@ def test_levels_at_once_equal_one_set_at_a_time(seed: int) -> None:
     # it converges: stops on its own, well before the guard, with the residuals it states
     assert out.iterations < 1000
     assert out.inconsistency <= 1e-9 and out.negativity <= 1e-9
+
+
+def test_views_sharing_nothing_take_one_round_even_at_tol_zero() -> None:
+    # Only the totals are shared: one consistency pass and one Norm-Sub leave nothing
+    # inconsistent (exactly 0), so the loop stops after the first round.
+    rng = np.random.default_rng(3)
+    tables = [
+        MarginalTable(v, rng.normal(0.25, 0.3, (2, 2)), 1e-3) for v in [(0, 1), (2, 3)]
+    ]
+    assert min(float(t.values.min()) for t in tables) < 0
+    out = make_consistent(tables, tol=0.0)
+    assert out.iterations == 1 and out.inconsistency == 0.0 and out.negativity == 0.0
+
+
+def test_the_round_cap_defaults_to_1000() -> None:
+    # An unreachable tolerance (negative) never stops the loop: the cap does.
+    rng = np.random.default_rng(4)
+    tables = [MarginalTable(v, rng.normal(0.25, 0.3, (2, 2)), 1e-3) for v in [(0, 1), (1, 2)]]
+    assert make_consistent(tables, tol=-1.0).iterations == 1000
+    assert make_consistent(tables, tol=-1.0, max_iter=7).iterations == 7
+
+
+def test_the_result_is_frozen() -> None:
+    out = make_consistent(_random_views(2))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        out.iterations = 0  # type: ignore[misc]
+
+
+def test_a_cell_at_exactly_minus_tol_is_non_negative_enough() -> None:
+    # "within tol" includes tol: the view (summing to 1, nothing shared) is kept as is
+    values = np.array([[0.75, 0.5], [0.0, -0.25]])
+    out = make_consistent([MarginalTable((0, 1), values, 1e-3)], tol=0.25)
+    assert out.iterations == 1 and out.negativity == 0.25
+    np.testing.assert_array_equal(out.tables[0].values, values)

@@ -43,6 +43,7 @@ def test_consistency_changes_nothing_on_exact_views(name: str) -> None:
     tables = _tables(joint, VIEW_SETS[name])
     result = make_consistent(tables)
     assert result.iterations == 1 and result.inconsistency <= 1e-12
+    assert result.negativity == 0.0  # every cell > 0: "0 if none", not minus the least
     for before, after in zip(tables, result.tables):
         np.testing.assert_allclose(after.values, before.values, atol=1e-15)
 
@@ -98,15 +99,19 @@ def test_maxent_is_exact_on_a_junction_tree() -> None:
 
 def test_closure_includes_nested_intersections_and_empty_set() -> None:
     closure = intersection_closure([(0, 1, 2), (1, 2, 3), (2, 3, 4), (5, 6)])
-    assert closure[0] == ()
-    assert (1, 2) in closure and (2, 3) in closure and (2,) in closure
+    assert closure == [(), (2,), (1, 2), (2, 3)]  # (2,) = (1, 2) & (2, 3); no view itself
     assert intersection_closure([(0, 1), (0, 1)]) == [(), (0, 1)]
+    # a view inside another is its own intersection with it; views that share nothing
+    assert intersection_closure([(0, 1, 2, 3), (1, 2), (3, 4)]) == [(), (3,), (1, 2)]
+    assert intersection_closure([(0, 1), (2, 3)]) == [()]
 
 
-def test_consistency_on_noisy_views_agrees_everywhere_and_sums_to_one() -> None:
+@pytest.mark.parametrize("extra", [[(0, 2, 4)], [(1, 2), (1, 2), (0, 1, 2)]])
+def test_consistency_on_noisy_views_agrees_everywhere_and_sums_to_one(extra) -> None:
+    # a cycle and a triple; or views inside others and a repeated one
     joint = _joint(6)
     rng = np.random.default_rng(7)
-    views = VIEW_SETS["cycle"] + [(0, 2, 4)]
+    views = VIEW_SETS["cycle"] + extra
     noisy = [
         MarginalTable(
             v, _marginal(joint, v) + rng.normal(0, 0.02, [SIZES[a] for a in v]), 4e-4, 1000

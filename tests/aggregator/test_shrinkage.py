@@ -3,6 +3,7 @@ and non-negativity kept, and no spurious signal on an independent population."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -115,3 +116,70 @@ def test_a_view_inside_another_is_left_whole_and_stays_consistent() -> None:
     np.testing.assert_allclose(
         shrunk.tables[1].project((0, 1)).values, shrunk.tables[0].values, atol=1e-9
     )
+
+
+def test_the_factor_is_the_positive_part_james_stein_one() -> None:
+    # one 3x4 view: nothing shared but its margins, so the base is their product and
+    # dim = (3-1)(4-1) = 6; lambda = max(0, 1 - c * 6 / ||T - base||^2)
+    rng = np.random.default_rng(3)
+    values = rng.dirichlet(np.ones(12)).reshape(3, 4)
+    base = np.outer(values.sum(axis=1), values.sum(axis=0))
+    spread = float(((values - base) ** 2).sum())
+    table = MarginalTable((0, 1), values, 1e-3)
+    for c in (0.05 * spread / 6, 0.5 * spread / 6, 2.0 * spread / 6):
+        shrunk = shrink_interactions([table], [c])
+        expected = max(0.0, 1.0 - c * 6 / spread)
+        assert shrunk.factors[0] == pytest.approx(expected, rel=1e-9, abs=1e-12)
+        np.testing.assert_allclose(
+            shrunk.tables[0].values, base + expected * (values - base), atol=1e-12
+        )
+
+
+def test_views_without_doubt_are_left_exactly_as_they_are() -> None:
+    # one attribute (nothing unshared), an exact view (c = 0): factor 1, values untouched
+    rng = np.random.default_rng(4)
+    one = MarginalTable((2,), np.array([0.25, 0.75]), 1e-3)  # its own base, exactly
+    exact = MarginalTable((0, 1), rng.dirichlet(np.ones(6)).reshape(2, 3), 0.0)
+    shrunk = shrink_interactions([one, exact], [0.01, 0.0])
+    np.testing.assert_array_equal(shrunk.factors, [1.0, 1.0])
+    np.testing.assert_array_equal(shrunk.tables[0].values, one.values)
+    np.testing.assert_array_equal(shrunk.tables[1].values, exact.values)
+
+
+def test_a_view_at_its_base_gets_factor_zero_and_noise_1_shrinks_fully() -> None:
+    # a uniform view is its own max-ent base (exactly, in binary): no spread, lambda = 0
+    # (the formula's limit)
+    flat = MarginalTable((0, 1), np.full((2, 2), 0.25), 1e-3)
+    shrunk = shrink_interactions([flat], [0.01])
+    assert shrunk.factors[0] == 0.0
+    np.testing.assert_array_equal(shrunk.tables[0].values, flat.values)
+    # noise power 1 per dimension dwarfs any spread of a distribution: all the way
+    rng = np.random.default_rng(5)
+    view = MarginalTable((0, 1), rng.dirichlet(np.ones(6)).reshape(2, 3), 1e-3)
+    shrunk = shrink_interactions([view], [1.0])
+    assert shrunk.factors[0] == 0.0
+    margins = np.outer(view.values.sum(axis=1), view.values.sum(axis=0))
+    np.testing.assert_allclose(shrunk.tables[0].values, margins, atol=1e-12)
+
+
+def test_the_base_is_max_ent_to_1e_12_within_1000_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    import calmkit_aggregator.shrinkage as shrinkage
+
+    seen = []
+    real = shrinkage.maximum_entropy
+
+    def spy(shape, constraints, tol, max_iter):  # type: ignore[no-untyped-def]
+        seen.append((tol, max_iter))
+        return real(shape, constraints, tol, max_iter)
+
+    monkeypatch.setattr(shrinkage, "maximum_entropy", spy)
+    view = MarginalTable((0, 1), np.array([[0.3, 0.2], [0.1, 0.4]]), 1e-3)
+    shrink_interactions([view], [0.001])
+    assert seen == [(1e-12, 1000)]
+
+
+def test_shrunk_views_are_frozen() -> None:
+    view = MarginalTable((0, 1), np.array([[0.3, 0.2], [0.1, 0.4]]), 1e-3)
+    shrunk = shrink_interactions([view], [0.001])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        shrunk.factors = np.ones(1)  # type: ignore[misc]

@@ -90,14 +90,21 @@ def _one_ones(oracle: OUE, cell: int) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("path", ["batch", "one"])
-@pytest.mark.parametrize(("L", "eps"), [(2, 0.5), (9, 1.0), (16, 3.0)])
+# At eps = 0.2 the threshold's top byte (115) is odd: its lowest bit is bit 56 of the
+# threshold, which the tie comparison of the low 56 bits must leave out. At eps = 9 the
+# threshold itself is odd (q < 2^-11 has bits down to 2^-64): its lowest bit counts.
+@pytest.mark.parametrize(("L", "eps"), [(2, 0.5), (9, 1.0), (16, 3.0), (5, 0.2), (3, 9.0)])
 def test_oue_privacy_loss_is_exact(path: str, L: int, eps: float) -> None:
     oracle = OUE(epsilon=eps, L=L)
     for cell in (0, L - 1):
         true_ones, other_ones = (_batch_ones if path == "batch" else _one_ones)(oracle, cell)
         assert true_ones == TWO64 // 2  # p = 1/2 exactly
+        # exactly the nearest whole number of words to q 2^64 (q as its float formula)
+        assert abs(other_ones - Fraction(1 / (math.exp(eps) + 1)) * TWO64) <= Fraction(1, 2)
         q = Fraction(other_ones, TWO64)
-        realised = math.log(1 - q) - math.log(q)  # (p (1-q)) / (q p), the worst output ratio
+        ratio = (1 - q) / q  # (p (1-q)) / (q p), the worst output ratio
+        # as the oracle computes it, so equal counts give the same float
+        realised = math.log(ratio.numerator) - math.log(ratio.denominator)
         assert abs(realised - eps) < 1e-12 + 2.0 / other_ones
         assert realised <= oracle.realised_epsilon + 1e-15
         one_hot = np.zeros(L, dtype=np.uint8)
