@@ -15,30 +15,79 @@ The database holds what SQLite holds (schema version :data:`PG_SCHEMA_VERSION`):
 
 Deduplication is in memory, as in SQLite: each replica keeps the key tables of
 :mod:`.keyset` (report id -> pseudonym, and the pseudonyms) for every collection it
-takes reports for, with ``seen``, the last log row they include. A replica commits
-batches of a collection in one transaction that:
+takes reports for, with ``seen``, the last log row they include, and ``epoch``, the
+server epoch they were read in (below). A replica commits batches of a collection in
+one transaction that:
 
 1. locks the collection's row (``SELECT ... FOR NO KEY UPDATE``): the batches of one
    collection commit one transaction at a time, over all replicas, and a concurrent
-   close or new phase waits;
-2. reads the log rows other replicas appended since ``seen`` (a new statement, so it
+   close or new phase waits. The same statement reads the server's epoch and (by
+   default) makes this transaction's commit asynchronous (``SET LOCAL
+   synchronous_commit = off``; the connections' default stays ``on``);
+2. if the epoch is not the tables' one, reads the tables again (PostgreSQL went
+   through crash recovery since they were read: see "Crashes of PostgreSQL"); then
+   reads the log rows other replicas appended since ``seen`` (a new statement, so it
    sees every commit made before the lock was granted) into its tables;
 3. deduplicates each batch against the tables with numpy (a retry is acknowledged and
    not counted; a conflict refuses that batch and names no stored value);
-4. appends one log row per accepted batch and updates its support row; commits
-   (``synchronous_commit`` on: durable before the ack).
+4. appends one log row per accepted batch, updates its support row, and commits. The
+   commit writes its commit record into the WAL and returns without waiting for the
+   disk, so the lock is released at once (the next transaction of the collection
+   starts while this one's WAL is flushed).
 
 Within one collection, log rows therefore commit in ``seq`` order, so step 2 misses
 nothing. The row lock is released when the transaction ends, also when a replica dies
 mid-transaction (its connection closes and the transaction aborts). Batches that wait
-for the lock in one replica go into the next transaction together (group commit):
-one commit, one disk flush, for all of them, each still accepted or refused whole.
+for the lock in one replica go into the next transaction together (group commit), each
+still accepted or refused whole.
+
+Every answer decided in step 3 (an acknowledgement, of new reports or of retries that
+wrote nothing, and a refusal) waits, outside the lock, for a *flush*: a transaction on
+the replica's own flush connection, begun after the decision, that rewrites the
+replica's row of ``calmkit_flush``, reads the epoch, and commits synchronously. Its
+commit returns once the WAL is on disk up to its commit record, and the WAL is
+written and flushed in order, so everything inserted into the WAL before it is on disk
+too: the batch's own commit record, and the commit records of every row the decision
+read (a row is visible only once its commit record is in the WAL). The answer goes out
+only if that flush succeeded in the decision's epoch (else UNAVAILABLE: retry). A
+flush is shared by every answer that waits when it begins (one runs at a time per
+replica; those who come meanwhile share the next). Only a transaction that writes to a
+logged table flushes: PostgreSQL commits a read-only transaction, or one whose only
+record is its commit record (``SELECT pg_current_xact_id()``) or that writes only to
+an unlogged table, without flushing even with ``synchronous_commit`` on (checked on
+PostgreSQL 15), hence the row. ``flush_outside_lock=False`` keeps the previous
+behaviour (the batch transaction's own synchronous commit, under the lock).
+
+Crashes of PostgreSQL. A crash (of the server, the machine, or a single backend: the
+postmaster then reinitialises without restarting, so ``pg_postmaster_start_time()``
+stays) loses the commits whose WAL was not yet written out: rows that are visible to
+the replicas meanwhile, that other replicas may have read into their tables, and whose
+``seq`` values may be issued again after the recovery. None of them was answered
+(their flush failed, or ran after the recovery and saw another epoch). The replicas'
+tables are kept right by the *epoch*: a random id in the one row of the UNLOGGED table
+``calmkit_epoch``, which PostgreSQL empties in every crash recovery and keeps across a
+clean shutdown (which flushes everything first). The first transaction after a
+recovery makes a new one. Tables, and this writer's cached support totals, belong to
+the epoch they were read or committed in; a batch transaction that finds another
+epoch reads the tables again from the log under the lock (step 2) and re-reads its
+support row, so no decision rests on a row a crash took back, and no ``seq`` issued
+again is skipped. A refusal (ALREADY_EXISTS: the pseudonym holds another report) waits
+for a flush like an acknowledgement, so a client is never refused for a row that a
+crash then loses. Were it refused, no guarantee would break: the lost row was never
+acknowledged, so its sender resends it and it is stored then; the refused batch
+stored nothing. The refused client would have been told of a report that, until that
+resend, nothing holds. Reads of counts and records wait
+likewise until what they saw is durable (usually it is: the WAL writer flushes within
+a fraction of a second), and key snapshots are written only after a flush in their
+tables' epoch, so they hold only rows on disk. Broken connections are opened again at
+their next use.
 
 A replica fills its tables when it starts (in the background: plans, queries and
 health are served at once; a submit waits for its collection) or on the first batch of
 a collection created by another replica: from its key snapshot (``key_snapshots``, see
-:mod:`.snapshot`) and the log rows after it, or from the whole log. Reads of a collection's state
-and counts go to the database, so what one replica committed, the others see.
+:mod:`.snapshot`) and the log rows after it, or from the whole log. Reads of a
+collection's state and counts go to the database, so what one replica committed, the
+others see.
 
 Version 1 databases (every report id and pseudonym in a ``reports`` table under two
 unique indexes, as well as in the log) are migrated on open: the log already holds
