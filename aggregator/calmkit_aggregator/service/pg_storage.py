@@ -493,18 +493,16 @@ class PgStorage:
 
     @contextmanager
     def _reading(self) -> Iterator[Any]:
-        """A transaction on the read connection whose answer, when batches commit
-        before their flush, is given only once every batch commit it could see is
-        durable: so a count or a record read never includes a batch that a crash of
-        the database then takes back (as with synchronous commits, which are visible
-        only once flushed). Usually no flush is needed (the WAL writer flushed them)."""
-        settled: tuple[Any, bool] = (None, True)
+        """A transaction on the read connection whose answer is given only once every
+        batch commit it could see is durable (replicas commit batches before their
+        flush, this one or others sharing the database): so a count or a record read
+        never includes a batch that a crash of the database then takes back (as with
+        synchronous commits, which are visible only once flushed). Usually no flush is
+        needed (the WAL writer flushed them)."""
         with self._lock, self._transaction(self._live("_conn")) as cur:
             yield cur
-            if self.flush_outside_lock:
-                cur.execute(_SETTLED)
-                settled = cur.fetchone()
-        epoch, flushed = settled
+            cur.execute(_SETTLED)
+            epoch, flushed = cur.fetchone()
         # no epoch: no batch committed since the server's (re)start (each batch
         # transaction sets it first), so every row seen came from the WAL on disk
         if not flushed and epoch is not None:
