@@ -5,7 +5,10 @@ single-store contract runs against both backends in test_storage.py (``store``).
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -427,3 +430,256 @@ def test_a_replica_restarts_from_its_key_snapshot(
         _pg_dedupe_exact(again, "s", reports)
         again.close_collection("s")
     assert not snap.exists()
+
+
+# -- answers wait for a flush; a crash of PostgreSQL ---------------------------------------
+class _Trace:
+    """The order of events over replicas: each batch transaction's commit (with its
+    batches' first report ids), each flush's start and end, and each answer (recorded
+    by the caller when ``add_reports`` returns: the server acknowledges then)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, object]] = []
+        self.lock = threading.Lock()
+
+    def attach(self, name: str, store: PgStorage) -> None:
+        def record(kind: str, what: object, *rest: object) -> None:
+            if kind == "commit":
+                what = [bytes(p.batch.report_ids[0]) for p in what]  # type: ignore[attr-defined]
+            self.add(name, kind, what)
+
+        store.trace = record
+
+    def add(self, name: str, kind: str, what: object) -> None:
+        with self.lock:
+            self.events.append((name, kind, what))
+
+    def check_answers(self) -> int:
+        """Every answer of a replica came after the end of one of its flushes that
+        started after the commit that decided it; how many answers were checked."""
+        checked = 0
+        for i, (name, kind, first) in enumerate(self.events):
+            if kind != "answer":
+                continue
+            commit = max(j for j, (n, k, w) in enumerate(self.events[:i])
+                         if n == name and k == "commit" and first in w)  # type: ignore[operator]
+            starts = [j for j, (n, k, w) in enumerate(self.events[:i])
+                      if n == name and k == "flush" and w == "start" and j > commit]
+            ends = [j for j, (n, k, w) in enumerate(self.events[:i])
+                    if n == name and k == "flush" and w == "end" and starts and j > starts[0]]
+            assert ends, f"an answer of {name} ({i}) came without a flush after its commit"
+            checked += 1
+        return checked
+
+
+def test_every_answer_waits_for_a_flush_begun_after_its_commit(pg_dsn: str) -> None:
+    """Acknowledgements of new reports and of retries (that write nothing), from two
+    replicas and several threads each: each comes after a flush transaction that began
+    after the batch transaction that decided it committed."""
+    _, reports = simulate(PLAN, 3000, seed=40)
+    chunks = [reports[i : i + 100] for i in range(0, 3000, 100)]
+    a, b = PgStorage(pg_dsn), PgStorage(pg_dsn)
+    a.create_collection("w", PLAN, 2, TOKEN_HASH)
+    trace = _Trace()
+    trace.attach("a", a)
+    trace.attach("b", b)
+    errors: list[BaseException] = []
+
+    def send(name: str, store: PgStorage, order: list[int], turn: int) -> None:
+        for k in order:  # each sender's batches start with their own report (told apart)
+            batch = chunks[k][turn:] + chunks[k][:turn]
+            for _ in range(20):
+                try:
+                    store.add_reports("w", PLAN.digest, batch)
+                except CalmkitError as exc:  # a deadlock between replicas: retried
+                    if "retry" not in str(exc):
+                        errors.append(exc)
+                        return
+                    continue
+                trace.add(name, "answer", bytes(batch[0].report_id))
+                break
+
+    rng = np.random.default_rng(41)
+    _run_all([threading.Thread(target=send, args=(n, s, list(rng.permutation(30)), turn))
+              for turn, (n, s) in enumerate((("a", a), ("a", a), ("b", b), ("b", b)))])  # fmt: skip
+    assert not errors
+    assert trace.check_answers() == 4 * 30
+    assert a.get_collection("w").reports == 3000  # 90 of the 120 answers were retries
+    assert a.stats["flushes"] >= 1 and b.stats["flushes"] >= 1
+    a.close()
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def crash_server() -> object:
+    """A PostgreSQL server of this module's own, which tests crash."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import pg
+
+    reason = pg.available()
+    if reason:
+        pytest.skip(reason)
+    server = pg.PgServer()
+    yield server
+    server.stop()
+
+
+@contextlib.contextmanager
+def _walwriter_stopped(dsn: str) -> Iterator[None]:
+    """The WAL writer process stopped (SIGSTOP), so that nothing but a synchronous
+    commit writes the WAL out of PostgreSQL's buffers: commits made with
+    synchronous_commit off stay where a crash loses them."""
+    import os
+    import signal
+
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (pid,) = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = "
+                              "'walwriter'").fetchone()  # fmt: skip
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def _lsn(dsn: str, what: str) -> int:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        text = conn.execute(f"SELECT pg_current_wal_{what}_lsn()").fetchone()[0]
+    high, low = str(text).split("/")
+    return (int(high, 16) << 32) + int(low, 16)
+
+
+def _held_flush(store: PgStorage) -> tuple[threading.Event, threading.Event]:
+    """Make the replica's next flush transactions wait: (reached, go)."""
+    reached, go = threading.Event(), threading.Event()
+    flush = store._flush_once
+
+    def held() -> object:
+        reached.set()
+        assert go.wait(60)
+        return flush()
+
+    store._flush_once = held  # type: ignore[method-assign]
+    return reached, go
+
+
+def test_a_retry_recognised_from_an_unflushed_row_waits_for_the_flush(
+    crash_server: object,
+) -> None:
+    """Replica a committed a batch and waits to flush; replica b gets the batch's retry
+    and recognises it from a's row, which is not on disk yet: b's acknowledgement
+    (which writes nothing) comes only once the WAL is flushed past a's commit."""
+    dsn = crash_server.create_database()  # type: ignore[attr-defined]
+    _, reports = simulate(PLAN, 300, seed=42)
+    a, b = PgStorage(dsn), PgStorage(dsn)
+    a.create_collection("u", PLAN, 2, TOKEN_HASH)
+    assert b.add_reports("u", PLAN.digest, reports[200:]) == BatchOutcome(100, 0)
+    trace = _Trace()
+    trace.attach("a", a)
+    trace.attach("b", b)
+    with _walwriter_stopped(dsn):
+        reached, go = _held_flush(a)
+        result: list[object] = []
+        sender = threading.Thread(target=lambda: result.append(
+            a.add_reports("u", PLAN.digest, reports[:200])))  # fmt: skip
+        sender.start()
+        assert reached.wait(30)  # a committed, its flush not begun
+        committed = _lsn(dsn, "insert")
+        assert _lsn(dsn, "flush") < committed  # a's commit is not on disk
+        assert b.add_reports("u", PLAN.digest, reports[:200]) == BatchOutcome(0, 200)
+        trace.add("b", "answer", bytes(reports[0].report_id))
+        assert _lsn(dsn, "flush") >= committed  # b's answer waited for a flush past it
+        go.set()
+        sender.join(30)
+    assert result == [BatchOutcome(200, 0)]
+    trace.add("a", "answer", bytes(reports[0].report_id))
+    assert trace.check_answers() == 2
+    a.close()
+    b.close()
+
+
+def _retrying(call: Callable[[], object]) -> object:
+    """``call()``, again while it answers UNAVAILABLE (the database restarting, a
+    connection to open again), as a client retries."""
+    from calmkit_client.errors import ServiceUnavailable
+
+    for _ in range(50):
+        try:
+            return call()
+        except ServiceUnavailable:
+            time.sleep(0.1)
+    return call()
+
+
+def test_a_crash_of_postgres_loses_only_unanswered_batches_and_replicas_forget_them(
+    crash_server: object, tmp_path: Path
+) -> None:
+    """PostgreSQL is SIGKILLed (every process) while replica a's batch x and replica
+    b's batch y are committed but not flushed, after b read x's row into its key
+    tables: both rows are lost (the WAL writer was stopped, so nothing wrote them
+    out). Neither batch was answered (both answer UNAVAILABLE). After the restart, each
+    replica finds the server's epoch changed and reads its tables again, so x sent to
+    b and y sent to a are stored as new (a replica keeping x's keys would call x's
+    retry a duplicate and acknowledge reports nothing holds), exactly once."""
+    import psycopg
+
+    from calmkit_client.errors import ServiceUnavailable
+
+    server = crash_server
+    dsn = server.create_database()  # type: ignore[attr-defined]
+    _, reports = simulate(PLAN, 700, seed=43)
+    first, x, y = reports[:300], reports[300:500], reports[500:]
+    a = PgStorage(dsn, key_snapshots=tmp_path / "a")
+    b = PgStorage(dsn, key_snapshots=tmp_path / "b")
+    a.create_collection("c", PLAN, 2, TOKEN_HASH)
+    assert a.add_reports("c", PLAN.digest, first[:150]) == BatchOutcome(150, 0)
+    assert b.add_reports("c", PLAN.digest, first[150:]) == BatchOutcome(150, 0)
+    results: dict[str, object] = {}
+
+    def send(name: str, store: PgStorage, batch: list[StoredReport]) -> None:
+        try:
+            results[name] = store.add_reports("c", PLAN.digest, batch)
+        except CalmkitError as exc:
+            results[name] = exc
+
+    with _walwriter_stopped(dsn):
+        held_a, go_a = _held_flush(a)
+        held_b, go_b = _held_flush(b)
+        senders = [threading.Thread(target=send, args=("x", a, x))]
+        senders[0].start()
+        assert held_a.wait(30)  # x committed, not flushed
+        senders.append(threading.Thread(target=send, args=("y", b, y)))
+        senders[1].start()
+        assert held_b.wait(30)  # y committed after b read x's row
+        assert b._keys["c"].by_id.lookup(np.frombuffer(x[0].report_id, "<u8")[None])[0][0]
+        server.crash()  # type: ignore[attr-defined]
+    go_a.set()
+    go_b.set()
+    for s in senders:
+        s.join(30)
+    assert all(isinstance(results[k], ServiceUnavailable) for k in "xy"), results
+    server.start()  # type: ignore[attr-defined]
+    with psycopg.connect(dsn) as conn:  # both rows were lost by the crash
+        assert conn.execute("SELECT sum(count) FROM batches").fetchone() == (300,)
+    assert _retrying(lambda: b.add_reports("c", PLAN.digest, x)) == BatchOutcome(200, 0)
+    assert _retrying(lambda: a.add_reports("c", PLAN.digest, y)) == BatchOutcome(200, 0)
+    for store in (a, b):  # both know exactly the stored reports; counts agree with the log
+        assert _retrying(lambda: store.get_collection("c").reports) == 700  # noqa: B023
+        _pg_dedupe_exact(store, "c", reports)
+    assert_counts_equal(a.support("c"), a.recount("c"))
+    with Storage(tmp_path / "reference.db") as reference:
+        reference.create_collection("c", PLAN, 2, TOKEN_HASH)
+        reference.add_reports("c", PLAN.digest, reports)
+        assert_counts_equal(a.support("c"), reference.support("c"))
+    a.close()
+    b.close()
+    with PgStorage(dsn, key_snapshots=tmp_path / "a") as again:  # its snapshot: flushed rows
+        assert again.wait_ready(60) and again._keys["c"].key_source == "snapshot"
+        _pg_dedupe_exact(again, "c", reports)
