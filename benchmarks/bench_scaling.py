@@ -169,11 +169,12 @@ def main() -> int:
                     if worktree is not None and not skip:
                         runs.append(("baseline", _run(str(worktree), d, k, log2n, args.planner)))
                     for name, r in runs:
-                        ratio = runs[-1][1]["total"] / r["total"] if len(runs) > 1 else float("nan")
+                        ratio = (f"{runs[-1][1]['total'] / r['total']:.1f}x" if len(runs) > 1
+                                 else "-")  # fmt: skip
                         residual = max(r["residual"], r.get("negativity", 0.0))
                         print(f"| {d} | {k} | 2^{log2n} | {r['m']}, {r['l']} | {name} | "
                               f"{r['plan']:.2f} | {r['collect']:.2f} | {r['reconstruct']:.2f} | "
-                              f"{r['answer']:.2f} | {r['total']:.2f} | {ratio:.1f}x | "
+                              f"{r['answer']:.2f} | {r['total']:.2f} | {ratio} | "
                               f"{r['rounds']} | {residual:.1e} | {r['peak_mb']:.0f} "
                               f"({r['peak_mb'] / r['codes_mb']:.2f}x) | "
                               f"{r['population']:.1f} |", flush=True)  # fmt: skip

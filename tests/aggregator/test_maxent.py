@@ -70,6 +70,27 @@ def test_the_sweep_cap() -> None:
     assert maximum_entropy((2, 3), cons, tol=-1.0, max_iter=7)[2] == 7
 
 
+def test_a_residual_equal_to_tol_stops() -> None:
+    # "residual <= tol" stops on the tie. Dyadic targets make every step exact: the
+    # sweep ends on B = [0.9375, 0.0625], A's residual is exactly 0.1875 while the sweep
+    # moved P by 0.4375 > tol, so only the residual can stop it after one sweep
+    a, b = np.array([0.75, 0.25]), np.array([0.9375, 0.0625])
+    p, residual, it = maximum_entropy((2,), [((0,), a), ((0,), b)], tol=0.1875)
+    assert (residual, it) == (0.1875, 1)
+    np.testing.assert_array_equal(p, b)
+
+
+def test_answer_query_stops_at_1000_sweeps_by_default() -> None:
+    # constraints no table meets, each sweep moving P (the first margin changes with
+    # the third's pair): no tolerance is reached, so only the cap stops IPF
+    pair = np.array([[0.5, 0.0], [0.0, 0.5]])
+    tables = [MarginalTable((0, 1), pair, 1e-4), MarginalTable((1, 2), pair, 1e-4),
+              MarginalTable((0, 2), np.array([[0.0, 0.5], [0.5, 0.0]]), 1e-4)]  # fmt: skip
+    ans = answer_query(tables, (0, 1, 2), (2, 2, 2), tol=-1.0)
+    assert ans.method == "maxent" and ans.iterations == 1000
+    assert answer_query(tables, (0, 1, 2), (2, 2, 2), tol=-1.0, max_iter=5).iterations == 5
+
+
 def test_the_default_tolerance_is_1e_10() -> None:
     # a cycle of three pair margins needs many sweeps: the defaults stop where tol=1e-10
     # does, well before the cap
