@@ -30,11 +30,10 @@ the cores they kept busy and the cores the same work would need at 150,000 repor
 
 PostgreSQL: a throwaway PostgreSQL 15 server (tests/pg.py: a temp dir, loopback, as an
 unprivileged user) with 1 and 2 ``calmkit serve`` replicas, the clients spread over
-them. This checkout and the code at ``--postgres-baseline-ref`` (a commit, or a folder
-holding a checkout; by default the design with every key under two unique indexes) run
-alternately, rep by rep, so both see the same machine. Each replica's use of the
-collection's lock (batches per commit, ms waiting and holding it per commit, and the
-flushes outside it) is read from the line it logs on stop.
+them. The current design (the
+batch log, deduplication in each replica's memory) and the previous one at
+``--postgres-baseline-ref`` (every key under two unique indexes) run alternately, rep
+by rep, so both see the same machine.
 """
 
 from __future__ import annotations
@@ -70,10 +69,10 @@ PACKAGES = ("client", "aggregator", "simulator", "protos")
 
 
 # -- a server process -------------------------------------------------------------------------
-def _serve(code: Path, db: Path | str, snapshots: Path | None = None,
-           log: Path | None = None) -> tuple[subprocess.Popen[str], str]:  # fmt: skip
+def _serve(code: Path, db: Path | str, snapshots: Path | None = None
+           ) -> tuple[subprocess.Popen[str], str]:  # fmt: skip
     """A ``calmkit serve`` of ``code`` on ``db``; ``snapshots``: its ``--key-snapshots``
-    folder (PostgreSQL, when ``code`` has the option); ``log``: a file for its log."""
+    folder (PostgreSQL, when ``code`` has the option)."""
     path = ":".join(str(code / p) for p in PACKAGES)
     boot = (f"import sys; sys.path[:0] = {path.split(':')!r}; "
             "from calmkit_simulator.cli import main; raise SystemExit(main())")  # fmt: skip
@@ -81,12 +80,11 @@ def _serve(code: Path, db: Path | str, snapshots: Path | None = None,
     extra = []
     if snapshots is not None and "--key-snapshots" in cli.read_text():
         extra = ["--key-snapshots", str(snapshots)]
-    with open(log or os.devnull, "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", boot, "serve", "--address", "127.0.0.1:0", "--db", str(db),
-             *extra],
-            stdout=subprocess.PIPE, stderr=err, text=True,
-        )  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", boot, "serve", "--address", "127.0.0.1:0", "--db", str(db),
+         *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
     assert proc.stdout is not None
     line = proc.stdout.readline()
     match = re.search(r"listening on (\S+)", line)
@@ -232,9 +230,7 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
 
     folders = [None] * replicas if pg_data is None else [
         pg_data.parent / f"keys{i}" for i in range(replicas)]  # fmt: skip
-    logs = [None] * replicas if pg_data is None else [
-        pg_data.parent / f"serve{i}.log" for i in range(replicas)]  # fmt: skip
-    servers = [_serve(code, db, folder, log) for folder, log in zip(folders, logs)]
+    servers = [_serve(code, db, folder) for folder in folders]
     address = servers[0][1]
     with AdminClient(address) as admin:
         info = admin.create_collection(Schema.from_sizes(SIZES), 1.0, reports, 2,
@@ -294,9 +290,7 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
         p.wait(timeout=60)
     stored_bytes = reports * (16 + 16 + 4 + 4)  # ids, pseudonym, view, a cell (or OUE bytes)
     restart = _restart(code, db, info.submit_token, plan_json, folders[0])
-    locks = _lock_use([log for log in logs if log is not None])
     return {
-        **locks,
         "rate": reports / seconds,
         "first": rates[0],
         "last": rates[-1],
@@ -313,25 +307,6 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
         "cores": (server_cpu + client_cpu + db_cpu) / seconds,
         **restart,
     }
-
-
-def _lock_use(logs: list[Path]) -> dict[str, float]:
-    """The PostgreSQL replicas' use of the collection's lock, from the line each logs on
-    stop (means over replicas): batches per commit, ms waiting for and holding the
-    lock per commit, ms per flush and answers per flush (designs that flush outside
-    the lock)."""
-    import json
-
-    rows = []
-    for log in logs:
-        for line in log.read_text().splitlines():
-            start = line.find('{"event": "storage"')
-            if start >= 0:
-                rows.append(json.loads(line[start:]))
-    keys = ("batches_per_commit", "lock_wait_ms", "lock_held_ms", "flush_ms",
-            "answers_per_flush")  # fmt: skip
-    return {f"pg_{k}": float(np.mean([r.get(k, 0.0) for r in rows])) if rows else float("nan")
-            for k in keys}  # fmt: skip
 
 
 def _restart(code: Path, db: Path | str, token: str, plan_json: str,
@@ -418,11 +393,6 @@ def _report(name: str, r: dict[str, float], reports: int) -> None:
     print(f"  CPU s/1000 reports  server(s) {r['cpu_server']:.4f}, clients {r['cpu_clients']:.4f}, "
           f"database {r['cpu_db']:.4f}; {r['cores']:.2f} cores busy; "
           f"{per_report * TARGET_RATE / 1e3:.2f} cores at {TARGET_RATE:,}/s")  # fmt: skip
-    if r.get("pg_lock_held_ms", float("nan")) == r.get("pg_lock_held_ms"):  # PostgreSQL
-        print(f"  collection's lock   {r['pg_batches_per_commit']:.2f} batches per commit, "
-              f"held {r['pg_lock_held_ms']:.1f} ms, waited for {r['pg_lock_wait_ms']:.1f} ms; "
-              f"flush {r['pg_flush_ms']:.1f} ms for {r['pg_answers_per_flush']:.2f} answers "
-              "(0: inside the lock)")  # fmt: skip
 
 
 def main() -> int:
@@ -467,7 +437,7 @@ def main() -> int:
             designs = [(ROOT, *job)] + ([(pg_base, *job)] if pg_base is not None else [])
             results = _alternating(args.reps, designs)
             pg = results[0]
-            _report(f"PostgreSQL, {replicas} replica(s): this checkout", pg,
+            _report(f"PostgreSQL, {replicas} replica(s): batch log, keys in memory", pg,
                     args.postgres_reports)  # fmt: skip
             if current is not None:
                 print(f"PostgreSQL {replicas} replica(s) / SQLite current: reports/s "
@@ -475,7 +445,8 @@ def main() -> int:
             if pg_base is not None:
                 old = results[1]
                 _report(f"PostgreSQL, {replicas} replica(s), baseline "
-                        f"({args.postgres_baseline_ref})", old, args.postgres_reports)
+                        f"({args.postgres_baseline_ref}: keys under unique indexes)", old,
+                        args.postgres_reports)  # fmt: skip
                 print(f"PostgreSQL {replicas} replica(s) current / baseline: reports/s "
                       f"{pg['rate'] / old['rate']:.2f}x, last/first window "
                       f"{pg['last'] / pg['first']:.2f} vs {old['last'] / old['first']:.2f}, "

@@ -15,79 +15,30 @@ The database holds what SQLite holds (schema version :data:`PG_SCHEMA_VERSION`):
 
 Deduplication is in memory, as in SQLite: each replica keeps the key tables of
 :mod:`.keyset` (report id -> pseudonym, and the pseudonyms) for every collection it
-takes reports for, with ``seen``, the last log row they include, and ``epoch``, the
-server epoch they were read in (below). A replica commits batches of a collection in
-one transaction that:
+takes reports for, with ``seen``, the last log row they include. A replica commits
+batches of a collection in one transaction that:
 
 1. locks the collection's row (``SELECT ... FOR NO KEY UPDATE``): the batches of one
    collection commit one transaction at a time, over all replicas, and a concurrent
-   close or new phase waits. The same statement reads the server's epoch and (by
-   default) makes this transaction's commit asynchronous (``SET LOCAL
-   synchronous_commit = off``; the connections' default stays ``on``);
-2. if the epoch is not the tables' one, reads the tables again (PostgreSQL went
-   through crash recovery since they were read: see "Crashes of PostgreSQL"); then
-   reads the log rows other replicas appended since ``seen`` (a new statement, so it
+   close or new phase waits;
+2. reads the log rows other replicas appended since ``seen`` (a new statement, so it
    sees every commit made before the lock was granted) into its tables;
 3. deduplicates each batch against the tables with numpy (a retry is acknowledged and
    not counted; a conflict refuses that batch and names no stored value);
-4. appends one log row per accepted batch, updates its support row, and commits. The
-   commit writes its commit record into the WAL and returns without waiting for the
-   disk, so the lock is released at once (the next transaction of the collection
-   starts while this one's WAL is flushed).
+4. appends one log row per accepted batch and updates its support row; commits
+   (``synchronous_commit`` on: durable before the ack).
 
 Within one collection, log rows therefore commit in ``seq`` order, so step 2 misses
 nothing. The row lock is released when the transaction ends, also when a replica dies
 mid-transaction (its connection closes and the transaction aborts). Batches that wait
-for the lock in one replica go into the next transaction together (group commit), each
-still accepted or refused whole.
-
-Every answer decided in step 3 (an acknowledgement, of new reports or of retries that
-wrote nothing, and a refusal) waits, outside the lock, for a *flush*: a transaction on
-the replica's own flush connection, begun after the decision, that rewrites the
-replica's row of ``calmkit_flush``, reads the epoch, and commits synchronously. Its
-commit returns once the WAL is on disk up to its commit record, and the WAL is
-written and flushed in order, so everything inserted into the WAL before it is on disk
-too: the batch's own commit record, and the commit records of every row the decision
-read (a row is visible only once its commit record is in the WAL). The answer goes out
-only if that flush succeeded in the decision's epoch (else UNAVAILABLE: retry). A
-flush is shared by every answer that waits when it begins (one runs at a time per
-replica; those who come meanwhile share the next). Only a transaction that writes to a
-logged table flushes: PostgreSQL commits a read-only transaction, or one whose only
-record is its commit record (``SELECT pg_current_xact_id()``) or that writes only to
-an unlogged table, without flushing even with ``synchronous_commit`` on (checked on
-PostgreSQL 15), hence the row. ``flush_outside_lock=False`` keeps the previous
-behaviour (the batch transaction's own synchronous commit, under the lock).
-
-Crashes of PostgreSQL. A crash (of the server, the machine, or a single backend: the
-postmaster then reinitialises without restarting, so ``pg_postmaster_start_time()``
-stays) loses the commits whose WAL was not yet written out: rows that are visible to
-the replicas meanwhile, that other replicas may have read into their tables, and whose
-``seq`` values may be issued again after the recovery. None of them was answered
-(their flush failed, or ran after the recovery and saw another epoch). The replicas'
-tables are kept right by the *epoch*: a random id in the one row of the UNLOGGED table
-``calmkit_epoch``, which PostgreSQL empties in every crash recovery and keeps across a
-clean shutdown (which flushes everything first). The first transaction after a
-recovery makes a new one. Tables, and this writer's cached support totals, belong to
-the epoch they were read or committed in; a batch transaction that finds another
-epoch reads the tables again from the log under the lock (step 2) and re-reads its
-support row, so no decision rests on a row a crash took back, and no ``seq`` issued
-again is skipped. A refusal (ALREADY_EXISTS: the pseudonym holds another report) waits
-for a flush like an acknowledgement, so a client is never refused for a row that a
-crash then loses. Were it refused, no guarantee would break: the lost row was never
-acknowledged, so its sender resends it and it is stored then; the refused batch
-stored nothing. The refused client would have been told of a report that, until that
-resend, nothing holds. Reads of counts and records wait
-likewise until what they saw is durable (usually it is: the WAL writer flushes within
-a fraction of a second), and key snapshots are written only after a flush in their
-tables' epoch, so they hold only rows on disk. Broken connections are opened again at
-their next use.
+for the lock in one replica go into the next transaction together (group commit):
+one commit, one disk flush, for all of them, each still accepted or refused whole.
 
 A replica fills its tables when it starts (in the background: plans, queries and
 health are served at once; a submit waits for its collection) or on the first batch of
 a collection created by another replica: from its key snapshot (``key_snapshots``, see
-:mod:`.snapshot`) and the log rows after it, or from the whole log. Reads of a
-collection's state and counts go to the database, so what one replica committed, the
-others see.
+:mod:`.snapshot`) and the log rows after it, or from the whole log. Reads of a collection's state
+and counts go to the database, so what one replica committed, the others see.
 
 Version 1 databases (every report id and pseudonym in a ``reports`` table under two
 unique indexes, as well as in the log) are migrated on open: the log already holds
@@ -147,8 +98,7 @@ _LOG_COLUMNS = ("report_ids", "pseudonyms", "views", "cells", "bits")
 # Reports committed in one transaction at most (group commit takes waiting batches up
 # to this many; a larger single batch goes alone).
 _GROUP_REPORTS = 100_000
-_TABLES = {"collections", "phases", "batches", "support", "reports", "calmkit_flush",
-           "calmkit_epoch"}
+_TABLES = {"collections", "phases", "batches", "support", "reports"}
 # Reports in a collection's tables before this replica writes its first key snapshot
 # during ingest (then each time they double; always on close), with key_snapshots.
 SNAPSHOT_FIRST = 1_000_000
@@ -202,32 +152,7 @@ ALTER TABLE batches ALTER COLUMN report_ids SET STORAGE EXTERNAL,
                     ALTER COLUMN pseudonyms SET STORAGE EXTERNAL,
                     ALTER COLUMN bits SET STORAGE EXTERNAL;
 """
-# Both versions, made on every open (older replicas ignore them): a row per replica
-# process that the flush transaction rewrites (a logged write, so that its synchronous
-# commit flushes the WAL; a read-only transaction, or one that writes only its commit
-# record or only to an unlogged table, flushes nothing), and the server's epoch: a
-# random id in an UNLOGGED table, which PostgreSQL empties in every crash recovery (a
-# restart after a crash, or the reinitialisation after a backend crash, which keeps
-# pg_postmaster_start_time()) and keeps across a clean restart.
-_FLUSH_SETUP = """
-CREATE TABLE IF NOT EXISTS calmkit_flush (writer UUID PRIMARY KEY, n BIGINT NOT NULL);
-CREATE UNLOGGED TABLE IF NOT EXISTS calmkit_epoch (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    epoch UUID NOT NULL
-);
-"""
-_EPOCH = "(SELECT epoch FROM calmkit_epoch WHERE id = 1)"
-# the collection's row lock, the epoch, and (committing before the flush) this
-# transaction's commit made asynchronous: set_config(..., true) is SET LOCAL
-_LOCK = f"SELECT state, {_EPOCH} FROM collections WHERE id = %s FOR NO KEY UPDATE"
-_LOCK_ASYNC = (f"SELECT state, {_EPOCH}, set_config('synchronous_commit', 'off', true) "
-               "FROM collections WHERE id = %s FOR NO KEY UPDATE")  # fmt: skip
-_FLUSH = ("INSERT INTO calmkit_flush (writer, n) VALUES (%s, 1) ON CONFLICT (writer) "
-          f"DO UPDATE SET n = calmkit_flush.n + 1 RETURNING {_EPOCH}")  # fmt: skip
-# last in a read: the epoch, and whether the WAL is flushed past every commit the
-# read's statements could see (the insert position, read after them, is past their
-# commit records)
-_SETTLED = f"SELECT {_EPOCH}, pg_current_wal_insert_lsn() <= pg_current_wal_flush_lsn()"
+_LOCK = "SELECT state FROM collections WHERE id = %s FOR NO KEY UPDATE"
 _TAIL = ("SELECT seq, report_ids, pseudonyms FROM batches WHERE collection_id = %s "
          "AND seq > %s ORDER BY seq")  # fmt: skip
 
@@ -241,16 +166,14 @@ def is_postgres_url(db: str) -> bool:
 @dataclass
 class _Keys:
     """This replica's key tables of one collection: ``by_id`` (report id ->
-    pseudonym) and ``by_pseudonym``, holding every log row up to ``seen``, all read
-    while the server's epoch was ``epoch``; ``lock`` serialises this replica's commits
-    to the collection; ``queue``: batches waiting for the next commit (under
-    ``queue_lock``)."""
+    pseudonym) and ``by_pseudonym``, holding every log row up to ``seen``; ``lock``
+    serialises this replica's commits to the collection; ``queue``: batches waiting
+    for the next commit (under ``queue_lock``)."""
 
     by_id: KeyTable = field(default_factory=KeyTable)
     by_pseudonym: KeyTable = field(default_factory=lambda: KeyTable(values=False))
     seen: int = 0
     loaded: bool = False
-    epoch: Any = None
     ids_hash: int = 0  # snapshot.ids_hash of row seen's report ids
     snapshot_seq: int = 0  # the last row in the last snapshot written or read
     snapshot_reports: int = 0
@@ -280,7 +203,6 @@ class _Pending:
     blobs: dict[str, bytes] | None = None
     deltas: tuple[np.ndarray, list[np.ndarray]] | None = None
     done: bool = False
-    epoch: Any = None  # the epoch its outcome or refusal was decided in
     outcome: BatchOutcome | None = None
     error: BaseException | None = None
 
@@ -314,20 +236,9 @@ class PgStorage:
         key_snapshots: a folder for this replica's key snapshots (:mod:`.snapshot`:
             written on close and as collections grow, loaded at start with the log
             rows after them); None: the tables are always filled from the whole log.
-        flush_outside_lock: commit a batch transaction asynchronously (its collection's
-            lock is released without waiting for the disk) and answer once a later
-            synchronous commit has flushed the WAL past it (the module docstring);
-            False: the batch transaction's own commit waits for the flush, under the
-            lock (the previous behaviour, one disk flush per commit and collection).
-
-    Attributes:
-        trace: None, or a callable given ``("commit", batches)`` after each batch
-            transaction's commit returns, ``("flush", "start")`` and ``("flush", "end",
-            epoch)`` around each flush transaction (tests check the order).
     """
 
-    def __init__(self, dsn: str, key_snapshots: str | os.PathLike[str] | None = None,
-                 flush_outside_lock: bool = True) -> None:  # fmt: skip
+    def __init__(self, dsn: str, key_snapshots: str | os.PathLike[str] | None = None) -> None:
         try:
             import psycopg
         except ImportError:
@@ -344,26 +255,14 @@ class PgStorage:
         self._plans: dict[str, Plan] = {}
         self._records: dict[str, CollectionRecord] = {}
         self._keys: dict[str, _Keys] = {}
-        # this writer's support totals per (collection, phase), with the epoch they were
-        # committed in
-        self._mine: dict[tuple[str, int], tuple[Any, tuple[np.ndarray, list[np.ndarray]]]] = {}
+        self._mine: dict[tuple[str, int], tuple[np.ndarray, list[np.ndarray]]] = {}
         self._closed = False
         self._snapshots = None if key_snapshots is None else os.fspath(key_snapshots)
         self._snapshotter: threading.Thread | None = None
         self.snapshot_bytes = 0  # key snapshots written by this process
-        self.flush_outside_lock = bool(flush_outside_lock)
-        self.trace: Any = None
-        # group flushes: flushes begun and ended, one at a time, and the last result
-        self._flush_cv = threading.Condition()
-        self._flush_lock = threading.Lock()  # the flush connection
-        self._flushing = False
-        self._flush_began = self._flush_ended = 0
-        self._flush_result: Any = None
         # transactions committed, batches in them, seconds waiting for and holding the
-        # collections' locks (holding: from the lock granted to the commit returned);
-        # flush transactions, the answers that waited for them, seconds in them
-        self.stats = {"commits": 0, "batches": 0, "lock_wait": 0.0, "lock_held": 0.0,
-                      "flushes": 0, "flushed_answers": 0, "flush_time": 0.0}  # fmt: skip
+        # collections' locks (holding: from the lock granted to the commit returned)
+        self.stats = {"commits": 0, "batches": 0, "lock_wait": 0.0, "lock_held": 0.0}
         self._conn: Any = self._connect()
         try:
             with self._transaction(self._conn) as cur:
@@ -372,11 +271,8 @@ class PgStorage:
                 cur.execute("SELECT id FROM collections WHERE state = %s", (OPEN,))
                 pending = [cid for (cid,) in cur.fetchall()]
             self._wconn: Any = self._connect(writer=True)
-            self._fconn: Any = self._connect()
         except BaseException:
             self._conn.close()
-            if getattr(self, "_wconn", None) is not None:
-                self._wconn.close()
             raise
         for cid in pending:
             self._keys[cid] = _Keys()
@@ -400,24 +296,6 @@ class PgStorage:
             raise CalmkitError(f"db ({self.path!r}) cannot be opened: {_first_line(exc)}") from None
         return conn
 
-    def _live(self, name: str) -> Any:
-        """The connection ``self.<name>`` (call with its lock held), opened again when
-        it broke (the server restarted, the network failed): the failed call answered
-        UNAVAILABLE, the next one reconnects."""
-        conn = getattr(self, name, None)
-        if conn is None or self._closed:
-            raise ServiceUnavailable("storage is closed (the server is shutting down)")
-        if conn.broken or conn.closed:
-            with contextlib.suppress(Exception):
-                conn.close()
-            try:
-                conn = self._connect(writer=name == "_wconn")
-            except CalmkitError as exc:
-                raise ServiceUnavailable(f"database unavailable: {exc}: retry") from None
-            setattr(self, name, conn)
-            log.warning("reconnected to the database (%s)", name.strip("_"))
-        return conn
-
     def _setup_schema(self, cur: Any) -> None:
         """Create the schema, migrate version 1, or refuse a database that is not a
         calmkit store or is newer (inside the caller's transaction, under the schema
@@ -433,7 +311,6 @@ class PgStorage:
                 )
             cur.execute(_SCHEMA)
             cur.execute(_LOG_SETUP)
-            cur.execute(_FLUSH_SETUP)
             cur.execute("INSERT INTO calmkit_schema VALUES (%s)", (PG_SCHEMA_VERSION,))
             return
         cur.execute("SELECT version FROM calmkit_schema")
@@ -446,10 +323,6 @@ class PgStorage:
                 f"schema version ({version}) of {self.path!r} must be {PG_SCHEMA_VERSION} "
                 "(or 1, which is migrated)"
             )
-        cur.execute("SELECT to_regclass('calmkit_flush') IS NULL OR "
-                    "to_regclass('calmkit_epoch') IS NULL")  # fmt: skip
-        if cur.fetchone()[0]:  # a database of an earlier version 2 replica
-            cur.execute(_FLUSH_SETUP)
 
     def _migrate_1(self, cur: Any) -> None:
         """Version 1 -> 2: the ``reports`` table (one row per report under two unique
@@ -490,23 +363,6 @@ class PgStorage:
             ) from None
         except psycopg.OperationalError as exc:
             raise ServiceUnavailable(f"database unavailable: {_first_line(exc)}") from None
-
-    @contextmanager
-    def _reading(self) -> Iterator[Any]:
-        """A transaction on the read connection whose answer is given only once every
-        batch commit it could see is durable (replicas commit batches before their
-        flush, this one or others sharing the database): so a count or a record read
-        never includes a batch that a crash of the database then takes back (as with
-        synchronous commits, which are visible only once flushed). Usually no flush is
-        needed (the WAL writer flushed them)."""
-        with self._lock, self._transaction(self._live("_conn")) as cur:
-            yield cur
-            cur.execute(_SETTLED)
-            epoch, flushed = cur.fetchone()
-        # no epoch: no batch committed since the server's (re)start (each batch
-        # transaction sets it first), so every row seen came from the WAL on disk
-        if not flushed and epoch is not None:
-            self._durable(epoch)
 
     # -- reading -------------------------------------------------------------------------
     def _plan(self, cid: str, phase: int, plan_json: str, digest: str) -> Plan:
@@ -583,7 +439,7 @@ class PgStorage:
         with self._keys_lock:
             record = self._records.get(collection_id) if isinstance(collection_id, str) else None
         if record is None or all(p.digest != plan_digest for p in record.plans):
-            with self._lock, self._transaction(self._live("_conn")) as cur:
+            with self._lock, self._transaction(self._conn) as cur:
                 record = self._record(cur, collection_id, counts=False)
         return record
 
@@ -600,7 +456,7 @@ class PgStorage:
         _check_collection_args(collection_id, plan, k, submit_token_hash)
         if design is not None and not isinstance(design, PhasedDesign):
             raise CalmkitError(f"design ({_show(design)}) must be a PhasedDesign or None")
-        with self._lock, self._transaction(self._live("_conn")) as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             cur.execute(
                 "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash, "
                 "created_at, closed_at, design_json) VALUES (%s, %s, %s, %s, %s, %s, %s, NULL, %s) "
@@ -612,26 +468,24 @@ class PgStorage:
             if cur.rowcount == 0:
                 raise CollectionExists(f"collection_id ({_show(collection_id)}) already exists")
             record = self._record(cur, collection_id)
-            epoch = self._epoch(cur)
         with self._keys_lock:  # committed with no reports: the empty tables are complete
-            self._keys.setdefault(collection_id, _Keys(loaded=True, key_source="new",
-                                                       epoch=epoch))  # fmt: skip
+            self._keys.setdefault(collection_id, _Keys(loaded=True, key_source="new"))
         return record
 
     def get_collection(self, collection_id: str) -> CollectionRecord:
         """The collection's record as committed now; :class:`CollectionNotFound`."""
-        with self._reading() as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             return self._record(cur, collection_id)
 
     def list_collections(self) -> list[CollectionRecord]:
         """Every collection, oldest first."""
-        with self._reading() as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             cur.execute("SELECT id FROM collections ORDER BY created_at, id")
             return [self._record(cur, cid) for (cid,) in cur.fetchall()]
 
     def close_collection(self, collection_id: str) -> CollectionRecord:
         """Stop accepting reports (idempotent); this replica drops its key tables."""
-        with self._reading() as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             cur.execute(
                 "UPDATE collections SET state = %s, closed_at = %s WHERE id = %s AND state = %s",
                 (CLOSED, time.time(), collection_id, OPEN),
@@ -646,7 +500,7 @@ class PgStorage:
         plan of a phase stays)."""
         if not isinstance(plan, Plan):
             raise CalmkitError(f"plan ({_show(plan)}) must be a Plan")
-        with self._reading() as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             cur.execute("SELECT 1 FROM collections WHERE id = %s FOR UPDATE", (collection_id,))
             record = self._record(cur, collection_id)
             current = record.phase
@@ -728,70 +582,10 @@ class PgStorage:
                                 "the batch was not stored: retry"
                             )
                             p.done = True
-        if mine.epoch is not None and self.flush_outside_lock:
-            self._durable(mine.epoch)  # decided on rows perhaps not flushed yet
         if mine.error is not None:
             raise mine.error
         assert mine.outcome is not None
         return mine.outcome
-
-    def _durable(self, epoch: Any) -> None:
-        """Return once a flush transaction begun after this call has committed
-        synchronously in ``epoch``: the WAL is then on disk past every commit made or
-        read before the call, in that epoch (the WAL is flushed in order). Callers
-        share flushes: one runs at a time; those who come while it runs wait for it
-        and share the next. :class:`ServiceUnavailable` when the flush failed or ran in
-        another epoch (the database went through crash recovery: what was decided may
-        be lost; the client retries)."""
-        cv = self._flush_cv
-        with cv:
-            need = self._flush_began + 1  # the flush running now, if any, began earlier
-            while self._flush_ended < need:
-                if self._flushing:
-                    cv.wait()
-                    continue
-                self._flushing = True
-                self._flush_began += 1
-                number = self._flush_began
-                cv.release()
-                try:
-                    result: Any = self._flush_once()
-                except BaseException as exc:  # given to every waiter
-                    result = exc
-                finally:
-                    cv.acquire()
-                self._flushing = False
-                self._flush_ended, self._flush_result = number, result
-                cv.notify_all()
-                if not isinstance(result, Exception) and isinstance(result, BaseException):
-                    raise result
-            result = self._flush_result  # of the flush ``need`` or a later one
-            self.stats["flushed_answers"] += 1
-        if isinstance(result, Exception):
-            if isinstance(result, ServiceUnavailable):
-                raise ServiceUnavailable(f"{result} (the answer waited for it)") from None
-            raise ServiceUnavailable(f"database error: {_first_line(result)}: retry") from None
-        if result is None or result != epoch:
-            raise ServiceUnavailable(
-                "the database restarted from a crash before the batch was known to be on "
-                "disk: retry"
-            )
-
-    def _flush_once(self) -> Any:
-        """One flush transaction: rewrite this replica's row in ``calmkit_flush`` (a
-        logged write, so that the synchronous commit flushes the WAL up to and past its
-        commit record) and read the epoch; the epoch (None: none set)."""
-        t0 = time.perf_counter()
-        if self.trace is not None:
-            self.trace("flush", "start")
-        with self._flush_lock, self._transaction(self._live("_fconn")) as cur:
-            cur.execute(_FLUSH, (self._writer,))
-            epoch = cur.fetchone()[0]
-        self.stats["flushes"] += 1
-        self.stats["flush_time"] += time.perf_counter() - t0
-        if self.trace is not None:
-            self.trace("flush", "end", epoch)
-        return epoch
 
     def _commit(self, collection_id: str, keys: _Keys, group: list[_Pending]) -> None:
         """One transaction for the ``group``'s batches (see the module docstring);
@@ -799,9 +593,9 @@ class PgStorage:
         psycopg = self._psycopg
         written: list[tuple[_Pending, int, np.ndarray]] = []  # (batch, phase, new positions)
         try:
-            with self._write_lock, self._transaction(self._live("_wconn")) as cur:
+            with self._write_lock, self._transaction(self._wconn) as cur:
                 t0 = time.perf_counter()
-                cur.execute(_LOCK_ASYNC if self.flush_outside_lock else _LOCK, (collection_id,))
+                cur.execute(_LOCK, (collection_id,))
                 row = cur.fetchone()
                 t1 = time.perf_counter()
                 if row is None:
@@ -811,11 +605,6 @@ class PgStorage:
                         f"collection_id ({_show(collection_id)}) is {row[0]}: it accepts no "
                         "reports"
                     )
-                epoch = row[1]
-                if epoch is None:  # the first transaction since a start after a crash
-                    epoch = self._epoch(cur)
-                if keys.epoch != epoch:  # the tables may hold rows that crash lost
-                    self._refill(cur, collection_id, keys, epoch)
                 self._tail(cur, collection_id, keys)
                 record = self._records.get(collection_id)
                 if record is None or any(
@@ -835,7 +624,7 @@ class PgStorage:
                         new = _new_positions(tables, collection_id, p.distinct, p.ids,
                                              p.pseudonyms)  # fmt: skip
                     except (PlanMismatch, ReportConflict) as exc:
-                        p.error, p.epoch, p.done = exc, epoch, True
+                        p.error, p.done = exc, True
                         continue
                     written.append((p, phase, new))
                     if not new.size:
@@ -854,8 +643,7 @@ class PgStorage:
                         n, counts = old_n + n, [a + b for a, b in zip(old_counts, counts)]
                     deltas[phase] = (n, counts)
                 last = self._append(cur, rows) if rows else 0
-                totals = {ph: self._totals(cur, collection_id, ph, d, epoch)
-                          for ph, d in deltas.items()}  # fmt: skip
+                totals = {ph: self._totals(cur, collection_id, ph, d) for ph, d in deltas.items()}
         except (CalmkitError, psycopg.Error) as exc:
             if not isinstance(exc, CalmkitError):
                 exc = ServiceUnavailable(f"database error: {_first_line(exc)}: retry")
@@ -872,18 +660,16 @@ class PgStorage:
             for key in [k for k in self._mine if k[0] == collection_id]:
                 self._mine.pop(key, None)
             return
-        # committed (asynchronously: the answers wait for a flush, in add_reports)
-        if self.trace is not None:
-            self.trace("commit", [p for p, _, _ in written])
+        # committed: count it here and keep the tables up to date
         self.stats["commits"] += 1
         self.stats["batches"] += len(written)
         self.stats["lock_wait"] += t1 - t0
         self.stats["lock_held"] += time.perf_counter() - t1
         for phase, total in totals.items():
-            self._mine[(collection_id, phase)] = (epoch, total)
+            self._mine[(collection_id, phase)] = total
         for p, _, new in written:
             p.outcome = BatchOutcome(int(new.size), len(p.batch) - int(new.size))
-            p.epoch, p.done = epoch, True
+            p.done = True
         try:
             for p, _, new in written:
                 if new.size:
@@ -895,21 +681,6 @@ class PgStorage:
             keys.seen, keys.ids_hash = last, ids_hash(rows[-1][3])
         if self._snapshot_due(keys):
             self._snapshot_later(collection_id)
-
-    def _refill(self, cur: Any, collection_id: str, keys: _Keys, epoch: Any) -> None:
-        """The server's epoch is not the one the tables were read in: PostgreSQL went
-        through crash recovery since, which may have lost rows committed before their
-        flush that the tables hold (and ``seq`` values may be issued again). Read them
-        again, under the collection's lock, in the caller's transaction."""
-        if keys.epoch is not None:
-            log.warning("key tables of collection %r were read before the database's crash "
-                        "recovery: reading them again", collection_id)  # fmt: skip
-        self._drop_tables(keys)
-        try:
-            self._fill(cur, collection_id, keys, epoch)
-        except BaseException:
-            self._drop_tables(keys)
-            raise
 
     def _tail(self, cur: Any, collection_id: str, keys: _Keys) -> None:
         """Read the log rows committed since ``keys.seen`` into the tables."""
@@ -937,17 +708,14 @@ class PgStorage:
 
     def _totals(
         self, cur: Any, collection_id: str, phase: int,
-        delta: tuple[np.ndarray, list[np.ndarray]], epoch: Any,
+        delta: tuple[np.ndarray, list[np.ndarray]],
     ) -> tuple[np.ndarray, list[np.ndarray]]:  # fmt: skip
         """Write this writer's support row of ``phase`` plus ``delta`` (in the
-        caller's transaction, in ``epoch``); the new totals, kept once committed."""
+        caller's transaction); the new totals, kept once committed."""
         key = (collection_id, phase)
         n, counts = delta
-        kept = self._mine.get(key)
-        old = kept[1] if kept is not None and kept[0] == epoch else None
-        # None: first use, after a commit whose outcome was unknown, or the totals kept
-        # were written before a crash of the database (which may have lost them)
-        if old is None:
+        old = self._mine.get(key)
+        if old is None:  # first use, or after a commit whose outcome was unknown
             cur.execute(
                 "SELECT n, counts FROM support WHERE collection_id = %s AND phase = %s "
                 "AND writer = %s",
@@ -988,7 +756,7 @@ class PgStorage:
     def _drop_tables(keys: _Keys) -> None:
         """After a failure while filling the tables: start them again from the log."""
         keys.by_id, keys.by_pseudonym = KeyTable(), KeyTable(values=False)
-        keys.seen, keys.loaded, keys.epoch = 0, False, None
+        keys.seen, keys.loaded = 0, False
 
     def _load(self, collection_id: str, keys: _Keys) -> None:
         """Fill empty tables from the collection's key snapshot and the log after it,
@@ -996,37 +764,19 @@ class PgStorage:
         held); the rows committed meanwhile come with the next transaction's tail."""
         if keys.loaded:
             return
-        try:
-            conn = self._connect()
-        except CalmkitError as exc:
-            raise ServiceUnavailable(f"database unavailable: {exc}: retry") from None
+        conn = self._connect()
         try:
             with self._transaction(conn) as cur:
-                self._fill(cur, collection_id, keys, self._epoch(cur))
+                if not self._load_snapshot(cur, collection_id, keys):
+                    ids, pseudonyms, last, hashed = _read_keys(cur, collection_id, keys.seen)
+                    keys.add(ids, pseudonyms)
+                    keys.seen, keys.ids_hash, keys.key_source = last, hashed, "log"
+            keys.loaded = True
         except BaseException:
             self._drop_tables(keys)
             raise
         finally:
             conn.close()
-
-    def _fill(self, cur: Any, collection_id: str, keys: _Keys, epoch: Any) -> None:
-        """Fill empty tables (in the caller's transaction, read while the server's
-        epoch is ``epoch``)."""
-        if not self._load_snapshot(cur, collection_id, keys):
-            ids, pseudonyms, last, hashed = _read_keys(cur, collection_id, keys.seen)
-            keys.add(ids, pseudonyms)
-            keys.seen, keys.ids_hash, keys.key_source = last, hashed, "log"
-        keys.loaded, keys.epoch = True, epoch
-
-    @staticmethod
-    def _epoch(cur: Any) -> Any:
-        """The server's epoch, made when there is none (the first transaction after a
-        start from a crash, or on a new database): concurrent makers agree, the later
-        inserts wait for the first and then do nothing."""
-        cur.execute("INSERT INTO calmkit_epoch (id, epoch) VALUES (1, %s) ON CONFLICT (id) "
-                    "DO NOTHING", (uuid.uuid4(),))  # fmt: skip
-        cur.execute(f"SELECT {_EPOCH}")
-        return cur.fetchone()[0]
 
     def _load_snapshot(self, cur: Any, collection_id: str, keys: _Keys) -> bool:
         """Fill the tables from this replica's snapshot and the log rows after it;
@@ -1084,9 +834,7 @@ class PgStorage:
 
     def _snapshot(self, collection_id: str) -> None:
         """Write the collection's key snapshot (tables copied under ``keys.lock``,
-        the file written outside it, once a flush made every row they hold durable: a
-        snapshot never holds a row that a crash of the database could take back); a
-        failure is logged."""
+        the file written outside it); a failure is logged."""
         path = self._snapshot_path(collection_id)
         with self._keys_lock:
             keys = self._keys.get(collection_id)
@@ -1099,8 +847,6 @@ class PgStorage:
                 tables = [keys.by_id.export(), keys.by_pseudonym.export()]
                 seq, reports, hashed = keys.seen, len(keys.by_id), keys.ids_hash
                 keys.snapshot_seq, keys.snapshot_reports = seq, reports
-                epoch = keys.epoch
-            self._durable(epoch)
             os.makedirs(self._snapshots or ".", mode=0o700, exist_ok=True)
             self.snapshot_bytes += write_snapshot(path, collection_id, seq, reports, hashed,
                                                   tables)  # fmt: skip
@@ -1127,14 +873,14 @@ class PgStorage:
     # -- counts ----------------------------------------------------------------------------
     def support(self, collection_id: str) -> SupportCounts:
         """The support counts over every phase, as committed by every replica."""
-        with self._reading() as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             record = self._record(cur, collection_id)
             parts = self._parts(cur, record)
         return combine_phases(parts)
 
     def phase_support(self, collection_id: str, phase: int) -> SupportCounts:
         """One phase's support counts (its own plan)."""
-        with self._reading() as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             record = self._record(cur, collection_id)
             if (
                 isinstance(phase, bool)
@@ -1146,7 +892,7 @@ class PgStorage:
 
     def recount(self, collection_id: str) -> SupportCounts:
         """The support counts recounted from the batch log (an audit)."""
-        with self._reading() as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             record = self._record(cur, collection_id)
             parts = [SupportCounts.zeros(p) for p in record.plans]
             cur.execute(
@@ -1196,15 +942,10 @@ class PgStorage:
                 "event": "storage", "commits": self.stats["commits"],
                 "batches_per_commit": round(self.stats["batches"] / commits, 2),
                 "lock_wait_ms": round(1e3 * self.stats["lock_wait"] / commits, 2),
-                "lock_held_ms": round(1e3 * self.stats["lock_held"] / commits, 2),
-                "flushes": self.stats["flushes"],
-                "answers_per_flush": round(self.stats["flushed_answers"]
-                                           / max(self.stats["flushes"], 1), 2),
-                "flush_ms": round(1e3 * self.stats["flush_time"]
-                                  / max(self.stats["flushes"], 1), 2)}))  # fmt: skip
+                "lock_held_ms": round(1e3 * self.stats["lock_held"] / commits, 2)}))  # fmt: skip
         self._closed = True
-        with self._lock, self._write_lock, self._flush_lock:
-            for name in ("_conn", "_wconn", "_fconn"):
+        with self._lock, self._write_lock:
+            for name in ("_conn", "_wconn"):
                 conn = getattr(self, name, None)
                 if conn is not None:
                     conn.close()
@@ -1218,7 +959,7 @@ class PgStorage:
         with self._keys_lock:
             if collection_id in self._records:
                 return True
-        with self._lock, self._transaction(self._live("_conn")) as cur:
+        with self._lock, self._transaction(self._conn) as cur:
             cur.execute("SELECT 1 FROM collections WHERE id = %s", (collection_id,))
             return cur.fetchone() is not None
 
