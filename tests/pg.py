@@ -5,12 +5,15 @@ removed on stop. ``available()`` says why it cannot run here, or None."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -50,6 +53,14 @@ def _unprivileged() -> pwd.struct_passwd | None:
     return None
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -60,13 +71,14 @@ class PgServer:
     """A running throwaway server; ``dsn(database)`` connects to it as superuser
     ``calmkit`` (trust auth on loopback only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: str = "") -> None:
         reason = available()
         if reason:
             raise RuntimeError(reason)
         self.dir = Path(tempfile.mkdtemp(prefix="calmkit-pg-"))
         self.data = self.dir / "data"
         self.port = _free_port()
+        self._options = options  # more server options (``-c name=value ...``)
         self._as: list[str] = []
         if os.geteuid() == 0:
             user = _unprivileged()
@@ -75,14 +87,52 @@ class PgServer:
             self._as = ["runuser", "-u", user.pw_name, "--"]
         self._run(_binary("initdb"), "-D", str(self.data), "-U", "calmkit", "--auth=trust",
                   "-E", "UTF8", "--no-sync")  # fmt: skip
+        self.start()
+
+    def start(self) -> None:
+        """Start the server on its data directory (after :meth:`crash`: crash recovery)."""
         options = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
                    "-c max_connections=200 -c shared_buffers=256MB -c max_wal_size=4GB "
-                   "-c checkpoint_timeout=30min -c wal_compression=on")  # fmt: skip
+                   f"-c checkpoint_timeout=30min -c wal_compression=on {self._options}")
         self._run(_binary("pg_ctl"), "-D", str(self.data), "-o", options,
                   "-l", str(self.dir / "server.log"), "-w", "start")  # fmt: skip
 
+    def pids(self) -> list[int]:
+        """The server's processes: the postmaster and its children."""
+        try:
+            main = int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return []
+        found = [main]
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == main:
+                    found.append(int(stat.parent.name))
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
+    def crash(self) -> None:
+        """SIGKILL the postmaster and every server process at once (no shutdown, no
+        flush of the WAL buffers: commits not yet written out are lost, as in a power
+        cut after the kernel wrote what it had), and wait until they are gone."""
+        procs = self.pids()
+        for pid in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30  # gone, and reaped (a zombie postmaster's pid
+        while any(Path(f"/proc/{pid}").exists() for pid in procs):  # blocks a new start)
+            if time.monotonic() > deadline:
+                if any(_alive(pid) for pid in procs):
+                    raise RuntimeError("PostgreSQL processes did not die")
+                (self.data / "postmaster.pid").unlink()  # dead but not reaped
+                break
+            time.sleep(0.01)
+
     def _run(self, *argv: str | None) -> None:
-        subprocess.run([*self._as, *[a for a in argv if a]], check=True, capture_output=True)
+        done = subprocess.run([*self._as, *[a for a in argv if a]], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"{Path(str(argv[0])).name} failed: {done.stdout}{done.stderr}")
 
     def dsn(self, database: str = "postgres") -> str:
         return f"postgresql://calmkit@127.0.0.1:{self.port}/{database}"

@@ -296,6 +296,26 @@ class PgStorage:
             raise CalmkitError(f"db ({self.path!r}) cannot be opened: {_first_line(exc)}") from None
         return conn
 
+    def _live(self, name: str) -> Any:
+        """The connection ``self.<name>`` (call with its lock held), opened again when
+        it broke (PostgreSQL restarted, the network failed): the call that found it
+        broken answered UNAVAILABLE, the next one reconnects. Nothing read before is
+        stale: a commit is visible only once it is on disk (synchronous commits), so a
+        crash of PostgreSQL takes back no row the key tables hold."""
+        conn = getattr(self, name, None)
+        if conn is None or self._closed:
+            raise ServiceUnavailable("storage is closed (the server is shutting down)")
+        if conn.broken or conn.closed:
+            with contextlib.suppress(Exception):
+                conn.close()
+            try:
+                conn = self._connect(writer=name == "_wconn")
+            except CalmkitError as exc:
+                raise ServiceUnavailable(f"database unavailable: {exc}: retry") from None
+            setattr(self, name, conn)
+            log.warning("reconnected to the database (%s)", name.strip("_"))
+        return conn
+
     def _setup_schema(self, cur: Any) -> None:
         """Create the schema, migrate version 1, or refuse a database that is not a
         calmkit store or is newer (inside the caller's transaction, under the schema
@@ -439,7 +459,7 @@ class PgStorage:
         with self._keys_lock:
             record = self._records.get(collection_id) if isinstance(collection_id, str) else None
         if record is None or all(p.digest != plan_digest for p in record.plans):
-            with self._lock, self._transaction(self._conn) as cur:
+            with self._lock, self._transaction(self._live("_conn")) as cur:
                 record = self._record(cur, collection_id, counts=False)
         return record
 
@@ -456,7 +476,7 @@ class PgStorage:
         _check_collection_args(collection_id, plan, k, submit_token_hash)
         if design is not None and not isinstance(design, PhasedDesign):
             raise CalmkitError(f"design ({_show(design)}) must be a PhasedDesign or None")
-        with self._lock, self._transaction(self._conn) as cur:
+        with self._lock, self._transaction(self._live("_conn")) as cur:
             cur.execute(
                 "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash, "
                 "created_at, closed_at, design_json) VALUES (%s, %s, %s, %s, %s, %s, %s, NULL, %s) "
@@ -474,18 +494,18 @@ class PgStorage:
 
     def get_collection(self, collection_id: str) -> CollectionRecord:
         """The collection's record as committed now; :class:`CollectionNotFound`."""
-        with self._lock, self._transaction(self._conn) as cur:
+        with self._lock, self._transaction(self._live("_conn")) as cur:
             return self._record(cur, collection_id)
 
     def list_collections(self) -> list[CollectionRecord]:
         """Every collection, oldest first."""
-        with self._lock, self._transaction(self._conn) as cur:
+        with self._lock, self._transaction(self._live("_conn")) as cur:
             cur.execute("SELECT id FROM collections ORDER BY created_at, id")
             return [self._record(cur, cid) for (cid,) in cur.fetchall()]
 
     def close_collection(self, collection_id: str) -> CollectionRecord:
         """Stop accepting reports (idempotent); this replica drops its key tables."""
-        with self._lock, self._transaction(self._conn) as cur:
+        with self._lock, self._transaction(self._live("_conn")) as cur:
             cur.execute(
                 "UPDATE collections SET state = %s, closed_at = %s WHERE id = %s AND state = %s",
                 (CLOSED, time.time(), collection_id, OPEN),
@@ -500,7 +520,7 @@ class PgStorage:
         plan of a phase stays)."""
         if not isinstance(plan, Plan):
             raise CalmkitError(f"plan ({_show(plan)}) must be a Plan")
-        with self._lock, self._transaction(self._conn) as cur:
+        with self._lock, self._transaction(self._live("_conn")) as cur:
             cur.execute("SELECT 1 FROM collections WHERE id = %s FOR UPDATE", (collection_id,))
             record = self._record(cur, collection_id)
             current = record.phase
@@ -593,7 +613,7 @@ class PgStorage:
         psycopg = self._psycopg
         written: list[tuple[_Pending, int, np.ndarray]] = []  # (batch, phase, new positions)
         try:
-            with self._write_lock, self._transaction(self._wconn) as cur:
+            with self._write_lock, self._transaction(self._live("_wconn")) as cur:
                 t0 = time.perf_counter()
                 cur.execute(_LOCK, (collection_id,))
                 row = cur.fetchone()
@@ -873,14 +893,14 @@ class PgStorage:
     # -- counts ----------------------------------------------------------------------------
     def support(self, collection_id: str) -> SupportCounts:
         """The support counts over every phase, as committed by every replica."""
-        with self._lock, self._transaction(self._conn) as cur:
+        with self._lock, self._transaction(self._live("_conn")) as cur:
             record = self._record(cur, collection_id)
             parts = self._parts(cur, record)
         return combine_phases(parts)
 
     def phase_support(self, collection_id: str, phase: int) -> SupportCounts:
         """One phase's support counts (its own plan)."""
-        with self._lock, self._transaction(self._conn) as cur:
+        with self._lock, self._transaction(self._live("_conn")) as cur:
             record = self._record(cur, collection_id)
             if (
                 isinstance(phase, bool)
@@ -892,7 +912,7 @@ class PgStorage:
 
     def recount(self, collection_id: str) -> SupportCounts:
         """The support counts recounted from the batch log (an audit)."""
-        with self._lock, self._transaction(self._conn) as cur:
+        with self._lock, self._transaction(self._live("_conn")) as cur:
             record = self._record(cur, collection_id)
             parts = [SupportCounts.zeros(p) for p in record.plans]
             cur.execute(
@@ -959,7 +979,7 @@ class PgStorage:
         with self._keys_lock:
             if collection_id in self._records:
                 return True
-        with self._lock, self._transaction(self._conn) as cur:
+        with self._lock, self._transaction(self._live("_conn")) as cur:
             cur.execute("SELECT 1 FROM collections WHERE id = %s", (collection_id,))
             return cur.fetchone() is not None
 
