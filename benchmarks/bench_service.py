@@ -108,18 +108,10 @@ def _cpu(pids: list[int]) -> dict[int, float]:
 
 def _postgres_pids(data: Path) -> list[int]:
     """The PostgreSQL server's processes: the postmaster and its children."""
-    try:
-        main = int((data / "postmaster.pid").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return []
-    pids = [main]
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == main:
-                pids.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return pids
+    sys.path.insert(0, str(ROOT / "tests"))
+    import pg
+
+    return pg.server_pids(data)
 
 
 def _used(before: dict[int, float], after: dict[int, float]) -> float:

@@ -61,6 +61,23 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def server_pids(data: Path) -> list[int]:
+    """The processes of the server on data directory ``data``: the postmaster (from
+    its ``postmaster.pid``) and its children; none when it is not running."""
+    try:
+        main = int((data / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return []
+    found = [main]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == main:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -99,18 +116,7 @@ class PgServer:
 
     def pids(self) -> list[int]:
         """The server's processes: the postmaster and its children."""
-        try:
-            main = int((self.data / "postmaster.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return []
-        found = [main]
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == main:
-                    found.append(int(stat.parent.name))
-            except (OSError, ValueError, IndexError):
-                continue
-        return found
+        return server_pids(self.data)
 
     def crash(self) -> None:
         """SIGKILL the postmaster and every server process at once (no shutdown, no

@@ -176,18 +176,8 @@ def _assert_stored_once(dsn: str, acked: set[bytes], counted: int) -> None:
 
 def test_replicas_on_postgres_survive_sigkill(tmp_path: Path, pg_dsn: str) -> None:
     """Two ``calmkit serve --db postgresql://...`` behind the client, killed in turn."""
-    import psycopg
-
     acked, counted = _crash_run(pg_dsn, tmp_path, replicas=2)
-    with psycopg.connect(pg_dsn) as conn:
-        blobs = b"".join(bytes(r[0]) for r in conn.execute("SELECT report_ids FROM batches"))
-        pseudonyms = b"".join(bytes(r[0]) for r in conn.execute("SELECT pseudonyms FROM batches"))
-    stored = [blobs[i : i + 16] for i in range(0, len(blobs), 16)]
-    devices = {pseudonyms[i : i + 16] for i in range(0, len(pseudonyms), 16)}
-    assert len(stored) == len(set(stored)) == len(devices) == counted == POP.n  # exactly once
-    assert acked == set(stored)  # every ack counted, nothing invented
-    with PgStorage(pg_dsn) as store:
-        _assert_counts_audited(store)
+    _assert_stored_once(pg_dsn, acked, counted)
     assert all((tmp_path / f"keys{i}" / (b"crash".hex() + ".snap")).exists() for i in (0, 1))
 
 
