@@ -119,6 +119,17 @@ def _used(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(t - before.get(pid, 0.0) for pid, t in after.items())
 
 
+def _wal(db: Path | str) -> float:
+    """PostgreSQL's WAL bytes so far (``pg_stat_wal``); 0 for SQLite."""
+    if not str(db).startswith("postgresql:"):
+        return 0.0
+    import psycopg
+
+    with psycopg.connect(str(db)) as conn:
+        row = conn.execute("SELECT wal_bytes FROM pg_stat_wal").fetchone()
+    return float(row[0]) if row else 0.0
+
+
 def _written(pid: int) -> int:
     """Bytes the process caused to be written to storage so far (Linux)."""
     for line in Path(f"/proc/{pid}/io").read_text().splitlines():
@@ -242,6 +253,7 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
     db_pids = _postgres_pids(pg_data) if pg_data is not None else []
     written0 = sum(_written(p.pid) for p, _ in servers)
     db_written0 = {pid: _written(pid) for pid in db_pids}
+    wal0 = _wal(db)
     t0 = time.time()
     server_cpu0 = _cpu([p.pid for p, _ in servers])
     db_cpu0 = _cpu(_postgres_pids(pg_data)) if pg_data is not None else {}
@@ -267,6 +279,7 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
     seconds = finished[-1] - t0
     written = sum(_written(p.pid) for p, _ in servers) - written0
     db_written = sum(_written(pid) - db_written0.get(pid, 0) for pid in db_pids)
+    wal = _wal(db) - wal0
     # rate per window of the store's size: batches done in order of completion
     edges = np.linspace(0, len(finished), windows + 1).astype(int)
     stamps = np.array([t0, *finished])
@@ -289,6 +302,9 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
         "written_per_report": (written + db_written + at_stop) / reports,
         "written_per_stored": (written + db_written + at_stop) / stored_bytes,
         "written_at_stop": at_stop / reports,
+        "written_by_servers": written / reports,  # during ingest (key snapshots, logs)
+        "written_by_db": db_written / reports,
+        "wal_per_report": wal / reports,  # PostgreSQL's own count (pg_stat_wal)
         "health_p50": float(np.percentile(ok, 50)) if ok.size else float("nan"),
         "health_p99": float(np.percentile(ok, 99)) if ok.size else float("nan"),
         "health_max": float(ok.max()) if ok.size else float("nan"),
@@ -373,8 +389,11 @@ def _report(name: str, r: dict[str, float], reports: int) -> None:
     print(
         f"  written             {r['written_per_report']:10,.0f} bytes/report  "
         f"({r['written_per_stored']:.1f}x the bytes stored; {r['written_at_stop']:,.0f} of them "
-        "by the graceful stop)"
+        f"by the graceful stop, {r.get('written_by_servers', float('nan')):,.0f} by the servers "
+        f"during ingest, {r.get('written_by_db', float('nan')):,.0f} by the database)"
     )
+    if r.get("wal_per_report", 0.0) > 0:
+        print(f"  WAL                 {r['wal_per_report']:10,.0f} bytes/report  (pg_stat_wal)")
     print(
         f"  health              p50 {r['health_p50']:.1f} ms, p99 {r['health_p99']:.1f} ms, "
         f"max {r['health_max']:.1f} ms, {r['health_failed']} failed"
