@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from calmkit_aggregator.service import storage as storage_module
+from calmkit_aggregator.service import snapshot as snapshot_module
 from calmkit_aggregator.service.snapshot import HEADER_BYTES, SnapshotError, read_snapshot
 from calmkit_aggregator.service.storage import BatchOutcome, Storage, StoredReport
 from calmkit_client.errors import ReportConflict
@@ -136,7 +136,7 @@ def test_an_unusable_snapshot_falls_back_to_the_log(tmp_path: Path, damage: str)
 def test_snapshots_during_ingest_widen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past SNAPSHOT_FIRST reports, a snapshot each time the tables double, written in
     the background; none of a closed collection."""
-    monkeypatch.setattr(storage_module, "SNAPSHOT_FIRST", 400)
+    monkeypatch.setattr(snapshot_module, "SNAPSHOT_FIRST", 400)
     path = tmp_path / "w.db"
     written = []
     with Storage(path) as store:

@@ -77,7 +77,13 @@ from ..pilot import PhasedDesign, combine_phases
 from ..support import SupportCounts
 from .columns import KEY_BYTES, ReportColumns, columns_from_reports, decode_columns
 from .keyset import KeyTable, as_words
-from .snapshot import SnapshotError, ids_hash, read_snapshot, write_snapshot
+from .snapshot import (
+    SnapshotError,
+    SnapshotSchedule,
+    ids_hash,
+    read_snapshot,
+    write_snapshot,
+)
 from .storage import (
     CLOSED,
     OPEN,
@@ -99,9 +105,6 @@ _LOG_COLUMNS = ("report_ids", "pseudonyms", "views", "cells", "bits")
 # to this many; a larger single batch goes alone).
 _GROUP_REPORTS = 100_000
 _TABLES = {"collections", "phases", "batches", "support", "reports"}
-# Reports in a collection's tables before this replica writes its first key snapshot
-# during ingest (then each time they double; always on close), with key_snapshots.
-SNAPSHOT_FIRST = 1_000_000
 log = logging.getLogger("calmkit.aggregator")
 _SCHEMA = """
 CREATE TABLE calmkit_schema (version INTEGER NOT NULL);
@@ -227,7 +230,7 @@ class _Union:
     by_pseudonym: Any
 
 
-class PgStorage:
+class PgStorage(SnapshotSchedule):
     """Collections and reports in one PostgreSQL database, shared by replicas.
 
     Args:
@@ -833,25 +836,6 @@ class PgStorage:
         return True
 
     # -- key snapshots -------------------------------------------------------------------
-    def _snapshot_path(self, collection_id: str) -> str | None:
-        if self._snapshots is None:
-            return None
-        return os.path.join(self._snapshots, collection_id.encode("utf-8").hex() + ".snap")
-
-    def _snapshot_due(self, keys: _Keys) -> bool:
-        """Past :data:`SNAPSHOT_FIRST` reports, then each time the tables double."""
-        stored = len(keys.by_id)
-        return (self._snapshots is not None and stored >= SNAPSHOT_FIRST
-                and stored >= 2 * keys.snapshot_reports)  # fmt: skip
-
-    def _snapshot_later(self, collection_id: str) -> None:
-        if self._snapshotter is not None and self._snapshotter.is_alive():
-            return
-        self._snapshotter = threading.Thread(
-            target=self._snapshot, args=(collection_id,), name="calmkit-snapshot", daemon=True
-        )
-        self._snapshotter.start()
-
     def _snapshot(self, collection_id: str) -> None:
         """Write the collection's key snapshot (tables copied under ``keys.lock``,
         the file written outside it); a failure is logged."""

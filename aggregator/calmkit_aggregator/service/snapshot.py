@@ -23,14 +23,24 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
+import threading
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import xxhash
 
 from .keyset import KeyTable
 
-__all__ = ["Snapshot", "SnapshotError", "ids_hash", "read_snapshot", "write_snapshot"]
+__all__ = [
+    "SNAPSHOT_FIRST",
+    "Snapshot",
+    "SnapshotError",
+    "SnapshotSchedule",
+    "ids_hash",
+    "read_snapshot",
+    "write_snapshot",
+]
 
 MAGIC = b"CALMKEYS"
 VERSION = 1
@@ -38,6 +48,9 @@ _TABLES = 2
 _TABLE = struct.Struct("<5Q")  # used bytes, keys, value words, salt 0, salt 1
 _HEAD = struct.Struct("<8sII4Q")  # magic, version, tables, seq, reports, ids hash, id hash
 HEADER_BYTES = 192
+# Reports a collection holds before its first snapshot during ingest (then one each
+# time the tables double, so all snapshots together write about twice the last one).
+SNAPSHOT_FIRST = 1_000_000
 _PAD = HEADER_BYTES - _HEAD.size - _TABLES * _TABLE.size - 8
 assert _PAD >= 0
 
@@ -150,3 +163,43 @@ def read_snapshot(path: str, collection_id: str) -> Snapshot:
         raise SnapshotError(f"tables ({len(tables[0])}, {len(tables[1])} keys) must hold "
                             f"{reports} reports")  # fmt: skip
     return Snapshot(seq, reports, ids, tables[0], tables[1])
+
+
+class _Tables(Protocol):
+    """A collection's key tables as a store keeps them."""
+
+    by_id: KeyTable
+    snapshot_reports: int
+
+
+class SnapshotSchedule:
+    """Where a store's key snapshots live and when the next is due, shared by both
+    storage backends. The store sets ``_snapshots`` (a folder, or None: no snapshots)
+    and ``_snapshotter`` (None), and implements ``_snapshot(collection_id)``."""
+
+    _snapshots: str | None
+    _snapshotter: threading.Thread | None
+
+    def _snapshot(self, collection_id: str) -> None:
+        raise NotImplementedError
+
+    def _snapshot_path(self, collection_id: str) -> str | None:
+        """Where a collection's key snapshot lives (None: no snapshots)."""
+        if self._snapshots is None:
+            return None
+        return os.path.join(self._snapshots, collection_id.encode("utf-8").hex() + ".snap")
+
+    def _snapshot_due(self, tables: _Tables) -> bool:
+        """Past :data:`SNAPSHOT_FIRST` reports, then each time the tables double."""
+        stored = len(tables.by_id)
+        return (self._snapshots is not None and stored >= SNAPSHOT_FIRST
+                and stored >= 2 * tables.snapshot_reports)  # fmt: skip
+
+    def _snapshot_later(self, collection_id: str) -> None:
+        """Start writing a snapshot in the background, unless one is being written."""
+        if self._snapshotter is not None and self._snapshotter.is_alive():
+            return
+        self._snapshotter = threading.Thread(
+            target=self._snapshot, args=(collection_id,), name="calmkit-snapshot", daemon=True
+        )
+        self._snapshotter.start()

@@ -71,7 +71,13 @@ from ..pilot import PhasedDesign, combine_phases
 from ..support import SupportCounts
 from .columns import KEY_BYTES, ReportColumns, columns_from_reports, decode_columns
 from .keyset import KeyTable, as_words
-from .snapshot import SnapshotError, ids_hash, read_snapshot, write_snapshot
+from .snapshot import (
+    SnapshotError,
+    SnapshotSchedule,
+    ids_hash,
+    read_snapshot,
+    write_snapshot,
+)
 
 __all__ = [
     "PSEUDONYM_BYTES",
@@ -84,9 +90,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 3
-# Reports in a collection's tables before its first key snapshot is written during
-# ingest (then each time they double; always on close).
-SNAPSHOT_FIRST = 1_000_000
 log = logging.getLogger("calmkit.aggregator")
 PSEUDONYM_BYTES = 16
 TOKEN_HASH_BYTES = 32  # sha256
@@ -315,7 +318,7 @@ def _create_private(path: str) -> None:
         raise CalmkitError(f"db ({path!r}) cannot be created: {exc.strerror}") from None
 
 
-class Storage:
+class Storage(SnapshotSchedule):
     """Collections and reports in one SQLite file, support counts in memory.
 
     Args:
@@ -476,30 +479,6 @@ class Storage:
         return True
 
     # -- key snapshots -------------------------------------------------------------------
-    def _snapshot_path(self, collection_id: str) -> str | None:
-        """Where a collection's key snapshot lives (None: an in-memory database)."""
-        if self._snapshots is None:
-            return None
-        return os.path.join(self._snapshots, collection_id.encode("utf-8").hex() + ".snap")
-
-    def _snapshot_due(self, entry: _Entry) -> bool:
-        """Whether the tables have grown enough since the last snapshot: past
-        :data:`SNAPSHOT_FIRST` reports, then each time they double (so all snapshots
-        together write at most about twice the last one)."""
-        stored = len(entry.by_id)
-        return (self._snapshots is not None and stored >= SNAPSHOT_FIRST
-                and stored >= 2 * entry.snapshot_reports)  # fmt: skip
-
-    def _snapshot_later(self, collection_id: str) -> None:
-        """Start writing a snapshot in the background, unless one is being written
-        (call with the lock held)."""
-        if self._snapshotter is not None and self._snapshotter.is_alive():
-            return
-        self._snapshotter = threading.Thread(
-            target=self._snapshot, args=(collection_id,), name="calmkit-snapshot", daemon=True
-        )
-        self._snapshotter.start()
-
     def _snapshot(self, collection_id: str, locked: bool = False) -> None:
         """Write a collection's key snapshot: the tables are copied under the lock
         (``locked``: the caller holds it), the file written outside it. A failure is
