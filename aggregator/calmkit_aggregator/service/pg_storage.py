@@ -82,7 +82,6 @@ from .snapshot import (
     SnapshotSchedule,
     ids_hash,
     read_snapshot,
-    write_snapshot,
 )
 from .storage import (
     CLOSED,
@@ -851,17 +850,9 @@ class PgStorage(SnapshotSchedule):
                 tables = [keys.by_id.export(), keys.by_pseudonym.export()]
                 seq, reports, hashed = keys.seen, len(keys.by_id), keys.ids_hash
                 keys.snapshot_seq, keys.snapshot_reports = seq, reports
-            os.makedirs(self._snapshots or ".", mode=0o700, exist_ok=True)
-            self.snapshot_bytes += write_snapshot(path, collection_id, seq, reports, hashed,
-                                                  tables)  # fmt: skip
+            self._write_snapshot(path, collection_id, seq, reports, hashed, tables)
         except (OSError, CalmkitError) as exc:
             log.warning("key snapshot of collection %r not written: %s", collection_id, exc)
-
-    def _drop_snapshot(self, collection_id: str) -> None:
-        path = self._snapshot_path(collection_id)
-        if path is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
 
     def _load_all(self, pending: list[str]) -> None:
         """Background, on open: fill the open collections' tables; a submit to one

@@ -20,6 +20,7 @@ wrong; the caller then rebuilds from the log. What the snapshot says about the l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import tempfile
@@ -179,6 +180,7 @@ class SnapshotSchedule:
 
     _snapshots: str | None
     _snapshotter: threading.Thread | None
+    snapshot_bytes: int  # key snapshots written by this process
 
     def _snapshot(self, collection_id: str) -> None:
         raise NotImplementedError
@@ -188,6 +190,19 @@ class SnapshotSchedule:
         if self._snapshots is None:
             return None
         return os.path.join(self._snapshots, collection_id.encode("utf-8").hex() + ".snap")
+
+    def _write_snapshot(self, path: str, collection_id: str, seq: int, reports: int,
+                        hashed: int, tables: list[dict[str, np.ndarray]]) -> None:  # fmt: skip
+        """:func:`write_snapshot` into the snapshot folder (made if missing), counted."""
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        self.snapshot_bytes += write_snapshot(path, collection_id, seq, reports, hashed, tables)
+
+    def _drop_snapshot(self, collection_id: str) -> None:
+        """Remove a collection's snapshot, if any (a closed collection takes no reports)."""
+        path = self._snapshot_path(collection_id)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
     def _snapshot_due(self, tables: _Tables) -> bool:
         """Past :data:`SNAPSHOT_FIRST` reports, then each time the tables double."""

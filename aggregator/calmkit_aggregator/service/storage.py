@@ -76,7 +76,6 @@ from .snapshot import (
     SnapshotSchedule,
     ids_hash,
     read_snapshot,
-    write_snapshot,
 )
 
 __all__ = [
@@ -495,17 +494,9 @@ class Storage(SnapshotSchedule):
                 tables = [entry.by_id.export(), entry.by_pseudonym.export()]
                 seq, reports, hashed = entry.seq, len(entry.by_id), entry.ids_hash
                 entry.snapshot_seq, entry.snapshot_reports = seq, reports
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            self.snapshot_bytes += write_snapshot(path, collection_id, seq, reports, hashed,
-                                                  tables)  # fmt: skip
+            self._write_snapshot(path, collection_id, seq, reports, hashed, tables)
         except (OSError, CalmkitError) as exc:
             log.warning("key snapshot of collection %r not written: %s", collection_id, exc)
-
-    def _drop_snapshot(self, collection_id: str) -> None:
-        path = self._snapshot_path(collection_id)
-        if path is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
 
     def recount(self, collection_id: str) -> SupportCounts:
         """The collection's support counts recounted from its batch log (every phase
