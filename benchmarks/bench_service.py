@@ -24,7 +24,11 @@ the last window's rate over the first's, bytes the server process wrote (from
 restart: seconds until the port answers health and a query (serving) and until a new
 report is accepted. Bytes written count the server processes during ingest and their
 graceful stop (SQLite: the key snapshots) and, on PostgreSQL, the database's
-processes during ingest (WAL and what it flushed). And CPU seconds per 1000 reports
+processes during ingest (WAL and what it flushed): the kernel's per-process
+``write_bytes``, which overcounts rewritten page-cache folios. *disk* is what reached the
+block device holding the store (after a ``CHECKPOINT`` on PostgreSQL and a ``sync``),
+during ingest and the graceful stop, from every process on the machine (run it on a
+quiet one). And CPU seconds per 1000 reports
 of the server processes, the clients and (PostgreSQL) the database's processes, with
 the cores they kept busy and the cores the same work would need at 150,000 reports/s.
 
@@ -128,6 +132,32 @@ def _wal(db: Path | str) -> float:
     with psycopg.connect(str(db)) as conn:
         row = conn.execute("SELECT wal_bytes FROM pg_stat_wal").fetchone()
     return float(row[0]) if row else 0.0
+
+
+def _disk_written(path: Path | str) -> int:
+    """Bytes written so far to the block device holding ``path``, after a ``sync``:
+    what reached the disk (WAL, data, file-system journal), from every process on the
+    machine, so read it on a quiet one. The per-process ``write_bytes`` of
+    ``/proc/PID/io`` counts a whole page-cache folio each time a written-back one is
+    dirtied again; with large folios (ext4 on Linux >= 6.16) a commit that rewrites the
+    tail of the WAL is counted several times over."""
+    os.sync()
+    dev = os.stat(path).st_dev
+    stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+    try:
+        return int(stat.read_text().split()[6]) * 512  # sectors written
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _checkpoint(db: Path | str) -> None:
+    """PostgreSQL: write every dirty page now (``CHECKPOINT``); nothing for SQLite."""
+    if not str(db).startswith("postgresql:"):
+        return
+    import psycopg
+
+    with psycopg.connect(str(db), autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
 
 
 def _written(pid: int) -> int:
@@ -234,6 +264,7 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
     folders = [None] * replicas if pg_data is None else [
         pg_data.parent / f"keys{i}" for i in range(replicas)]  # fmt: skip
     servers = [_serve(code, db, folder) for folder in folders]
+    disk_path = pg_data if pg_data is not None else Path(db).parent  # the store's device
     address = servers[0][1]
     with AdminClient(address) as admin:
         info = admin.create_collection(Schema.from_sizes(SIZES), 1.0, reports, 2,
@@ -254,6 +285,7 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
     written0 = sum(_written(p.pid) for p, _ in servers)
     db_written0 = {pid: _written(pid) for pid in db_pids}
     wal0 = _wal(db)
+    disk0 = _disk_written(disk_path)
     t0 = time.time()
     server_cpu0 = _cpu([p.pid for p, _ in servers])
     db_cpu0 = _cpu(_postgres_pids(pg_data)) if pg_data is not None else {}
@@ -280,6 +312,8 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
     written = sum(_written(p.pid) for p, _ in servers) - written0
     db_written = sum(_written(pid) - db_written0.get(pid, 0) for pid in db_pids)
     wal = _wal(db) - wal0
+    _checkpoint(db)  # PostgreSQL: the data pages the ingest dirtied reach the disk too
+    disk = _disk_written(disk_path) - disk0
     # rate per window of the store's size: batches done in order of completion
     edges = np.linspace(0, len(finished), windows + 1).astype(int)
     stamps = np.array([t0, *finished])
@@ -287,12 +321,14 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
              for i in range(windows)]  # fmt: skip
     ok = np.array([p for p in probes if p is not None]) * 1e3
     at_stop = 0  # what a graceful stop writes (SQLite: the key snapshots)
+    disk_stop0 = _disk_written(disk_path)
     for p, _ in servers:
         before = _written(p.pid)
         p.send_signal(signal.SIGTERM)
         os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped
         at_stop += _written(p.pid) - before
         p.wait(timeout=60)
+    disk_stop = _disk_written(disk_path) - disk_stop0
     stored_bytes = reports * (16 + 16 + 4 + 4)  # ids, pseudonym, view, a cell (or OUE bytes)
     restart = _restart(code, db, info.submit_token, plan_json, folders[0])
     return {
@@ -305,6 +341,9 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
         "written_by_servers": written / reports,  # during ingest (key snapshots, logs)
         "written_by_db": db_written / reports,
         "wal_per_report": wal / reports,  # PostgreSQL's own count (pg_stat_wal)
+        "disk_per_report": (disk + disk_stop) / reports,
+        "disk_per_stored": (disk + disk_stop) / stored_bytes,
+        "disk_at_stop": disk_stop / reports,
         "health_p50": float(np.percentile(ok, 50)) if ok.size else float("nan"),
         "health_p99": float(np.percentile(ok, 99)) if ok.size else float("nan"),
         "health_max": float(ok.max()) if ok.size else float("nan"),
@@ -392,6 +431,10 @@ def _report(name: str, r: dict[str, float], reports: int) -> None:
         f"by the graceful stop, {r.get('written_by_servers', float('nan')):,.0f} by the servers "
         f"during ingest, {r.get('written_by_db', float('nan')):,.0f} by the database)"
     )
+    if r.get("disk_per_report", 0.0) > 0:
+        print(f"  disk                {r['disk_per_report']:10,.0f} bytes/report  "
+              f"({r['disk_per_stored']:.1f}x the bytes stored; {r['disk_at_stop']:,.0f} of them "
+              "at the graceful stop; the device, after a checkpoint and sync)")  # fmt: skip
     if r.get("wal_per_report", 0.0) > 0:
         print(f"  WAL                 {r['wal_per_report']:10,.0f} bytes/report  (pg_stat_wal)")
     print(
