@@ -280,12 +280,12 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
              for i in range(clients)]  # fmt: skip
     for p in procs:
         p.start()
+    wal0 = _wal(db)
+    disk0 = _disk_written(disk_path)  # its sync done before any client sends
     ready.wait()
     db_pids = _postgres_pids(pg_data) if pg_data is not None else []
     written0 = sum(_written(p.pid) for p, _ in servers)
     db_written0 = {pid: _written(pid) for pid in db_pids}
-    wal0 = _wal(db)
-    disk0 = _disk_written(disk_path)
     t0 = time.time()
     server_cpu0 = _cpu([p.pid for p, _ in servers])
     db_cpu0 = _cpu(_postgres_pids(pg_data)) if pg_data is not None else {}
