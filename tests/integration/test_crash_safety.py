@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -38,16 +39,38 @@ BATCH = 100
 SERVE = "from calmkit_simulator.cli import main; raise SystemExit(main())"
 
 
+_LOGS: dict[int, Any] = {}  # server pid -> its stderr (a temporary file)
+
+
 def _start(db: str, snapshots: Path | None = None) -> tuple[subprocess.Popen[str], str]:
     extra = [] if snapshots is None else ["--key-snapshots", str(snapshots)]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE, "serve", "--address", "127.0.0.1:0", "--db", db, *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(  # faulthandler: a SIGABRT dumps every thread's stack
+        [sys.executable, "-X", "faulthandler", "-c", SERVE, "serve", "--address",
+         "127.0.0.1:0", "--db", db, *extra],
+        stdout=subprocess.PIPE, stderr=log, text=True,
     )  # fmt: skip
+    _LOGS[proc.pid] = log
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert "listening on" in line, line
     return proc, line.split("listening on ")[1].split()[0]
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Stop a server gracefully (SIGTERM); one that has not exited after 30 s fails the
+    test with its threads' stacks (SIGABRT, faulthandler) and the end of its log."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        proc.wait(timeout=30)
+        log = _LOGS[proc.pid]
+        log.seek(0)
+        pytest.fail("calmkit serve did not stop within 30 s of SIGTERM:\n"
+                    + log.read().decode(errors="replace")[-8000:])  # fmt: skip
+    assert code == 0
 
 
 def _collection(address: str, tmp_path: Path) -> tuple[Any, list[Any], list[list[bytes]]]:
@@ -121,8 +144,7 @@ def _crash_run(db: str, tmp_path: Path, replicas: int) -> tuple[set[bytes], int]
         servers[victim] = launch(victim)
         if kills == 5:  # one graceful restart: later restarts load its key snapshots
             for i, (proc, _) in enumerate(servers):  # and the log after them
-                proc.send_signal(signal.SIGTERM)
-                assert proc.wait(timeout=30) == 0
+                _stop(proc)
                 servers[i] = launch(i)
     assert kills == 10 and 0 < next_batch < len(batches) and lost_acks >= 1
     ingest(threading.Event())  # finish, resending the batch whose ack was lost
@@ -130,8 +152,7 @@ def _crash_run(db: str, tmp_path: Path, replicas: int) -> tuple[set[bytes], int]
     with AdminClient(servers[-1][1]) as admin:
         counted = admin.get_collection("crash").reports
     for proc, _ in servers:
-        proc.send_signal(signal.SIGTERM)  # graceful this time
-        assert proc.wait(timeout=30) == 0
+        _stop(proc)  # graceful this time
     assert acked == {rid for batch_ids in ids for rid in batch_ids}
     return acked, counted
 
@@ -260,8 +281,7 @@ def test_replicas_survive_sigkill_of_postgres(tmp_path: Path) -> None:
         with AdminClient(servers[1][1]) as admin:
             counted = admin.get_collection("crash").reports
         for proc, _ in servers:
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0
+            _stop(proc)
         _assert_stored_once(dsn, acked, counted)
     finally:
         for proc, _ in servers:
