@@ -289,3 +289,31 @@ def test_replicas_survive_sigkill_of_postgres(tmp_path: Path) -> None:
                 proc.kill()
                 proc.wait()
         server.stop()
+
+
+def _tgkill(pid: int, tid: int, sig: int) -> None:
+    """Send ``sig`` to one thread ``tid`` of process ``pid`` (Linux ``tgkill``)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(234, pid, tid, sig) != 0:  # SYS_tgkill on x86-64
+        raise OSError(ctypes.get_errno(), "tgkill failed")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine != "x86_64",
+                    reason="tgkill by syscall number: Linux x86-64")  # fmt: skip
+def test_sigterm_to_any_thread_stops_the_server(tmp_path: Path) -> None:
+    """The kernel hands a process's SIGTERM to any thread; one landing on a gRPC thread
+    only marks Python's handler as pending, so the main thread must not wait without a
+    timeout (it did: the server then ignored SIGTERM until a second signal)."""
+    proc, _ = _start(str(tmp_path / "agg.db"))
+    try:
+        others = [int(t.name) for t in Path(f"/proc/{proc.pid}/task").iterdir()
+                  if int(t.name) != proc.pid]  # fmt: skip
+        assert others, "calmkit serve runs its gRPC server on other threads"
+        _tgkill(proc.pid, others[-1], signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

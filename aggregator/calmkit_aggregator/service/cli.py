@@ -123,7 +123,10 @@ def _serve(args: argparse.Namespace) -> int:
               flush=True)  # fmt: skip
     log_json("serving", address=f"{host}:{port}", db=storage.path, admin_token=token is not None,
              tls=tls is not None, rate_limit=args.rate_limit)  # fmt: skip
-    stop.wait()
+    # a timed wait: a signal delivered to another thread (gRPC's) only marks the Python
+    # handler as pending, and a main thread blocked without a timeout would never run it
+    while not stop.wait(0.5):
+        pass
     log_json("stopping", grace_seconds=args.grace)
     graceful_stop(server, args.grace)
     storage.close()
