@@ -61,8 +61,8 @@ from .junction import (
     junction_tree,
     triangulate,
 )
-from .marginal import MarginalTable, inverse_variance_weights
-from .maxent import Answer
+from .marginal import MarginalTable
+from .maxent import Answer, query_constraints
 from .shrinkage import interaction_dof, shrink_interactions
 from .support import SupportCounts
 
@@ -239,18 +239,7 @@ class GlobalEstimator:
         values = self.model.marginal(query, self.max_cells).reshape(shape)
         if all(self.held):
             return Answer(query, values, "model")
-        groups: dict[tuple[int, ...], list[MarginalTable]] = {}
-        for t in self.views.tables:
-            common = tuple(a for a in query if a in t.attrs)
-            if common:
-                groups.setdefault(common, []).append(t.project(common))
-        maximal = [s for s in groups if not any(set(s) < set(o) for o in groups)]
-        constraints = []
-        for s in maximal:
-            projections = groups[s]
-            w = inverse_variance_weights(p.variance for p in projections)
-            target = sum(wi * p.values for wi, p in zip(w, projections))
-            constraints.append((tuple(query.index(a) for a in s), np.asarray(target)))
+        constraints = query_constraints(self.views.tables, query)
         values, residual, it = i_projection(values, constraints, self.tol, self.max_iter)
         return Answer(query, values, "model+ipf", residual, it)
 

@@ -73,6 +73,28 @@ def maximum_entropy(
     return (p / total if total > 0 else p), residual, it
 
 
+def query_constraints(
+    tables: Sequence[MarginalTable], query: tuple[int, ...]
+) -> list[tuple[tuple[int, ...], np.ndarray]]:
+    """The views' projections onto ``attrs ∩ V_i`` for a sorted ``query``, as IPF
+    constraints ``(axes in query, target)``: a set inside another is dropped, and a set
+    several views share takes their :func:`~.marginal.inverse_variance_weights` average."""
+    groups: dict[tuple[int, ...], list[MarginalTable]] = {}
+    for t in tables:
+        common = tuple(a for a in query if a in t.attrs)
+        if common:
+            groups.setdefault(common, []).append(t.project(common))
+    constraints = []
+    for s in groups:
+        if any(set(s) < set(o) for o in groups):
+            continue
+        projections = groups[s]
+        w = inverse_variance_weights(p.variance for p in projections)
+        target = sum(wi * p.values for wi, p in zip(w, projections))
+        constraints.append((tuple(query.index(a) for a in s), np.asarray(target)))
+    return constraints
+
+
 def answer_query(
     tables: Sequence[MarginalTable],
     attrs: Sequence[int],
@@ -97,17 +119,6 @@ def answer_query(
         best = min(covering, key=lambda t: t.project(query).variance)
         values = np.clip(best.project(query).values, 0.0, None)
         return Answer(query, values / values.sum(), "projection")
-    groups: dict[tuple[int, ...], list[MarginalTable]] = {}
-    for t in tables:
-        common = tuple(a for a in query if a in t.attrs)
-        if common:
-            groups.setdefault(common, []).append(t.project(common))
-    maximal = [s for s in groups if not any(set(s) < set(o) for o in groups)]
-    constraints = []
-    for s in maximal:
-        projections = groups[s]
-        w = inverse_variance_weights(p.variance for p in projections)
-        target = sum(wi * p.values for wi, p in zip(w, projections))
-        constraints.append((tuple(query.index(a) for a in s), target))
-    values, residual, it = maximum_entropy(shape, constraints, tol, max_iter)
+    values, residual, it = maximum_entropy(shape, query_constraints(tables, query), tol,
+                                           max_iter)  # fmt: skip
     return Answer(query, values, "maxent", residual, it)
