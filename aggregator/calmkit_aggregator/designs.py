@@ -216,9 +216,8 @@ class DependentStream:
             np.fill_diagonal(scores, -np.inf)
             top = scores.max()
             cands = np.argwhere(scores >= top - 1e-12 * abs(top))
-            # ties (e.g. no unheld dependence left): least-used attributes, then random
-            rank = self.uses[cands].sum(axis=1) - tie[cands].sum(axis=1) / 4
-            a, b = cands[int(np.argmin(rank))]
+            # ties (e.g. no unheld dependence left) at random: every candidate is unused
+            a, b = cands[int(np.argmax(tie[cands].sum(axis=1)))]
             block = [int(a), int(b)]
         else:  # one attribute left in no view: it starts the view
             block = [int(np.flatnonzero(live)[0])]
