@@ -13,6 +13,7 @@ from calmkit_aggregator.profile import (
     DEPENDENCE_PRIOR,
     DataProfile,
     _dependence_posterior,
+    _normalised_weights,
     _pair_posterior,
     _pair_statistics,
     estimate_profile,
@@ -165,3 +166,145 @@ def test_the_pilot_profile_weights_pairs_by_their_marginals() -> None:
     raw = marginal_pair_weights(profile.marginals)
     assert w[0, 4] / w[2, 5] == pytest.approx(raw[0, 4] / raw[2, 5], rel=1e-12)
     assert raw[0, 4] / raw[2, 5] == pytest.approx(1 / (4 * 0.09) ** 2, rel=0.1)
+
+
+# -- the pilot's estimate, replayed from its documented rules -------------------------
+
+
+def test_pilot_margins_pool_their_views_by_inverse_variance_then_shrink_to_uniform() -> None:
+    # attribute 0: a 1-way view (400 reports) and the pair (0, 1) (150 reports), pooled
+    # with weights 1 / (per-cell variance x cells summed into a margin cell); attribute
+    # 1: the pair only; attribute 2: one view of a single report (it still counts); a
+    # view without reports comes first and tells nothing. Each pooled margin shrinks
+    # towards uniform by k = v0 / (v0 + var) and keeps the expected distance.
+    schema = Schema.from_sizes([2, 3, 2])
+    o1, o2 = choose_oracle(2, 1.0), choose_oracle(6, 1.0)
+    one = MarginalTable((0,), np.array([0.7, 0.3]), o1.variance(400), 400)
+    pair = MarginalTable((0, 1), np.array([[0.4, 0.1, 0.15], [0.05, 0.2, 0.1]]),
+                         o2.variance(150), 150)  # fmt: skip
+    single = MarginalTable((2,), np.array([1.6, -0.6]), o1.variance(1), 1)
+    empty = MarginalTable((0,), np.array([0.5, 0.5]), np.inf, 0)
+    profile = estimate_profile(schema, [empty, one, pair, single], [o1, o1, o2, o1])
+
+    def expected(margins: list[np.ndarray], weights: list[float]) -> np.ndarray:
+        size = margins[0].size
+        p_hat = sum(w * m for w, m in zip(weights, margins)) / sum(weights)
+        v0 = (size - 1) / (size * size * (size + 1))
+        k = v0 / (v0 + 1.0 / sum(weights))
+        u = np.full(size, 1.0 / size)
+        skew = k * k * float(((p_hat - u) ** 2).sum()) + (1 - k) * v0 * size
+        out: np.ndarray = u + math.sqrt(skew) * (p_hat - u) / np.linalg.norm(p_hat - u)
+        return out
+
+    def weight(oracle, n: int, cells: int, size: int) -> float:  # type: ignore[no-untyped-def]
+        per_cell = oracle.variance(n) + 1.0 / (n * cells)
+        return 1.0 / (per_cell * cells / size)
+
+    w_one, w_pair0 = weight(o1, 400, 2, 2), weight(o2, 150, 6, 2)
+    np.testing.assert_allclose(profile.marginals[0], expected(
+        [one.values, pair.values.sum(axis=1)], [w_one, w_pair0]), rtol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(profile.marginals[1], expected(
+        [pair.values.sum(axis=0)], [weight(o2, 150, 6, 3)]), rtol=1e-12)  # fmt: skip
+    # one report says little (k = 0.06): the direction is its margin's, the distance
+    # mostly the prior's
+    np.testing.assert_allclose(profile.marginals[2], expected(
+        [single.values], [weight(o1, 1, 2, 2)]), rtol=1e-12)  # fmt: skip
+    assert profile.reports == 400 + 150 + 1
+
+
+def test_the_dependence_estimate_divides_the_pairs_statistics_by_their_weights() -> None:
+    # three disjoint pairs of uniform binary attributes (every pair weight 1) with one
+    # dependence, measured precisely: the estimate is that dependence, within 4 of its
+    # own posterior standard deviations (sum of statistics over sum of weights)
+    schema = Schema.from_sizes([2] * 6)
+    truths = [np.array([[0.35, 0.15], [0.15, 0.35]])] * 3
+    pilot, oracles = [], []
+    for i, truth in enumerate(truths):
+        tables, oracle = _pair_tables(truth, 400_000, 4.0, count=1, seed=20 + i)
+        pilot.append(MarginalTable((2 * i, 2 * i + 1), tables[0].values, tables[0].variance,
+                                   400_000))  # fmt: skip
+        oracles.append(oracle)
+    profile = estimate_profile(schema, pilot, oracles)
+    target = float(np.mean([pair_dependence(t) for t in truths]))
+    assert abs(profile.dependence - target) <= MARGIN * profile.dependence_sd
+    assert profile.dependence_sd < 0.1 * target
+
+
+def test_the_dependence_posterior_widens_with_the_pairs_spread_around_their_weights() -> None:
+    # pairs measured precisely whose dependences differ from what their weights predict:
+    # the posterior's spread is that of the pairs (sum of squared residuals in units of
+    # the mean weight over count - 1, divided by the count), not the tiny noise's
+    schema = Schema.from_sizes([2] * 6)
+    flat, skewed = np.array([0.5, 0.5]), np.array([0.8, 0.2])
+    pilot, oracles = [], []
+    plans = [((0, 1), flat, flat, 0.1), ((2, 3), skewed, skewed, 0.04),
+             ((4, 5), flat, skewed, 0.0)]  # fmt: skip
+    for i, ((a, b), pa, pb, c) in enumerate(plans):
+        truth = np.outer(pa, pb) + c * np.array([[1, -1], [-1, 1]])
+        tables, oracle = _pair_tables(truth, 400_000, 4.0, count=1, seed=30 + i)
+        pilot.append(MarginalTable((a, b), tables[0].values, tables[0].variance, 400_000))
+        oracles.append(oracle)
+    profile = estimate_profile(schema, pilot, oracles)
+    pairs, values, variances = _pair_statistics(pilot, oracles, profile.marginals)
+    w = _normalised_weights(marginal_pair_weights(profile.marginals), [2] * 6)
+    pw = w[pairs[:, 0], pairs[:, 1]]
+    x = values.sum() / pw.sum()
+    residual = (values - x * pw) / pw.mean()
+    sigma2 = max(variances.mean() / pw.mean() ** 2, residual @ residual / 2) / 3
+    median, sd, quantiles = _dependence_posterior(x, sigma2)
+    assert profile.dependence == median and profile.dependence_sd == sd
+    assert profile.dependence_quantiles == quantiles
+    assert sigma2 > 10 * variances.mean() / 3  # the spread, not the noise, decides
+
+
+def test_a_pair_posterior_follows_its_gamma_prior_fitted_to_the_pairs_spread() -> None:
+    # _pair_posterior against direct integration: Gamma(alpha, 1/alpha) prior on r with
+    # 1/alpha = var(x / expected) - mean(variance / expected^2) (within [1/16, 4]) and
+    # a normal likelihood. The grid has 400 log-spaced points over [1e-3, 1e3] (3.5% apart),
+    # so narrow posteriors are off by up to 0.9%: 1.5% allowed
+    from scipy import integrate, stats
+
+    expected = np.array([0.01, 0.02, 0.01, 0.03, 0.02, 0.01])
+    cases = [
+        np.array([0.002, 0.05, 0.03, 0.01, 0.06, 0.012]),  # spread: alpha from the moments
+        np.array([0.3, 0.001, 0.0, 0.4, 0.0, 0.2]),  # heavy spread: alpha at its floor 1/16
+        np.array([0.01, 0.02, 0.01, 0.03, 0.02, 0.01]),  # none: alpha at its cap 4
+    ]
+    variances = np.array([1e-4, 1e-6, 4e-5, 1e-6, 1e-4, 2e-5])
+    for values in cases:
+        z = values / expected
+        excess = np.var(z, ddof=1) - np.mean(variances / expected**2)
+        alpha = 1.0 / min(16.0, max(0.25, excess))
+        got = _pair_posterior(values, variances, expected)
+        for i in range(values.size):
+            prior = stats.gamma(alpha, scale=1 / alpha)
+
+            def density(r: float, power: int, i: int = i) -> float:
+                like = math.exp(-((values[i] - expected[i] * r) ** 2) / (2 * variances[i]))
+                return float(r**power * prior.pdf(r) * like)
+
+            top = integrate.quad(density, 1e-3, 1e3, args=(1,), points=[1, 10, values[i] / expected[i]], limit=400)[0]
+            bottom = integrate.quad(density, 1e-3, 1e3, args=(0,), points=[1, 10, values[i] / expected[i]], limit=400)[0]
+            assert got[i] == pytest.approx(top / bottom, rel=1.5e-2)
+
+
+def test_prior_moments_are_those_of_the_log_uniform_and_zero_cells_are_allowed() -> None:
+    from scipy import integrate
+
+    lo, hi = DEPENDENCE_PRIOR
+    prior = DataProfile.prior(Schema.from_sizes([2, 2]))
+    norm = math.log(hi / lo)
+    mean = integrate.quad(lambda x: 1 / norm, lo, hi)[0]  # x * density 1 / (x log(hi/lo))
+    second = integrate.quad(lambda x: x / norm, lo, hi)[0]
+    assert prior.dependence_sd == pytest.approx(math.sqrt(second - mean**2), rel=1e-9)
+    # a marginal with an empty category is a distribution
+    profile = DataProfile.from_marginals([np.array([1.0, 0.0]), np.array([0.5, 0.5])], 0.0)
+    assert profile.skew[0] == pytest.approx(0.5)
+
+
+def test_pairs_with_a_one_category_attribute_do_not_make_the_weights_uneven() -> None:
+    margs = [np.array([0.5, 0.5]), np.array([1.0]), np.array([0.5, 0.5]), np.array([0.5, 0.5])]
+    profile = DataProfile.from_marginals(margs, 0.02, pair_weights=np.ones((4, 4)))
+    assert profile.weights[0, 1] == 0.0 and not profile.uneven
+    assert DataProfile.from_marginals(margs, 0.02, pair_weights=np.array(
+        [[0, 0, 1, 2], [0, 0, 0, 0], [1, 0, 0, 1], [2, 0, 1, 0]], dtype=float)).uneven  # fmt: skip
