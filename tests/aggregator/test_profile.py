@@ -316,3 +316,35 @@ def test_pairs_with_a_one_category_attribute_do_not_make_the_weights_uneven() ->
     assert profile.weights[0, 1] == 0.0 and not profile.uneven
     assert DataProfile.from_marginals(margs, 0.02, pair_weights=np.array(
         [[0, 0, 1, 2], [0, 0, 0, 0], [1, 0, 0, 1], [2, 0, 1, 0]], dtype=float)).uneven  # fmt: skip
+
+
+def test_pair_statistics_replay_their_documented_simulation_and_skip_one_category_pairs() -> None:
+    # the noise's mean and unbiased variance over _BOOTSTRAP simulated views of the
+    # independent table (the seed _BOOTSTRAP, drawn as the oracle draws), in units of
+    # dim / L; a pair with a one-category attribute has no interaction and is skipped
+    from calmkit_aggregator.profile import _BOOTSTRAP, _dependence_stat, _draw_estimates
+
+    truth = np.array([[0.3, 0.1, 0.1], [0.1, 0.2, 0.2]])
+    tables, oracle = _pair_tables(truth, 900, 1.0, count=1, seed=4)
+    margs = [truth.sum(axis=1), truth.sum(axis=0), np.ones(1)]
+    flat = MarginalTable((1, 2), np.full((3, 1), 1 / 3), oracle.variance(900), 900)
+    pairs, values, variances = _pair_statistics(
+        [flat, tables[0]], [choose_oracle(3, 1.0), oracle], margs
+    )
+    assert pairs.tolist() == [[0, 1]]
+    gen = np.random.default_rng(_BOOTSTRAP)
+    noise = _dependence_stat(_draw_estimates(oracle, np.outer(*margs[:2]).reshape(-1), 900, gen),
+                             2, 3)  # fmt: skip
+    raw = float(_dependence_stat(tables[0].values.reshape(1, -1), 2, 3)[0])
+    unit, mean = 2 / 6, float(noise.mean())
+    assert values[0] == pytest.approx((raw - mean) / unit, rel=1e-12)
+    spread = float(((noise - mean) ** 2).sum() / (noise.size - 1))
+    assert variances[0] == pytest.approx(
+        (spread + 4 * max(0.0, raw - mean) * mean / 2) / unit**2, rel=1e-12)  # fmt: skip
+
+
+def test_the_posterior_without_information_has_the_prior_spread() -> None:
+    # a likelihood flat over the prior's range: the posterior's sd is the log-uniform's
+    _, sd, _ = _dependence_posterior(0.0, 1e6)
+    assert sd == pytest.approx(DataProfile.prior(Schema.from_sizes([2, 2])).dependence_sd,
+                               rel=1e-3)  # fmt: skip
