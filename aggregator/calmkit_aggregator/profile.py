@@ -60,7 +60,10 @@ __all__ = [
 ]
 
 # Log-uniform prior range of ``dependence``: the mean pair dependence of the real
-# datasets we measured spans 0.0014 (dna) to 0.11 (NLTCS); binary pairs allow up to 1.
+# datasets we measured spans 0.00026 (retail at d = 32, Kosarak at d = 64) to 0.11
+# (NLTCS); binary pairs allow up to 1. The lower end sits above the sparsest
+# transaction data, so a pilot too noisy to measure anything leaves more dependence
+# than there is (docs/planner.md: Kosarak at d = 32, 0.00089, predicted/measured 2.4).
 DEPENDENCE_PRIOR = (1e-3, 0.3)
 _QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
 _GRID = 4001  # quadrature points of the dependence posterior
@@ -113,19 +116,25 @@ class DataProfile:
         dep = float(self.dependence)
         if not (math.isfinite(dep) and dep >= 0):
             raise CalmkitError(f"dependence ({self.dependence!r}) must be finite and >= 0")
+        sd = float(self.dependence_sd)
+        if not (math.isfinite(sd) and sd >= 0):
+            raise CalmkitError(f"dependence_sd ({self.dependence_sd!r}) must be finite and >= 0")
         if self.source not in ("prior", "pilot", "given"):
             raise CalmkitError(f"source ({self.source!r}) must be prior, pilot or given")
         quantiles = (dep,) if self.dependence_quantiles is None else self.dependence_quantiles
         quantiles = tuple(float(x) for x in quantiles)
-        if not quantiles or not all(math.isfinite(x) and x >= 0 for x in quantiles) or list(
-            quantiles
-        ) != sorted(quantiles):
+        if (
+            not quantiles
+            or not all(math.isfinite(x) and x >= 0 for x in quantiles)
+            or list(quantiles) != sorted(quantiles)
+        ):
             raise CalmkitError(
                 f"dependence_quantiles ({self.dependence_quantiles!r}) must be finite, >= 0 "
                 "and increasing"
             )
         object.__setattr__(self, "marginals", tuple(margs))
         object.__setattr__(self, "dependence", dep)
+        object.__setattr__(self, "dependence_sd", sd)
         object.__setattr__(self, "dependence_quantiles", quantiles)
         if self.pair_weights is not None:
             object.__setattr__(self, "pair_weights", _normalised_weights(

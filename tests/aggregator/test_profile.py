@@ -348,3 +348,71 @@ def test_the_posterior_without_information_has_the_prior_spread() -> None:
     _, sd, _ = _dependence_posterior(0.0, 1e6)
     assert sd == pytest.approx(DataProfile.prior(Schema.from_sizes([2, 2])).dependence_sd,
                                rel=1e-3)  # fmt: skip
+
+
+def test_a_given_profile_is_exact_normalised_and_read_only() -> None:
+    near = np.array([0.3, 0.7 - 5e-7])  # within the 1e-6 a distribution may be off
+    profile = DataProfile.from_marginals([near, np.array([0.5, 0.5])], 0.02)
+    assert profile.marginals[0].sum() == pytest.approx(1.0, abs=1e-15)
+    assert profile.dependence_sd == 0.0 and profile.dependence_quantiles == (0.02,)
+    summary = profile.to_dict()
+    assert summary["dependence_sd"] == 0.0 and summary["dependence_quantiles"] == [0.02]
+    weighted = DataProfile.from_marginals([near, np.array([0.5, 0.5]), np.array([0.2, 0.8])],
+                                          0.02, pair_weights=np.ones((3, 3)))  # fmt: skip
+    assert not weighted.weights.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        weighted.weights[0, 1] = 5.0
+    with pytest.raises(
+        CalmkitError, match=r"^marginals\[0\] \(shape \(0,\)\) must be a 1-D table$"
+    ):
+        DataProfile.from_marginals([np.array([])], 0.0)
+    with pytest.raises(CalmkitError, match=r"^dependence_quantiles \(\(-0.5, 0.1\)\) must be"):
+        DataProfile((np.array([0.5, 0.5]),), 0.1, dependence_quantiles=(-0.5, 0.1))
+    with pytest.raises(CalmkitError, match=r"^dependence_sd \(-1.0\) must be finite and >= 0$"):
+        DataProfile((np.array([0.5, 0.5]),), 0.1, dependence_sd=-1.0)
+
+
+def test_a_pair_with_one_category_has_no_dependence() -> None:
+    assert pair_dependence(np.array([[0.2, 0.3, 0.5]])) == 0.0
+    assert pair_dependence(np.array([[0.5], [0.5]])) == 0.0
+
+
+def test_pair_tables_above_1024_cells_do_not_estimate_the_dependence() -> None:
+    # the bootstrap of a pair table costs O(cells) per draw: tables above _DENSE = 1024
+    # cells are left out (their pair keeps its prior weight)
+    out = []
+    for shape in ((32, 32), (25, 41)):
+        truth = np.full(shape, 1.0 / (shape[0] * shape[1]))
+        oracle = choose_oracle(truth.size, 1.0)
+        table = MarginalTable((0, 1), truth, oracle.variance(5000), 5000)
+        margs = [truth.sum(axis=1), truth.sum(axis=0)]
+        out.append(_pair_statistics([table], [oracle], margs)[0].shape[0])
+    assert out == [1, 0]
+
+
+def test_a_single_pair_posterior_uses_a_unit_prior_shape() -> None:
+    # one measured pair gives no spread to fit alpha: alpha = 1 (excess 1)
+    for value, variance in ((0.05, 4e-4), (0.0, 1e-4), (0.02, 1e-3)):
+        got = _pair_posterior(np.array([value]), np.array([variance]), np.array([0.01]))
+        assert got[0] == pytest.approx(_posterior_mean(value, variance, 0.01, 1.0), rel=1.5e-2)
+
+
+@pytest.mark.parametrize(("cells", "eps"), [(4, 1.0), (16, 1.0), (6, 3.0)])
+def test_the_pilot_bootstrap_draws_reports_as_the_oracle_does(cells: int, eps: float) -> None:
+    # _draw_estimates: unbiased, with the oracle's exact per-cell variance for a
+    # population drawn from the table, i.e. for a fixed population plus the multinomial
+    # draw of the users, t (1 - t) / n (GRR for 4 and 6 cells here, OUE for 16); 40
+    # calls x _BOOTSTRAP draws, bounds 4 standard errors (the variance's from its
+    # chi-square law, var sqrt(2 / (N - 1)))
+    from calmkit_aggregator.profile import _draw_estimates
+
+    oracle = choose_oracle(cells, eps)
+    truth = np.random.default_rng(cells).dirichlet(np.ones(cells))
+    gen = np.random.default_rng(7)
+    draws = np.concatenate([_draw_estimates(oracle, truth, 300, gen) for _ in range(40)])
+    exact = np.asarray(oracle.variance(300, truth)) + truth * (1 - truth) / 300
+    se_mean = np.sqrt(exact / draws.shape[0])
+    assert np.all(np.abs(draws.mean(axis=0) - truth) <= MARGIN * se_mean)
+    se_var = exact * math.sqrt(2 / (draws.shape[0] - 1))
+    assert np.all(np.abs(draws.var(axis=0, ddof=1) - exact) <= MARGIN * se_var)
+    assert oracle.name == ("OUE" if cells == 16 else "GRR")
