@@ -55,7 +55,8 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         f"{T}/aggregator/test_maxent.py", f"{T}/aggregator/test_reconstruction.py",
         f"{T}/aggregator/test_shrinkage.py", f"{T}/integration/test_calm_end_to_end.py")),
     "planning": (f"{AGG}/planning.py", (
-        f"{T}/aggregator/test_planning.py", f"{T}/aggregator/test_error_model.py")),
+        f"{T}/aggregator/test_planning_search.py", f"{T}/aggregator/test_planning.py",
+        f"{T}/aggregator/test_error_model.py")),
     "error_model": (f"{AGG}/error_model.py", (
         f"{T}/aggregator/test_error_model.py", f"{T}/aggregator/test_planning.py")),
     "profile": (f"{AGG}/profile.py", (

@@ -1,0 +1,130 @@
+"""The default planner's search rules, checked with a stand-in error model whose
+predictions are set by the test: which view counts and sizes it scores, when it stops,
+how it refines m, when it tries covering and query designs; and its input checks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from calmkit_aggregator import planning
+from calmkit_aggregator.error_model import ErrorPrediction, Workload
+from calmkit_aggregator.planning import Candidate, _pair_relevance, choose_plan
+from calmkit_aggregator.profile import DataProfile
+from calmkit_client import PlanError
+
+
+def _model(
+    monkeypatch: pytest.MonkeyPatch, sse: Callable[[int, int], float]
+) -> list[tuple[int, int]]:
+    """Replace the error model by ``sse(l, m)`` of the new views (their size and
+    count); returns the list of (l, m) scored, in order."""
+    scored: list[tuple[int, int]] = []
+
+    def fake(sizes, views, users, eps, workload, profile, deps, **kw):  # type: ignore[no-untyped-def]
+        new = views[-1]
+        value = sse(len(new), len(views))
+        scored.append((len(new), len(views)))
+        return [ErrorPrediction(value, value, 0.0, ()) for _ in deps]
+
+    monkeypatch.setattr(planning, "predict_errors", fake)
+    return scored
+
+
+def _flat(d: int) -> DataProfile:
+    return DataProfile.from_marginals([np.array([0.5, 0.5])] * d, 0.01)
+
+
+def _ms(chosen, l: int, design: str = "spread") -> set[int]:  # type: ignore[no-untyped-def]  # noqa: E741
+    return {c.m for c in chosen.candidates if c.l == l and c.design == design}
+
+
+def test_m_grows_fourfold_until_it_rises_twice_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    # l = 2 over 100 attributes: m = 50, 200, 800, 3200, then the cap 4096. One rise
+    # (200) then a fall (800) resets the count, so 3200 (a rise) does not stop the
+    # search and 4096, the best, is found.
+    values = {50: 1.0, 200: 1.1, 800: 0.9, 3200: 0.95, 4096: 0.3}
+    _model(monkeypatch, lambda size, m: values.get(m, 2.0))
+    chosen = choose_plan([2] * 100, 1.0, 1 << 24, Workload(k=3), _flat(100), l=2)
+    assert {50, 200, 800, 3200, 4096} <= _ms(chosen, 2) and chosen.m == 4096
+    # two rises in a row stop it
+    values = {50: 1.0, 200: 1.1, 800: 1.2, 3200: 0.1, 4096: 0.1}
+    _model(monkeypatch, lambda size, m: values.get(m, 2.0))
+    chosen = choose_plan([2] * 100, 1.0, 1 << 24, Workload(k=3), _flat(100), l=2)
+    assert 3200 not in _ms(chosen, 2) and chosen.m == 50
+
+
+def test_m_is_refined_by_halves_and_square_roots_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    # l = 2 over 20 attributes: m = 10, 40, 160, 190 (every pair); the best, 40, is
+    # refined with 20, 28, 57 and 80
+    _model(monkeypatch, lambda size, m: abs(m - 40) + 1.0)
+    chosen = choose_plan([2] * 20, 1.0, 1 << 20, Workload(k=3), _flat(20), l=2)
+    assert _ms(chosen, 2) == {10, 40, 160, 190, 20, 28, 57, 80} and chosen.m == 40
+
+
+def test_covers_are_tried_for_view_sizes_k_to_k_plus_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every design predicted alike: every cover is within reach of the best, the size
+    # search never stops early, and covers are built for l = k, k + 1, k + 2 only
+    _model(monkeypatch, lambda size, m: 1.0)
+    chosen = choose_plan([2] * 8, 1.0, 1 << 20, Workload(k=2), _flat(8))
+    assert {c.l for c in chosen.candidates if c.design == "cover"} == {2, 3, 4}
+    assert {c.l for c in chosen.candidates} == set(range(1, 9))
+
+
+def test_view_sizes_stop_two_worse_sizes_after_the_workload_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the error grows with l: l = 2 and 3 are worse than l = 1; the search may stop
+    # once l reaches the order (3) and two sizes in a row were worse
+    _model(monkeypatch, lambda size, m: float(size))
+    chosen = choose_plan([2] * 12, 1.0, 1 << 20, Workload(k=3), _flat(12))
+    assert max(c.l for c in chosen.candidates) == 3 and chosen.l == 1
+    chosen = choose_plan([2] * 12, 1.0, 1 << 20, Workload(k=2), _flat(12))
+    assert max(c.l for c in chosen.candidates) == 3
+
+
+def test_the_queries_themselves_are_a_design_only_when_l_and_m_are_free() -> None:
+    queries = Workload(queries=((0, 1, 2), (3, 4, 5), (0, 4, 7)))
+    free = choose_plan([2] * 8, 1.0, 50_000, queries, _flat(8))
+    assert any(c.design == "queries" and c.m == 3 for c in free.candidates)
+    for fixed in ({"l": 3}, {"m": 3}):
+        chosen = choose_plan([2] * 8, 1.0, 50_000, queries, _flat(8), **fixed)  # type: ignore[arg-type]
+        assert all(c.design != "queries" for c in chosen.candidates)
+
+
+def test_typical_is_the_geometric_mean_over_the_dependence_range() -> None:
+    c = Candidate(2, 10, "spread", 0.025, 0.02, 0.005, (0.01, 0.04))
+    assert c.typical == pytest.approx(0.02, rel=1e-12)
+    assert Candidate(2, 10, "spread", 0.3, 0.2, 0.1).typical == pytest.approx(0.3, rel=1e-12)
+
+
+def test_n_and_m_are_checked_naming_the_value() -> None:
+    with pytest.raises(PlanError, match=r"^n \(0\) must be an int >= 1$"):
+        choose_plan([2] * 4, 1.0, 0, Workload(k=2))
+    with pytest.raises(PlanError, match=r"^n \(1\) users cannot hold a view of the requested"):
+        choose_plan([2] * 4, 1.0, 1, Workload(k=2))
+    for bad in (2.5, True, 0):
+        with pytest.raises(PlanError, match=rf"^m \({bad!r}\) must be an int >= 1$"):
+            choose_plan([2] * 4, 1.0, 1000, Workload(k=2), m=bad)  # type: ignore[arg-type]
+
+
+def test_pair_relevance_weighs_pairs_by_their_interaction_share_and_query_count() -> None:
+    sizes = [2, 3, 5, 4]
+    margs = [np.full(s, 1.0 / s) for s in sizes]
+    weights = np.ones((4, 4))
+    weights[0, 1] = weights[1, 0] = 3.0
+    profile = DataProfile.from_marginals(margs, 0.01, pair_weights=weights)
+    frac = np.array([(s - 1) / s for s in sizes])
+    expected = profile.weights * np.outer(frac, frac)  # dim_ab / L_ab
+    np.testing.assert_allclose(_pair_relevance(profile, Workload(k=2)), expected, rtol=1e-12)
+    queries = Workload(queries=((0, 1, 2), (0, 1), (2, 3)))
+    counts = np.zeros((4, 4))
+    for q in queries.queries or ():
+        for a in q:
+            for b in q:
+                counts[a, b] += 1
+    got = _pair_relevance(profile, queries)
+    np.testing.assert_allclose(got, expected * counts, rtol=1e-12)
+    assert got[0, 3] == 0.0 and got[0, 1] == pytest.approx(2 * expected[0, 1])
