@@ -189,3 +189,50 @@ def test_the_reconstruction_is_a_parameter_of_the_prediction() -> None:
     assert predict_error(*args, reconstruction="global") == local
     with pytest.raises(CalmkitError, match=r"reconstruction \('nearest'\) must be"):
         predict_error(*args, reconstruction="nearest")
+
+
+def test_shrinking_pure_noise_matches_the_james_stein_prediction() -> None:
+    # two disjoint views of 4 uniform independent binary attributes: nothing is shared
+    # beyond single attributes, so each view's 11 interaction dimensions are pure noise
+    # and the shrinkage's factor follows the chi-square law the model's risk table
+    # assumes. Enough users per view that Norm-Sub never clips (cells 1/16, noise sd
+    # about 0.013). Queries inside the views are answered by projection.
+    sizes = (2,) * 8
+    pop = _independent(sizes, [np.full(2, 0.5)] * 8, 1 << 15, seed=6)
+    views = [(0, 1, 2, 3), (4, 5, 6, 7)]
+    plan = Plan(pop.schema, 1.0, views)
+    queries = [(0, 1, 2), (1, 2, 3), (4, 5, 6), (0, 2, 3), (5, 6, 7)]
+    profile = DataProfile.from_marginals([np.full(2, 0.5)] * 8, 0.0)
+    users = np.bincount(plan.assign_many(np.arange(pop.n, dtype=np.uint64)), minlength=2)
+    pred = predict_error(sizes, views, users, 1.0, Workload(queries=queries), profile)
+    off = predict_error(sizes, views, users, 1.0, Workload(queries=queries), profile,
+                        shrink=False)  # fmt: skip
+    mean, se = _measure(pop, plan, queries, reps=60, shrink=True)
+    assert abs(mean - pred.sse) <= MARGIN * se, (mean, pred.sse, se)
+    # shrinkage removes most of the interaction noise: the unshrunk prediction is far
+    assert abs(mean - off.sse) > MARGIN * se and pred.sse < 0.8 * off.sse
+
+
+def test_the_normal_approximation_of_a_multinomial_keeps_its_total_and_moments() -> None:
+    from calmkit_aggregator.error_model import _SAMPLES, _normal_multinomial
+
+    probs = np.array([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]])
+    s = np.array([[1000.0], [400.0]])
+    gen = np.random.default_rng(3)
+    draws = np.concatenate([_normal_multinomial(s, probs, gen) for _ in range(400)], axis=1)
+    np.testing.assert_allclose(draws.sum(axis=2), np.broadcast_to(s, draws.shape[:2]),
+                               rtol=1e-12)  # fmt: skip
+    count = 400 * _SAMPLES
+    for b in range(2):
+        cov = s[b, 0] * (np.diag(probs[b]) - np.outer(probs[b], probs[b]))
+        mean_se = np.sqrt(np.diag(cov) / count)
+        assert np.all(np.abs(draws[b].mean(axis=0) - s[b, 0] * probs[b]) <= MARGIN * mean_se)
+        var_se = np.diag(cov) * math.sqrt(2 / (count - 1))
+        assert np.all(np.abs(draws[b].var(axis=0, ddof=1) - np.diag(cov)) <= MARGIN * var_se)
+
+
+def test_a_workload_too_large_to_key_is_refused() -> None:
+    d = 1000
+    profile = DataProfile.from_marginals([np.full(2, 0.5)] * d, 0.0)
+    with pytest.raises(CalmkitError, match=r"^workload order \(7\) too large for d = 1000"):
+        predict_error((2,) * d, [(0, 1)], [1000.0], 1.0, Workload(k=7), profile)
