@@ -4,6 +4,7 @@ how it refines m, when it tries covering and query designs; and its input checks
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -128,3 +129,100 @@ def test_pair_relevance_weighs_pairs_by_their_interaction_share_and_query_count(
     got = _pair_relevance(profile, queries)
     np.testing.assert_allclose(got, expected * counts, rtol=1e-12)
     assert got[0, 3] == 0.0 and got[0, 1] == pytest.approx(2 * expected[0, 1])
+
+
+def test_plateaus_are_not_rises_and_a_fall_resets_the_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # equal values do not count as rises: the search goes on to 3200
+    values = {50: 1.0, 200: 1.0, 800: 1.0, 3200: 0.5}
+    _model(monkeypatch, lambda size, m: values.get(m, 2.0))
+    chosen = choose_plan([2] * 100, 1.0, 1 << 24, Workload(k=3), _flat(100), l=2)
+    assert 3200 in _ms(chosen, 2) and chosen.m == 3200
+    # a fall (200) resets the count to 0: the rises at 800 and 3200 stop the search
+    values = {50: 1.0, 200: 0.9, 800: 1.0, 3200: 1.1, 4096: 0.1}
+    _model(monkeypatch, lambda size, m: values.get(m, 2.0))
+    chosen = choose_plan([2] * 100, 1.0, 1 << 24, Workload(k=3), _flat(100), l=2)
+    assert 4096 not in _ms(chosen, 2) and chosen.m == 200
+
+
+def test_a_cover_is_built_only_near_the_best_unless_m_is_fixed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # l = 1 is best (1.0); a spread design of the cover's size at l = 2 is 1.5x that,
+    # beyond _RISE = 1.25: no cover is built. At 1.2x it is.
+    for ratio, built in ((1.5, False), (1.2, True)):
+        _model(monkeypatch, lambda size, m, r=ratio: 1.0 if size == 1 else r)  # type: ignore[misc]
+        chosen = choose_plan([2] * 8, 1.0, 1 << 20, Workload(k=2), _flat(8))
+        assert any(c.design == "cover" for c in chosen.candidates) == built
+    # with m fixed the cover of that size is always compared
+    _model(monkeypatch, lambda size, m: 1.0 if size == 1 else 1.5)
+    chosen = choose_plan([2] * 8, 1.0, 1 << 20, Workload(k=2), _flat(8), l=2, m=28)
+    assert any(c.design == "cover" and c.l == 2 for c in chosen.candidates)
+
+
+def test_covers_only_up_to_64_attributes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # building a cover costs too much beyond _COVER_MAX_D = 64 attributes
+    _model(monkeypatch, lambda size, m: 1.0)
+    built: list[int] = []
+
+    def cover(d, k, l, covering_dir):  # type: ignore[no-untyped-def]  # noqa: E741
+        built.append(d)
+        return tuple(itertools.combinations(range(d), l))
+
+    monkeypatch.setattr(planning, "_cover", cover)
+    for d in (64, 65):
+        choose_plan([2] * d, 1.0, 1 << 24, Workload(k=2), _flat(d), l=2)
+    assert built == [64]
+
+
+def test_the_refinement_stays_within_the_views_not_already_fixed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 5 attributes, the pilot's 3 pairs fixed: 7 new pairs remain. The best count, 7,
+    # is refined with 4 and 5 (10 would need pairs that exist only as fixed views)
+    from calmkit_aggregator.designs import pilot_views
+
+    _model(monkeypatch, lambda size, m: 20.0 - m)
+    fixed = pilot_views(range(5), rng=0)
+    chosen = choose_plan([2] * 5, 1.0, 1 << 20, Workload(k=2), _flat(5), l=2,
+                         fixed_views=fixed, fixed_users=[100.0] * len(fixed))  # fmt: skip
+    assert _ms(chosen, 2) == {3, 4, 5, 7} and chosen.m == 7
+
+
+def test_the_queries_design_needs_one_size_and_skips_one_category_attributes() -> None:
+    # one query: its own view
+    single = choose_plan([2] * 6, 1.0, 50_000, Workload(queries=((0, 1, 2),)), _flat(6))
+    assert any(c.design == "queries" and c.m == 1 for c in single.candidates)
+    # attribute 2 has one category: the queries become (0, 1) and (3, 4, 5), of two
+    # sizes, so they are not a design of one view size
+    sizes = [2, 2, 1, 2, 2, 2]
+    profile = DataProfile.from_marginals([np.full(s, 1.0 / s) for s in sizes], 0.01)
+    mixed = choose_plan(sizes, 1.0, 50_000, Workload(queries=((0, 1, 2), (3, 4, 5))), profile)
+    assert all(c.design != "queries" for c in mixed.candidates)
+    assert all(2 not in v for v in mixed.views)
+
+
+def test_l_is_checked_naming_the_value() -> None:
+    for bad in (0, 5, 2.5, True):
+        msg = rf"^l \({bad!r}\) must be an int in \[1, 4\] \(4 attributes with >= 2 categories\)$"
+        with pytest.raises(PlanError, match=msg):
+            choose_plan([2, 2, 1, 2, 2], 1.0, 1000, Workload(k=2), l=bad)  # type: ignore[arg-type]
+
+
+def test_shrinkage_is_assumed_unless_turned_off() -> None:
+    profile = DataProfile.from_marginals([np.array([0.7, 0.3])] * 6, 0.01)
+    args = ([2] * 6, 1.0, 20_000, Workload(k=3), profile)
+    default = choose_plan(*args, l=2, m=6)
+    on = choose_plan(*args, l=2, m=6, shrink=True)
+    off = choose_plan(*args, l=2, m=6, shrink=False)
+    assert default.predicted == on.predicted and off.predicted.sse != on.predicted.sse
+
+
+def test_notes_name_the_attributes_no_view_holds() -> None:
+    every = choose_plan([2] * 6, 1.0, 50_000, Workload(k=2), _flat(6))
+    assert every.predicted.uncollected == () and every.notes([f"a{i}" for i in range(6)]) == []
+    few = choose_plan([2] * 6, 1.0, 50_000, Workload(k=2), _flat(6), l=1, m=2)
+    notes = few.notes([f"a{i}" for i in range(6)])
+    assert len(few.predicted.uncollected) == 4 and len(notes) == 1
+    assert notes[0].startswith("4 attribute(s) in no view")
