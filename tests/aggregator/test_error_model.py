@@ -236,3 +236,131 @@ def test_a_workload_too_large_to_key_is_refused() -> None:
     profile = DataProfile.from_marginals([np.full(2, 0.5)] * d, 0.0)
     with pytest.raises(CalmkitError, match=r"^workload order \(7\) too large for d = 1000"):
         predict_error((2,) * d, [(0, 1)], [1000.0], 1.0, Workload(k=7), profile)
+
+
+QUARTERS = (0.3, 0.2, 0.25, 0.25)
+CASES = [("OUE", 30, 5.0, QUARTERS), ("GRR", 30, 5.0, QUARTERS), ("OUE", 35, 3.0, (0.6, 0.4)),
+         ("OUE", 20_000, 1.0, QUARTERS), ("GRR", 20_000, 1.0, QUARTERS)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "users", "eps", "cells"), CASES)
+def test_simulated_views_draw_reports_as_the_oracle_does(
+    name: str, users: int, eps: float, cells: tuple[float, ...]
+) -> None:
+    # the Norm-Sub simulation's draws (exact below 40 users, the normal law above) far
+    # from zero, where Norm-Sub only projects onto the cells summing to 1: unbiased,
+    # with covariance (I - J/L) S (I - J/L) for the estimate's covariance S over the
+    # users' multinomial draw and the oracle's noise. GRR: (diag(pi) - pi pi^T) /
+    # (n (p-q)^2), pi = (p-q) t + q (its estimate already sums to 1); OUE: independent
+    # bits, diag(t p(1-p) + (1-t) q(1-q)) / (n (p-q)^2), plus (diag(t) - t t^T) / n
+    from calmkit_aggregator.error_model import _SAMPLES, _simulate
+    from calmkit_client import make_oracle
+
+    t = np.array(cells)
+    size = t.size
+    oracle = make_oracle(name, size, eps)
+    p, q = oracle.p, oracle.q
+    errors = _simulate(oracle, np.full(100, float(users)), np.tile(t, (100, 1)),
+                       np.random.default_rng(5))  # fmt: skip
+    flat = errors.reshape(-1, size)
+    count = 100 * _SAMPLES
+    if name == "GRR":
+        pi = (p - q) * t + q
+        cov = (np.diag(pi) - np.outer(pi, pi)) / (users * (p - q) ** 2)
+    else:
+        bits = (t * p * (1 - p) + (1 - t) * q * (1 - q)) / (users * (p - q) ** 2)
+        cov = np.diag(bits) + (np.diag(t) - np.outer(t, t)) / users
+    centre = np.eye(size) - 1.0 / size
+    exact = np.diag(centre @ cov @ centre)
+    assert np.all(np.abs(flat.mean(axis=0)) <= MARGIN * np.sqrt(exact / count))
+    se_var = exact * math.sqrt(2 / (count - 1))
+    assert np.all(np.abs(flat.var(axis=0, ddof=1) - exact) <= MARGIN * se_var)
+
+
+def test_a_prediction_without_norm_sub_activity_does_not_depend_on_the_simulation_seed() -> None:
+    # cells far from zero (8 binary attributes, uniform, 20,000 users per view): the
+    # prediction is analytic; with few users Norm-Sub is simulated and the seed shows
+    sizes = (2,) * 8
+    profile = DataProfile.from_marginals([np.full(2, 0.5)] * 8, 0.01)
+    views = [(0, 1, 2), (3, 4, 5), (5, 6, 7)]
+    many = [predict_error(sizes, views, [20_000.0] * 3, 1.0, Workload(k=3), profile, seed=s)
+            for s in (0, 1)]  # fmt: skip
+    assert many[0] == many[1]
+    few = [predict_error(sizes, views, [30.0] * 3, 1.0, Workload(k=3), profile, seed=s)
+           for s in (0, 1)]  # fmt: skip
+    assert few[0].sse != few[1].sse
+
+
+def test_the_prediction_does_not_depend_on_attribute_labels() -> None:
+    # the same design over attributes 0..15 and over labels spread up to 299: with an
+    # order-8 workload the wide labels take the error model's unpacked grouping path
+    views = [(0, 1, 2, 3), (2, 3, 4, 5, 6), (6, 7)]
+    queries = [(0, 1, 2, 3, 4, 5, 6, 7), (0, 2, 4), (1, 6, 7)]
+    rng = np.random.default_rng(9)
+    margs = [rng.dirichlet(np.ones(2)) for _ in range(8)]
+    labels = [0, 37, 80, 121, 160, 201, 250, 299]
+
+    def predict(d: int, label: list[int]) -> float:
+        full = [np.full(2, 0.5)] * d
+        for i, a in enumerate(label):
+            full[a] = margs[i]
+        profile = DataProfile.from_marginals(full, 0.01)
+        vs = [tuple(label[a] for a in v) for v in views]
+        qs = [tuple(label[a] for a in q) for q in queries]
+        return predict_error((2,) * d, vs, [5000.0] * 3, 1.0, Workload(queries=qs),
+                             profile).sse  # fmt: skip
+
+    assert predict(300, labels) == pytest.approx(predict(8, list(range(8))), rel=1e-9)
+
+
+@pytest.mark.parametrize("dim", [3, 6, 12])
+def test_the_james_stein_table_without_signal_is_the_chi_square_integral(dim: int) -> None:
+    # no signal: x = z, |z|^2 ~ chi^2_dim (nu = 1); risk per dimension of the factor
+    # (1 - dim / |z|^2)_+ is E[(|z|^2 - dim)_+^2 / |z|^2] / dim; 8,000 draws: 4 SE
+    from scipy import integrate, stats
+
+    taus, ratio = _js_table(dim)
+    chi = stats.chi2(dim)
+
+    def moment(power: int) -> float:
+        return float(integrate.quad(lambda x: ((x - dim) ** 2 / x) ** power * chi.pdf(x),
+                                    dim, np.inf)[0])  # fmt: skip
+
+    mean = moment(1) / dim
+    se = math.sqrt(max(moment(2) / dim**2 - mean**2, 0.0) / 8000)
+    assert taus[0] == 0.0 and abs(ratio[0] - mean) <= MARGIN * se
+
+
+def test_the_shrinkage_step_follows_its_documented_rule() -> None:
+    # one view of three binary attributes, pairs workload: its three pair components
+    # are held by it alone (shrunk), the triple is above the workload (its noise counts
+    # in the view's noise and dimensions). Per view: noise = sum of the components'
+    # errors in view units + nu x high dims, signal likewise from their biases, tau =
+    # signal / noise, the James-Stein risk ratio(dim, tau) x noise split over the
+    # components as lam^2 err + (1 - lam)^2 bias (lam = tau / (1 + tau)).
+    from calmkit_aggregator.error_model import _bias, _components, _pool, _shrink, _Views
+
+    sizes = np.array([2, 2, 2])
+    weights = np.array([[0, 3.0, 1.0], [3.0, 0, 0.5], [1.0, 0.5, 0]])
+    profile = DataProfile.from_marginals([np.array([0.6, 0.4])] * 3, 0.02, pair_weights=weights)
+    model = _Views(sizes, [(0, 1, 2)], np.array([800.0]), 1.0, None)
+    comps = _components(model, 2)
+    pooled, groups = _pool(model, comps, 800.0)
+    bias = _bias(groups, profile, 0.02)
+    out = _shrink(model, comps, groups, pooled, bias)
+    pairs = np.flatnonzero(groups.order == 2)
+    assert pairs.size == 3 and comps.high_dim[0] == 1
+    to_view = groups.cells[pairs] / model.cells[0]
+    nu = model.nu[0]
+    noise = float((pooled[pairs] * to_view).sum()) + nu * 1
+    signal = float((bias[pairs] * to_view).sum())
+    tau = signal / noise
+    lam = tau / (1 + tau)
+    split = lam**2 * pooled[pairs] + (1 - lam) ** 2 * bias[pairs]
+    base = float((split * to_view).sum()) + lam**2 * nu * 1
+    taus, ratio = _js_table(4)
+    risk = float(np.interp(tau, taus, ratio)) * noise
+    np.testing.assert_allclose(out[pairs], split * risk / base, rtol=1e-12)
+    singles = np.flatnonzero(groups.order == 1)
+    np.testing.assert_array_equal(out[singles], pooled[singles])
+    assert 0.05 < lam < 0.95  # both terms of the split matter here
