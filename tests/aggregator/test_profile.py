@@ -230,31 +230,45 @@ def test_the_dependence_estimate_divides_the_pairs_statistics_by_their_weights()
     assert profile.dependence_sd < 0.1 * target
 
 
-def test_the_dependence_posterior_widens_with_the_pairs_spread_around_their_weights() -> None:
-    # pairs measured precisely whose dependences differ from what their weights predict:
-    # the posterior's spread is that of the pairs (sum of squared residuals in units of
-    # the mean weight over count - 1, divided by the count), not the tiny noise's
+def _posterior_replay(plans, users: int, eps: float) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """Pilot pairs (attributes, margins, planted interaction c): the profile's posterior
+    against the documented rule, replayed; returns (sigma2, noise part)."""
     schema = Schema.from_sizes([2] * 6)
-    flat, skewed = np.array([0.5, 0.5]), np.array([0.8, 0.2])
     pilot, oracles = [], []
-    plans = [((0, 1), flat, flat, 0.1), ((2, 3), skewed, skewed, 0.04),
-             ((4, 5), flat, skewed, 0.0)]  # fmt: skip
     for i, ((a, b), pa, pb, c) in enumerate(plans):
         truth = np.outer(pa, pb) + c * np.array([[1, -1], [-1, 1]])
-        tables, oracle = _pair_tables(truth, 400_000, 4.0, count=1, seed=30 + i)
-        pilot.append(MarginalTable((a, b), tables[0].values, tables[0].variance, 400_000))
+        tables, oracle = _pair_tables(truth, users, eps, count=1, seed=30 + i)
+        pilot.append(MarginalTable((a, b), tables[0].values, tables[0].variance, users))
         oracles.append(oracle)
     profile = estimate_profile(schema, pilot, oracles)
     pairs, values, variances = _pair_statistics(pilot, oracles, profile.marginals)
     w = _normalised_weights(marginal_pair_weights(profile.marginals), [2] * 6)
     pw = w[pairs[:, 0], pairs[:, 1]]
+    count = values.size
     x = values.sum() / pw.sum()
     residual = (values - x * pw) / pw.mean()
-    sigma2 = max(variances.mean() / pw.mean() ** 2, residual @ residual / 2) / 3
+    noise = variances.mean() / pw.mean() ** 2
+    sigma2 = max(noise, residual @ residual / (count - 1)) / count
     median, sd, quantiles = _dependence_posterior(x, sigma2)
     assert profile.dependence == median and profile.dependence_sd == sd
     assert profile.dependence_quantiles == quantiles
-    assert sigma2 > 10 * variances.mean() / 3  # the spread, not the noise, decides
+    return sigma2, noise / count
+
+
+def test_the_dependence_posterior_widens_with_the_pairs_spread_around_their_weights() -> None:
+    # pairs whose dependences differ from what their weights predict: measured
+    # precisely, the posterior's spread is the pairs' (squared residuals in units of the
+    # mean weight, over count - 1, divided by the count), not the tiny noise's; measured
+    # by few users, the noise's (mean variance over the squared mean weight, / count)
+    flat, skewed = np.array([0.5, 0.5]), np.array([0.8, 0.2])
+    three = [((0, 1), flat, flat, 0.1), ((2, 3), skewed, skewed, 0.04),
+             ((4, 5), flat, skewed, 0.0)]  # fmt: skip
+    sigma2, noise = _posterior_replay(three, 400_000, 4.0)
+    assert sigma2 > 10 * noise
+    sigma2, noise = _posterior_replay(three[:2], 400_000, 4.0)  # two pairs
+    assert sigma2 > 10 * noise
+    sigma2, noise = _posterior_replay(three, 300, 0.5)  # noise decides
+    assert sigma2 == noise
 
 
 def _posterior_mean(value: float, variance: float, expected: float, alpha: float) -> float:
@@ -324,7 +338,7 @@ def test_pair_statistics_replay_their_documented_simulation_and_skip_one_categor
     # dim / L; a pair with a one-category attribute has no interaction and is skipped
     from calmkit_aggregator.profile import _BOOTSTRAP, _dependence_stat, _draw_estimates
 
-    truth = np.array([[0.3, 0.1, 0.1], [0.1, 0.2, 0.2]])
+    truth = np.array([[0.4, 0.05, 0.05], [0.05, 0.2, 0.25]])
     tables, oracle = _pair_tables(truth, 900, 1.0, count=1, seed=4)
     margs = [truth.sum(axis=1), truth.sum(axis=0), np.ones(1)]
     flat = MarginalTable((1, 2), np.full((3, 1), 1 / 3), oracle.variance(900), 900)
@@ -337,6 +351,7 @@ def test_pair_statistics_replay_their_documented_simulation_and_skip_one_categor
                              2, 3)  # fmt: skip
     raw = float(_dependence_stat(tables[0].values.reshape(1, -1), 2, 3)[0])
     unit, mean = 2 / 6, float(noise.mean())
+    assert raw > 2 * mean  # a clear signal: the cross term counts
     assert values[0] == pytest.approx((raw - mean) / unit, rel=1e-12)
     spread = float(((noise - mean) ** 2).sum() / (noise.size - 1))
     assert variances[0] == pytest.approx(
@@ -416,3 +431,53 @@ def test_the_pilot_bootstrap_draws_reports_as_the_oracle_does(cells: int, eps: f
     se_var = exact * math.sqrt(2 / (draws.shape[0] - 1))
     assert np.all(np.abs(draws.var(axis=0, ddof=1) - exact) <= MARGIN * se_var)
     assert oracle.name == ("OUE" if cells == 16 else "GRR")
+
+
+def test_the_prior_is_log_uniform_on_its_documented_range() -> None:
+    # log-uniform on [1e-3, 0.3]: median sqrt(3e-4), quantiles 1e-3 x 300^f
+    prior = DataProfile.prior(Schema.from_sizes([2, 3]))
+    assert DEPENDENCE_PRIOR == (1e-3, 0.3)
+    assert prior.dependence == pytest.approx(math.sqrt(3e-4), rel=1e-12)
+    expected = [1e-3 * 300**f for f in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    np.testing.assert_allclose(prior.dependence_quantiles, expected, rtol=1e-12)
+    assert prior.reports == 0 and prior.source == "prior"
+    given = DataProfile.from_marginals([np.array([0.5, 0.5])] * 2, 0.01)
+    assert given.reports == 0 and given.to_dict()["pair_weights"] == "even"
+
+
+def test_pair_weights_checks_and_fallbacks() -> None:
+    margs = [np.array([0.5, 0.5]), np.array([0.9, 0.1]), np.array([1.0]), np.array([0.2, 0.8])]
+    with pytest.raises(CalmkitError, match=r"^pair_weights must be finite and >= 0$"):
+        DataProfile.from_marginals(margs, 0.02, pair_weights=-np.ones((4, 4)))
+    # all zero: every pair alike
+    zero = DataProfile.from_marginals(margs, 0.02, pair_weights=np.zeros((4, 4)))
+    assert not zero.uneven and zero.weights[0, 1] == zero.weights[1, 3] == 1.0
+    # symmetric up to rounding is symmetric
+    w = np.array([[0, 1, 0, 2], [1, 0, 0, 3], [0, 0, 0, 0], [2, 3, 0, 0]], dtype=float)
+    w[0, 1] *= 1 + 1e-12
+    tilted = DataProfile.from_marginals(margs, 0.02, pair_weights=w)
+    assert tilted.uneven and tilted.to_dict()["pair_weights"] == "uneven"
+    # a one-category attribute allows no interaction
+    raw = marginal_pair_weights(margs)
+    assert raw[2].tolist() == [0.0] * 4 and raw[:, 2].tolist() == [0.0] * 4
+
+
+def test_the_representative_keeps_a_direction_with_an_exact_zero() -> None:
+    from calmkit_aggregator.profile import _representative
+
+    mean = np.array([1 / 3, 0.5, 1 / 6])  # its first coordinate equals uniform's
+    out = _representative(mean, 0.02)
+    assert np.all(np.isfinite(out)) and out.sum() == pytest.approx(1.0)
+    assert ((out - 1 / 3) ** 2).sum() == pytest.approx(0.02, rel=1e-9)
+    assert out[0] == pytest.approx(1 / 3)
+
+
+def test_pilot_pairs_with_one_report_count_and_attributes_no_view_holds_keep_the_prior() -> None:
+    truth = np.array([[0.4, 0.1], [0.1, 0.4]])
+    oracle = choose_oracle(4, 1.0)
+    one = MarginalTable((0, 1), truth, oracle.variance(1), 1)
+    margs = [truth.sum(axis=1), truth.sum(axis=0)]
+    assert _pair_statistics([one], [oracle], margs)[0].tolist() == [[0, 1]]
+    schema = Schema.from_sizes([2, 2, 3])
+    profile = estimate_profile(schema, [one], [oracle])
+    np.testing.assert_array_equal(profile.marginals[2], DataProfile.prior(schema).marginals[2])
