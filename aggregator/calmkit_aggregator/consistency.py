@@ -29,7 +29,13 @@ import numpy as np
 
 from .marginal import MarginalTable, inverse_variance_weights
 
-__all__ = ["ConsistentViews", "intersection_closure", "make_consistent", "norm_sub"]
+__all__ = [
+    "ConsistentViews",
+    "intersection_closure",
+    "make_consistent",
+    "norm_sub",
+    "norm_sub_rows",
+]
 
 
 def intersection_closure(views: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -224,7 +230,7 @@ class _Stacks:
 
     def norm_sub(self) -> None:
         """Norm-Sub of every view (row by row of each stack)."""
-        self.arrays = [_simplex_rows(a.reshape(a.shape[0], -1)).reshape(a.shape)
+        self.arrays = [norm_sub_rows(a.reshape(a.shape[0], -1)).reshape(a.shape)
                        for a in self.arrays]  # fmt: skip
 
     def values(self) -> list[np.ndarray]:
@@ -237,7 +243,7 @@ def _along(per_row: np.ndarray, like: np.ndarray) -> np.ndarray:
     return per_row.reshape((-1,) + (1,) * (like.ndim - 1))
 
 
-def _simplex_rows(x: np.ndarray) -> np.ndarray:
+def norm_sub_rows(x: np.ndarray) -> np.ndarray:
     """:func:`norm_sub` of every row of ``x`` (rows, cells) at total 1."""
     width = x.shape[1]
     desc = -np.sort(-x, axis=1)

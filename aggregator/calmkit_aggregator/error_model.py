@@ -51,6 +51,7 @@ import numpy as np
 
 from calmkit_client import CalmkitError, FrequencyOracle, choose_oracle, make_oracle
 
+from .consistency import norm_sub_rows
 from .profile import DataProfile
 
 __all__ = ["ErrorPrediction", "Workload", "predict_error", "predict_errors"]
@@ -451,7 +452,7 @@ def _simulate(
         sd = np.sqrt(np.maximum(cells * p * (1 - p) + rest * q * (1 - q), 0.0))
         counts = cells * p + rest * q + sd * gen.standard_normal(cells.shape)
     est = (counts / s[:, :, None] - q) / (p - q)
-    projected = _simplex_rows(est.reshape(-1, t.shape[1])).reshape(est.shape)
+    projected = norm_sub_rows(est.reshape(-1, t.shape[1])).reshape(est.shape)
     errors: np.ndarray = projected - t[:, None, :]
     return errors
 
@@ -465,19 +466,6 @@ def _normal_multinomial(s: np.ndarray, probs: np.ndarray, gen: np.random.Generat
     centred = root * g - probs[:, None, :] * (root * g).sum(axis=2, keepdims=True)
     draws: np.ndarray = s[:, :, None] * probs[:, None, :] + np.sqrt(s)[:, :, None] * centred
     return draws
-
-
-def _simplex_rows(x: np.ndarray) -> np.ndarray:
-    """Norm-Sub of every row: the Euclidean projection onto the simplex."""
-    width = x.shape[1]
-    desc = -np.sort(-x, axis=1)
-    cum = np.cumsum(desc, axis=1) - 1.0
-    rank = np.arange(1, width + 1)
-    ok = desc - cum / rank > 0
-    rho = width - 1 - np.argmax(ok[:, ::-1], axis=1)
-    delta = cum[np.arange(x.shape[0]), rho] / (rho + 1)
-    rows: np.ndarray = np.maximum(x - delta[:, None], 0.0)
-    return rows
 
 
 # -- consistency pooling ------------------------------------------------------------------
