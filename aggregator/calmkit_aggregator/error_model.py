@@ -366,22 +366,27 @@ def _norm_sub(model: _Views, comps: _Components, profile: DataProfile, seed: int
             picked = group
             if group.size > _SIMULATED:  # spread over the truths' range
                 order = group[np.argsort(truth[group].min(axis=1), kind="stable")]
-                picked = order[np.linspace(0, order.size - 1, _SIMULATED).astype(np.int64)]
-                picked = np.unique(picked)
+                at = np.unique(np.linspace(0, order.size - 1, _SIMULATED).astype(np.int64))
+                picked = order[at]  # in the order of their smallest true cell
             bias2, var = _simulate_components(oracle, users[picked], truth[picked], project,
                                               segments, gen)  # fmt: skip
             if picked.size < group.size:  # nearest simulated view by smallest true cell
-                key_pick = truth[picked].min(axis=1)
-                key_all = truth[group].min(axis=1)
-                pos = np.clip(np.searchsorted(key_pick, key_all), 1, picked.size - 1)
-                left = np.abs(key_all - key_pick[pos - 1]) <= np.abs(key_pick[pos] - key_all)
-                near = np.where(left, pos - 1, pos)
+                near = _nearest(truth[picked].min(axis=1), truth[group].min(axis=1))
                 bias2, var = bias2[near], var[near]
                 target = rows[group]
             else:
                 target = rows[picked]
             comps.bias_norm[target] = np.sqrt(bias2)
             comps.variance[target] = var
+
+
+def _nearest(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """For each of ``values`` the index of the nearest of the sorted ``keys`` (at least
+    two); a value halfway between two keys takes the lower."""
+    pos = np.clip(np.searchsorted(keys, values), 1, keys.size - 1)
+    left = np.abs(values - keys[pos - 1]) <= np.abs(keys[pos] - values)
+    out: np.ndarray = np.where(left, pos - 1, pos)
+    return out
 
 
 def _simulate_components(
