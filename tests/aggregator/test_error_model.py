@@ -92,16 +92,18 @@ def test_max_ent_products_match_the_amplified_prediction(eps: float) -> None:
     assert abs(mean - flat.sse) > MARGIN * se
 
 
-@pytest.mark.parametrize("k", [2, 3, 4])
-@pytest.mark.parametrize("uneven", [False, True])
-def test_the_workload_sum_equals_brute_force_over_all_queries(k: int, uneven: bool) -> None:
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize(("uneven", "dependence"), [(False, 0.03), (True, 0.03), (False, 0.0)])
+def test_the_workload_sum_equals_brute_force_over_all_queries(
+    k: int, uneven: bool, dependence: float
+) -> None:
     sizes = (2, 3, 1, 2, 4, 2, 2)  # one attribute with a single category
     views = [(0, 1), (1, 3, 4), (0, 5, 6), (3, 5), (4, 6), (0, 1, 3), (2, 4)]
     users = [900.0, 500, 700, 1200, 300, 800, 400]
     gen = np.random.default_rng(7)
     raw = gen.exponential(size=(7, 7))
     weights = raw + raw.T if uneven else None  # how the dependence spreads over pairs
-    profile = DataProfile.from_marginals([gen.dirichlet(np.ones(s)) for s in sizes], 0.03,
+    profile = DataProfile.from_marginals([gen.dirichlet(np.ones(s)) for s in sizes], dependence,
                                          pair_weights=weights)  # fmt: skip
     every = list(itertools.combinations(range(len(sizes)), k))
     for eps in (0.3, 2.0):  # Norm-Sub simulated at 0.3, linear at 2
@@ -404,3 +406,87 @@ def test_views_beyond_the_simulated_ones_copy_the_nearest_simulated_view(
         ratios.append(part / whole)
     se = math.sqrt(2 / (_SAMPLES - 1)) * math.sqrt(1 / 128 + 1 / d) / math.sqrt(3)
     assert abs(float(np.mean(ratios)) - 1) <= MARGIN * se, ratios
+
+
+def test_a_disjoint_view_does_not_change_the_answers_inside_another() -> None:
+    # queries inside view (1, 2) draw on its components only; adding a view of another
+    # attribute (skewed, few users: Norm-Sub simulated) must not move their prediction
+    # (the same population size n, which the sampling term uses)
+    sizes = (2, 2, 2)
+    profile = DataProfile.from_marginals(
+        [np.array([0.97, 0.03]), np.array([0.5, 0.5]), np.array([0.5, 0.5])], 0.01
+    )
+    queries = Workload(queries=[(1, 2), (1,), (2,)])
+    alone = predict_error(sizes, [(1, 2)], [5000.0], 1.0, queries, profile, n=5030)
+    both = predict_error(sizes, [(0,), (1, 2)], [30.0, 5000.0], 1.0, queries, profile, n=5030)
+    assert both.sse == pytest.approx(alone.sse, rel=1e-12)
+
+
+def test_the_james_stein_table_with_signal_matches_a_direct_simulation() -> None:
+    # x = theta e_1 + z in dim dimensions, z ~ N(0, I), |theta|^2 = tau dim; the factor
+    # (1 - dim / |x|^2)_+; fresh draws (another seed than the table's), 4 SE of both
+    dim, draws = 5, 40_000
+    taus, ratio = _js_table(dim)
+    gen = np.random.default_rng(77)
+    for tau in (0.3, 1.0, 4.0):
+        i = int(np.argmin(np.abs(taus - tau)))
+        theta = math.sqrt(taus[i] * dim)
+        z = gen.standard_normal((draws, dim))
+        x = z.copy()
+        x[:, 0] += theta
+        norm2 = (x**2).sum(axis=1)
+        lam = np.clip(1 - dim / norm2, 0.0, None)
+        loss = ((lam[:, None] * x) ** 2).sum(axis=1) - 2 * theta * lam * x[:, 0] + theta**2
+        se = math.sqrt(loss.var() / draws + loss.var() / 8000) / dim
+        assert abs(loss.mean() / dim - ratio[i]) <= MARGIN * se
+
+
+def test_the_key_guard_allows_exactly_what_fits_in_62_bits() -> None:
+    # keys pack attributes in base d + 2: an order-7 workload fits up to d = 461
+    # (7 log2(463) = 61.99) and not at d = 462
+    for d, fits in ((461, True), (462, False)):
+        profile = DataProfile.from_marginals([np.full(2, 0.5)] * d, 0.0)
+        if fits:
+            predict_error((2,) * d, [(0, 1)], [1000.0], 1.0, Workload(k=7), profile)
+        else:
+            with pytest.raises(CalmkitError, match=r"^workload order \(7\) too large"):
+                predict_error((2,) * d, [(0, 1)], [1000.0], 1.0, Workload(k=7), profile)
+
+
+def test_few_users_are_drawn_exactly_on_the_oracles_lattice() -> None:
+    # below 40 users GRR's counts are drawn exactly (integers): with cells far from zero
+    # Norm-Sub leaves them, so every simulated estimate lies on the lattice of counts
+    from calmkit_aggregator.error_model import _simulate
+    from calmkit_client import make_oracle
+
+    oracle = make_oracle("GRR", 2, 4.0)
+    t = np.array([0.5, 0.5])
+    errors = _simulate(oracle, np.full(50, 30.0), np.tile(t, (50, 1)), np.random.default_rng(2))
+    counts = 30 * ((errors + t) * (oracle.p - oracle.q) + oracle.q)
+    on_lattice = np.abs(counts - np.rint(counts)) < 1e-9
+    assert on_lattice.mean() > 0.99
+
+
+def test_simulated_component_variances_match_the_analytic_ones_away_from_zero() -> None:
+    # a 2 x 3 view far from zero: the simulated variance of each component read in its
+    # marginal (1-way, 1-way, pair) is the analytic (L / L_S) dim_S nu; 200 views of 32
+    # samples, relative error sqrt(2 / (200 x 31)) each (4 SE)
+    from calmkit_aggregator.error_model import (
+        _SAMPLES,
+        _component_operator,
+        _simulate_components,
+        _Views,
+    )
+
+    shape = (2, 3)
+    patterns = ((0,), (1,), (0, 1))
+    model = _Views(np.array(shape), [(0, 1)], np.array([20_000.0]), 1.0, None)
+    oracle, nu = model.oracles[0], float(model.nu[0])
+    truth = np.tile(np.array([0.2, 0.1, 0.2, 0.15, 0.15, 0.2]), (200, 1))
+    project, segments = _component_operator(shape, patterns)
+    bias2, var = _simulate_components(oracle, np.full(200, 20_000.0), truth, project,
+                                      segments, np.random.default_rng(4))  # fmt: skip
+    analytic = np.array([6 / 2 * 1, 6 / 3 * 2, 6 / 6 * 2]) * nu
+    se = analytic * math.sqrt(2 / (200 * (_SAMPLES - 1)))
+    assert np.all(np.abs(var.mean(axis=0) - analytic) <= MARGIN * se)
+    assert np.all(bias2.mean(axis=0) <= 0.1 * analytic)  # no bias far from zero
