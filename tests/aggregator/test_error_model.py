@@ -177,6 +177,9 @@ def test_bad_input_names_the_field() -> None:
         predict_error((2, 2), [(0, 1)], [10.0], 1.0, Workload(k=2), profile)
     with pytest.raises(CalmkitError, match="k"):
         Workload(k=0)
+    for query in ((0, 3), (-1, 1)):  # out of range at either end
+        with pytest.raises(CalmkitError, match=r"^query \[.*\] must name attributes in \[0, 3\)$"):
+            predict_error((2, 2, 2), [(0, 1)], [10.0], 1.0, Workload(queries=[query]), profile)
 
 
 def test_the_reconstruction_is_a_parameter_of_the_prediction() -> None:

@@ -226,3 +226,68 @@ def test_notes_name_the_attributes_no_view_holds() -> None:
     notes = few.notes([f"a{i}" for i in range(6)])
     assert len(few.predicted.uncollected) == 4 and len(notes) == 1
     assert notes[0].startswith("4 attribute(s) in no view")
+
+
+def test_a_design_scored_twice_keeps_its_own_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the cover's size for k = 2 over 8 attributes (28 pairs) is also the last count of
+    # the l = 2 search: its cached prediction (the best, 1.0) decides that the cover is
+    # built, not another candidate's
+    def sse(size: int, m: int) -> float:
+        return 3.0 if size == 1 else (1.0 if m == 28 else 5.0)
+
+    _model(monkeypatch, sse)
+    chosen = choose_plan([2] * 8, 1.0, 1 << 20, Workload(k=2), _flat(8))
+    assert any(c.design == "cover" and c.l == 2 for c in chosen.candidates)
+
+
+def test_dependent_designs_are_tried_at_the_two_best_spread_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _model(monkeypatch, lambda size, m: float(m))
+    margs = [np.array([0.5, 0.5])] * 20
+    weights = np.random.default_rng(3).exponential(size=(20, 20))
+    uneven = DataProfile.from_marginals(margs, 0.01, pair_weights=weights + weights.T)
+    chosen = choose_plan([2] * 20, 1.0, 1 << 20, Workload(k=3), uneven, l=2)
+    # the m search scored 10, 40, 160 (then refined around 10): the two best, 10 and 40
+    assert {10, 40, 160} <= _ms(chosen, 2) and _ms(chosen, 2, "dependent") == {10, 40}
+
+
+def test_sizes_without_room_are_skipped_not_the_end_of_the_search() -> None:
+    # every single attribute already has its view (a first phase): l = 1 has no room
+    fixed = [(a,) for a in range(6)]
+    chosen = choose_plan([2] * 6, 1.0, 20_000, Workload(k=2), _flat(6), fixed_views=fixed,
+                         fixed_users=[1000.0] * 6)  # fmt: skip
+    assert chosen.l >= 2 and all(c.l >= 2 for c in chosen.candidates)
+    # m may be every new view there is
+    every = choose_plan([2] * 4, 1.0, 20_000, Workload(k=2), _flat(4), l=2, m=6)
+    assert len(every.views) == 6
+    with pytest.raises(PlanError, match=r"^m \(7\) must be <= 6 new distinct views of size 2$"):
+        choose_plan([2] * 4, 1.0, 20_000, Workload(k=2), _flat(4), l=2, m=7)
+
+
+def test_the_prediction_counts_the_fixed_views_users_in_the_population() -> None:
+    from calmkit_aggregator.error_model import predict_error
+
+    fixed = [(0, 1), (2, 3)]
+    chosen = choose_plan([2] * 4, 1.0, 5000, Workload(k=2), _flat(4), l=2, m=2,
+                         fixed_views=fixed, fixed_users=[700.0, 300.0])  # fmt: skip
+    views = list(fixed) + list(chosen.views)
+    users = [700.0, 300.0, 2500.0, 2500.0]
+    direct = predict_error([2] * 4, views, users, 1.0, Workload(k=2), _flat(4), n=6000.0)
+    assert chosen.predicted.sse == pytest.approx(direct.sse, rel=1e-12)
+
+
+def test_sizes_and_planner_results_are_checked_and_frozen() -> None:
+    import dataclasses
+
+    with pytest.raises(PlanError, match=r"^sizes \(\(\)\) must name at least one attribute$"):
+        choose_plan([], 1.0, 100, Workload(k=1))
+    with pytest.raises(PlanError, match=r"^sizes \(\[2, 0\]\) must be category counts >= 1$"):
+        choose_plan([2, 0], 1.0, 100, Workload(k=1))
+    one = choose_plan([3], 1.0, 1000, Workload(k=1), DataProfile.from_marginals(
+        [np.full(3, 1 / 3)], 0.0))  # fmt: skip
+    assert one.views == ((0,),)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        one.m = 5  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        one.candidates[0].m = 5  # type: ignore[misc]

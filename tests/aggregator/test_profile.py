@@ -481,3 +481,27 @@ def test_pilot_pairs_with_one_report_count_and_attributes_no_view_holds_keep_the
     schema = Schema.from_sizes([2, 2, 3])
     profile = estimate_profile(schema, [one], [oracle])
     np.testing.assert_array_equal(profile.marginals[2], DataProfile.prior(schema).marginals[2])
+
+
+def test_evenness_sees_every_pair_and_a_lone_attribute_has_no_pairs() -> None:
+    margs = [np.array([0.5, 0.5])] * 4
+    w = np.ones((4, 4))
+    w[0, 1] = w[1, 0] = 2.0  # only a pair next to the diagonal differs
+    assert DataProfile.from_marginals(margs, 0.01, pair_weights=w).uneven
+    lone = DataProfile.from_marginals([np.array([0.5, 0.5])], 0.01, pair_weights=np.ones((1, 1)))
+    assert lone.weights.tolist() == [[0.0]] and not lone.uneven
+
+
+def test_pilot_views_hold_one_or_two_attributes_and_degenerate_margins_are_handled() -> None:
+    schema = Schema.from_sizes([2, 2, 2])
+    oracle = choose_oracle(8, 1.0)
+    triple = MarginalTable((0, 1, 2), np.full((2, 2, 2), 1 / 8), oracle.variance(100), 100)
+    with pytest.raises(CalmkitError, match=r"^pilot view \[0, 1, 2\] must hold one or two"):
+        estimate_profile(schema, [triple], [oracle])
+    # attribute 0 is always in category 0: its pilot margin, shrunk towards uniform,
+    # stays short of the point (1, 0), so the pair keeps a tiny positive weight and the
+    # estimate stays finite
+    truth = np.array([[0.5, 0.5], [0.0, 0.0]])
+    tables, pair_oracle = _pair_tables(truth, 2_000_000, 4.0, count=1, seed=11)
+    profile = estimate_profile(Schema.from_sizes([2, 2]), tables, [pair_oracle])
+    assert math.isfinite(profile.dependence) and math.isfinite(profile.dependence_sd)
