@@ -59,6 +59,10 @@ __all__ = ["ErrorPrediction", "Workload", "predict_error", "predict_errors"]
 # A view's Norm-Sub is simulated when its smallest true cell is within this many
 # noise standard deviations of zero.
 _CLIP_SDS = 3.0
+# Views above this many cells are not simulated (their Norm-Sub is taken as inactive):
+# the simulation's component operator is dense, cells x cells (a 2^20-cell view would
+# need 8 TiB).
+_SIMULATE_MAX_CELLS = 1 << 12
 # Simulated repetitions per view for Norm-Sub; values per simulated batch.
 _SAMPLES = 32
 _BATCH_VALUES = 1 << 18
@@ -340,7 +344,8 @@ def _norm_sub(model: _Views, comps: _Components, profile: DataProfile, seed: int
     """Overwrite the bias norm and variance of the components of every view whose
     Norm-Sub is active with simulated values. Views of one shape and user count are
     simulated up to :data:`_SIMULATED` at a time; the others take the values of the
-    simulated view with the nearest truth."""
+    simulated view with the nearest truth. Views above :data:`_SIMULATE_MAX_CELLS`
+    cells keep the analytic values."""
     width = max(p.size for p in profile.marginals)
     padded = np.zeros((len(profile.marginals), width))
     for a, p in enumerate(profile.marginals):
@@ -348,6 +353,8 @@ def _norm_sub(model: _Views, comps: _Components, profile: DataProfile, seed: int
     gen = np.random.default_rng(seed)
     for key, (idx, patterns, rows) in comps.blocks.items():
         shape, _ = key
+        if math.prod(shape) > _SIMULATE_MAX_CELLS:
+            continue
         # truths: outer products of the representative marginals, (B, L)
         views = model.shapes[key][1]
         truth = np.ones((len(idx), 1))

@@ -291,3 +291,27 @@ def test_sizes_and_planner_results_are_checked_and_frozen() -> None:
         one.m = 5  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         one.candidates[0].m = 5  # type: ignore[misc]
+
+
+def test_view_sizes_go_up_to_8(monkeypatch: pytest.MonkeyPatch) -> None:
+    _model(monkeypatch, lambda size, m: 1.0)  # nothing ever gets worse: every size tried
+    chosen = choose_plan([2] * 10, 1.0, 1 << 24, Workload(k=1), _flat(10))
+    assert max(c.l for c in chosen.candidates) == 8
+
+
+def test_boundary_values_are_accepted() -> None:
+    # l = d, m = 1, and a view of exactly MAX_VIEW_CELLS (2^20) cells
+    assert choose_plan([2] * 4, 1.0, 1000, Workload(k=2), _flat(4), l=4).views == ((0, 1, 2, 3),)
+    assert choose_plan([2] * 4, 1.0, 1000, Workload(k=2), _flat(4), l=2, m=1).m == 1
+    big = DataProfile.from_marginals([np.full(1024, 1 / 1024)] * 2, 0.0)
+    wide = choose_plan([1024, 1024], 1.0, 1 << 20, Workload(k=2), big, l=2)
+    assert wide.views == ((0, 1),)
+    for bad in (True, 2.5):
+        with pytest.raises(PlanError, match=rf"^n \({bad!r}\) must be an int >= 1$"):
+            choose_plan([2] * 4, 1.0, bad, Workload(k=2))  # type: ignore[arg-type]
+
+
+def test_queries_as_many_as_users_are_still_a_design() -> None:
+    # three 1-way queries and three users: each query its own view, one user each
+    chosen = choose_plan([2] * 3, 1.0, 3, Workload(queries=((0,), (1,), (2,))), _flat(3))
+    assert any(c.design == "queries" and c.m == 3 for c in chosen.candidates)
