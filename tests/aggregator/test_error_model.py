@@ -493,3 +493,76 @@ def test_simulated_component_variances_match_the_analytic_ones_away_from_zero() 
     se = analytic * math.sqrt(2 / (200 * (_SAMPLES - 1)))
     assert np.all(np.abs(var.mean(axis=0) - analytic) <= MARGIN * se)
     assert np.all(bias2.mean(axis=0) <= 0.1 * analytic)  # no bias far from zero
+
+
+def test_pooling_weighs_views_by_their_oracles_f_independent_variance() -> None:
+    # a pair view (4 cells) and a triple view (8 cells) share attribute 0: its component
+    # is pooled with weights 1 / (L_j var_j), var_j = q (1 - q) / (n_j (p - q)^2), and
+    # its error is sum w_j^2 v_j minus the users' sampling term dim / (L_S n)
+    from calmkit_aggregator.error_model import _components, _pool, _Views
+
+    model = _Views(np.array([2, 2, 2, 2]), [(0, 1), (0, 2, 3)], np.array([900.0, 300.0]),
+                   1.0, None)  # fmt: skip
+    comps = _components(model, 2)
+    err, groups = _pool(model, comps, 1200.0)
+    rows = [i for i in range(comps.count) if comps.attrs[i, 0] == 0 and comps.attrs[i, 1] < 0]
+    assert len(rows) == 2
+    var = []
+    for j, users in ((0, 900.0), (1, 300.0)):
+        oracle = model.oracles[j]
+        q, gap = oracle.q, (oracle.p - oracle.q) ** 2
+        var.append(q * (1 - q) / (users * gap))
+    w = np.array([1 / (4 * var[0]), 1 / (8 * var[1])])
+    w /= w.sum()
+    v = np.array([comps.variance[rows[0]], comps.variance[rows[1]]])
+    g = groups.index[rows[0]]
+    assert err[g] == pytest.approx(float((w**2 * v).sum()) - 1 / 2 / 1200.0, rel=1e-12)
+    assert model.oracles[0].name != model.oracles[1].name or model.cells[0] != model.cells[1]
+
+
+def test_small_inputs_at_their_boundaries() -> None:
+    from calmkit_aggregator.error_model import _simulate, predict_errors
+    from calmkit_client import make_oracle
+
+    profile = DataProfile.from_marginals([np.array([0.6, 0.4])] * 3, 0.01)
+    # k may equal d
+    full = predict_error((2, 2, 2), [(0, 1, 2)], [500.0], 1.0, Workload(k=3), profile)
+    assert full.sse > 0
+    # predict_errors' own default seed
+    assert predict_errors((2, 2, 2), [(0, 1)], [500.0], 1.0, Workload(k=2), profile)[0].sse > 0
+    # one-category attributes are never "uncollected"
+    one = DataProfile.from_marginals([np.ones(1), np.array([0.5, 0.5])], 0.0)
+    assert predict_error((1, 2), [(1,)], [100.0], 1.0, Workload(k=1), one).uncollected == ()
+    # an oracle name per view, no more, no less
+    with pytest.raises(CalmkitError, match=r"^oracles \(1\) must name one oracle per view$"):
+        predict_error((2, 2, 2), [(0, 1), (1, 2)], [9.0, 9.0], 1.0, Workload(k=2), profile,
+                      oracles=["GRR"])  # fmt: skip
+    named = predict_error((2, 2, 2), [(0, 1), (1, 2)], [9.0, 9.0], 1.0, Workload(k=2),
+                          profile, oracles=["GRR", "OUE"])  # fmt: skip
+    assert named.sse > 0
+    # a view with one expected user is simulated with one report: every table a vertex
+    grr = make_oracle("GRR", 2, 1.0)
+    errors = _simulate(grr, np.full(20, 1.0), np.tile([0.5, 0.5], (20, 1)),
+                       np.random.default_rng(1))  # fmt: skip
+    tables = errors + 0.5
+    assert np.all(np.isclose(tables.max(axis=2), 1.0))
+
+
+def test_a_signal_beyond_the_risk_tables_range_is_left_unshrunk() -> None:
+    # tau above the table's last point (1e3): the risk ratio of the last point (no
+    # shrinkage left: about 1), not of another point
+    from calmkit_aggregator.error_model import _bias, _components, _pool, _shrink, _Views
+
+    sizes = np.array([2, 2, 2])
+    profile = DataProfile.from_marginals([np.array([0.5, 0.5])] * 3, 0.3)
+    model = _Views(sizes, [(0, 1, 2)], np.array([1e9]), 1.0, None)
+    comps = _components(model, 2)
+    pooled, groups = _pool(model, comps, 1e9)
+    bias = _bias(groups, profile, 0.3)
+    out = _shrink(model, comps, groups, pooled, bias)
+    pairs = np.flatnonzero(groups.order == 2)
+    taus, ratio = _js_table(4)
+    noise = float((pooled[pairs] * groups.cells[pairs] / 8).sum()) + model.nu[0]
+    assert float((bias[pairs] * groups.cells[pairs] / 8).sum()) / noise > taus[-1]
+    # lam is about 1: each pair keeps its error, times the last point's risk ratio
+    assert out[pairs].sum() == pytest.approx(pooled[pairs].sum() * ratio[-1], rel=1e-3)
