@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -242,16 +243,21 @@ def _posterior_replay(plans, users: int, eps: float) -> tuple[float, float]:  # 
         oracles.append(oracle)
     profile = estimate_profile(schema, pilot, oracles)
     pairs, values, variances = _pair_statistics(pilot, oracles, profile.marginals)
-    w = _normalised_weights(marginal_pair_weights(profile.marginals), [2] * 6)
+    w = np.array(_normalised_weights(marginal_pair_weights(profile.marginals), [2] * 6))
     pw = w[pairs[:, 0], pairs[:, 1]]
     count = values.size
     x = values.sum() / pw.sum()
     residual = (values - x * pw) / pw.mean()
     noise = variances.mean() / pw.mean() ** 2
-    sigma2 = max(noise, residual @ residual / (count - 1)) / count
+    spread = residual @ residual / (count - 1) if count > 1 else 0.0
+    sigma2 = max(noise, spread) / count
     median, sd, quantiles = _dependence_posterior(x, sigma2)
     assert profile.dependence == median and profile.dependence_sd == sd
     assert profile.dependence_quantiles == quantiles
+    # measured pairs: their weight times their own posterior ratio, then renormalised
+    measured = _pair_posterior(values, variances, median * pw)
+    w[pairs[:, 0], pairs[:, 1]] = w[pairs[:, 1], pairs[:, 0]] = pw * measured
+    np.testing.assert_allclose(profile.weights, _normalised_weights(w, [2] * 6), rtol=1e-12)
     return sigma2, noise / count
 
 
@@ -269,6 +275,9 @@ def test_the_dependence_posterior_widens_with_the_pairs_spread_around_their_weig
     assert sigma2 > 10 * noise
     sigma2, noise = _posterior_replay(three, 300, 0.5)  # noise decides
     assert sigma2 == noise
+    # one skewed pair: its weight is below 1 (the mean over all pairs), and the ratio
+    # estimate divides by it
+    _posterior_replay(three[1:2], 400_000, 4.0)
 
 
 def _posterior_mean(value: float, variance: float, expected: float, alpha: float) -> float:
@@ -505,3 +514,52 @@ def test_pilot_views_hold_one_or_two_attributes_and_degenerate_margins_are_handl
     tables, pair_oracle = _pair_tables(truth, 2_000_000, 4.0, count=1, seed=11)
     profile = estimate_profile(Schema.from_sizes([2, 2]), tables, [pair_oracle])
     assert math.isfinite(profile.dependence) and math.isfinite(profile.dependence_sd)
+
+
+def test_more_posterior_and_weight_edges() -> None:
+    # precise data in the middle of the prior's range: the posterior is the likelihood,
+    # sd = sigma (the log-uniform prior's slope moves it by under 5% over +-2 sigma)
+    _, sd, _ = _dependence_posterior(0.05, 0.002**2)
+    assert sd == pytest.approx(0.002, rel=0.05)
+    # far above the prior's range: every quantile is its upper end
+    hi = DEPENDENCE_PRIOR[1]
+    assert _dependence_posterior(5.0, 1e-6)[2] == (pytest.approx(hi),) * 5
+    # a pair measured far beyond the ratio grid (r up to 1e3) still has a finite
+    # posterior at the grid's top
+    r = _pair_posterior(np.array([50.0]), np.array([1e-6]), np.array([0.01]))
+    assert np.isfinite(r[0]) and r[0] == pytest.approx(1e3, rel=0.01)
+    # negative cells are not a distribution, even summing to 1
+    with pytest.raises(CalmkitError, match=r"^marginals\[0\] must be a distribution"):
+        DataProfile.from_marginals([np.array([1.2, -0.2])], 0.0)
+    # one pair only, or weights equal up to rounding: even
+    two = DataProfile.from_marginals([np.array([0.5, 0.5])] * 2, 0.0,
+                                     pair_weights=np.full((2, 2), 0.3))  # fmt: skip
+    assert not two.uneven
+    third = DataProfile.from_marginals([np.array([0.5, 0.5])] * 4, 0.0,
+                                       pair_weights=np.full((4, 4), 0.1))  # fmt: skip
+    assert not third.uneven
+    rounded = np.ones((4, 4))
+    rounded[0, 2] = rounded[2, 0] = 1 + 1e-12
+    assert not DataProfile.from_marginals([np.array([0.5, 0.5])] * 4, 0.0,
+                                          pair_weights=rounded).uneven  # fmt: skip
+
+
+def test_marginal_pair_weights_for_more_categories() -> None:
+    # h_a = (1 - ||P_a||^2) / (L_a - 1) x L_a; pair weight h_a h_b
+    margs = [np.array([0.5, 0.3, 0.2]), np.array([0.7, 0.2, 0.05, 0.05]), np.array([0.9, 0.1])]
+    h = [(1 - float(p @ p)) / (p.size - 1) * p.size for p in margs]
+    raw = marginal_pair_weights(margs)
+    for a, b in itertools.combinations(range(3), 2):
+        assert raw[a, b] == pytest.approx(h[a] * h[b], rel=1e-12)
+
+
+def test_the_representative_stops_at_the_simplex_edge_on_its_ray() -> None:
+    from calmkit_aggregator.profile import _representative
+
+    mean = np.array([0.5, 0.3, 0.2])
+    u = np.full(3, 1 / 3)
+    out = _representative(mean, 1.0)  # far more skew than the simplex allows
+    direction = (mean - u) / np.linalg.norm(mean - u)
+    t = float((out - u) @ direction)
+    np.testing.assert_allclose(out, u + t * direction, atol=1e-12)  # on the ray
+    assert out.min() == pytest.approx(0.0, abs=1e-12) and out.sum() == pytest.approx(1.0)
