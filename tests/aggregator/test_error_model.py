@@ -492,7 +492,10 @@ def test_simulated_component_variances_match_the_analytic_ones_away_from_zero() 
     analytic = np.array([6 / 2 * 1, 6 / 3 * 2, 6 / 6 * 2]) * nu
     se = analytic * math.sqrt(2 / (200 * (_SAMPLES - 1)))
     assert np.all(np.abs(var.mean(axis=0) - analytic) <= MARGIN * se)
-    assert np.all(bias2.mean(axis=0) <= 0.1 * analytic)  # no bias far from zero
+    # no bias far from zero: the estimate max(mean^2 - var / 31, 0) of a zero bias is
+    # max(X, 0) with X centred, sd about var sqrt(2) / 32, so its mean is about 0.4 sd
+    # = 0.018 var; twice that is allowed (an uncorrected mean^2 would give var / 16)
+    assert np.all(bias2.mean(axis=0) <= 0.036 * analytic)
 
 
 def test_pooling_weighs_views_by_their_oracles_f_independent_variance() -> None:
