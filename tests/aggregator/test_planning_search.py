@@ -149,10 +149,10 @@ def test_plateaus_are_not_rises_and_a_fall_resets_the_count(
 def test_a_cover_is_built_only_near_the_best_unless_m_is_fixed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # l = 1 is best (1.0); a spread design of the cover's size at l = 2 is 1.5x that,
+    # l = 1 is best (0.1); a spread design of the cover's size at l = 2 is 1.5x that,
     # beyond _RISE = 1.25: no cover is built. At 1.2x it is.
     for ratio, built in ((1.5, False), (1.2, True)):
-        _model(monkeypatch, lambda size, m, r=ratio: 1.0 if size == 1 else r)  # type: ignore[misc]
+        _model(monkeypatch, lambda size, m, r=ratio: 0.1 if size == 1 else 0.1 * r)  # type: ignore[misc]
         chosen = choose_plan([2] * 8, 1.0, 1 << 20, Workload(k=2), _flat(8))
         assert any(c.design == "cover" for c in chosen.candidates) == built
     # with m fixed the cover of that size is always compared
@@ -193,7 +193,8 @@ def test_the_refinement_stays_within_the_views_not_already_fixed(
 def test_the_queries_design_needs_one_size_and_skips_one_category_attributes() -> None:
     # one query: its own view
     single = choose_plan([2] * 6, 1.0, 50_000, Workload(queries=((0, 1, 2),)), _flat(6))
-    assert any(c.design == "queries" and c.m == 1 for c in single.candidates)
+    assert any(c.design == "queries" and (c.l, c.m) == (3, 1) for c in single.candidates)
+    assert all(c.l == 3 for c in single.candidates if c.design == "queries")
     # attribute 2 has one category: the queries become (0, 1) and (3, 4, 5), of two
     # sizes, so they are not a design of one view size
     sizes = [2, 2, 1, 2, 2, 2]
