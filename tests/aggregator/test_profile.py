@@ -563,3 +563,47 @@ def test_the_representative_stops_at_the_simplex_edge_on_its_ray() -> None:
     t = float((out - u) @ direction)
     np.testing.assert_allclose(out, u + t * direction, atol=1e-12)  # on the ray
     assert out.min() == pytest.approx(0.0, abs=1e-12) and out.sum() == pytest.approx(1.0)
+
+
+def test_last_profile_edges() -> None:
+    import dataclasses
+
+    profile = DataProfile.from_marginals([np.array([0.5, 0.5])] * 2, 0.01,
+                                         pair_weights=np.full((2, 2), 0.3))  # fmt: skip
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        profile.dependence = 0.5  # type: ignore[misc]
+    assert profile.weights[0, 1] == 1.0  # one pair: normalised to mean 1 all the same
+    with pytest.raises(CalmkitError, match=r"^pair_weights must be symmetric$"):
+        DataProfile.from_marginals([np.array([0.5, 0.5])] * 2, 0.0,
+                                   pair_weights=np.array([[0.0, 2.0], [1.0, 0.0]]))  # fmt: skip
+    # an attribute no pilot view holds, before held ones, keeps the prior's marginal
+    truth = np.array([[0.4, 0.1], [0.1, 0.4]])
+    tables, oracle = _pair_tables(truth, 5000, 1.0, count=1, seed=12)
+    pair = MarginalTable((2, 3), tables[0].values, tables[0].variance, 5000)
+    schema = Schema.from_sizes([2, 3, 2, 2])
+    est = estimate_profile(schema, [pair], [oracle])
+    prior = DataProfile.prior(schema)
+    np.testing.assert_array_equal(est.marginals[0], prior.marginals[0])
+    np.testing.assert_array_equal(est.marginals[1], prior.marginals[1])
+    assert abs(est.marginals[2][0] - 0.5) < 0.1 and est.marginals[3].size == 2
+    # a 1-way view before a pair: the pair still counts
+    single = MarginalTable((0,), np.array([0.5, 0.5]), choose_oracle(2, 1.0).variance(100), 100)
+    got = _pair_statistics(
+        [single, pair],
+        [choose_oracle(2, 1.0), oracle],
+        [np.full(2, 0.5), np.full(3, 1 / 3), np.full(2, 0.5), np.full(2, 0.5)],
+    )
+    assert got[0].tolist() == [[2, 3]]
+
+
+def test_a_pair_posterior_fits_alpha_from_two_pairs() -> None:
+    values, variances = np.array([0.05, 0.001]), np.array([1e-5, 1e-5])
+    expected = np.array([0.01, 0.01])
+    z = values / expected
+    excess = np.var(z, ddof=1) - np.mean(variances / expected**2)
+    alpha = 1.0 / min(16.0, max(0.25, excess))
+    got = _pair_posterior(values, variances, expected)
+    for i in range(2):
+        want = _posterior_mean(values[i], variances[i], expected[i], alpha)
+        assert got[i] == pytest.approx(want, rel=1.5e-2)
+    assert alpha != 1.0  # the moments decide, not the one-pair default
