@@ -594,6 +594,9 @@ def test_last_profile_edges() -> None:
         [np.full(2, 0.5), np.full(3, 1 / 3), np.full(2, 0.5), np.full(2, 0.5)],
     )
     assert got[0].tolist() == [[2, 3]]
+    # a pair view without reports tells nothing
+    empty = MarginalTable((2, 3), np.full((2, 2), 0.25), np.inf, 0)
+    assert _pair_statistics([empty], [oracle], [np.full(2, 0.5)] * 4)[0].shape == (0, 2)
 
 
 def test_a_pair_posterior_fits_alpha_from_two_pairs() -> None:
