@@ -336,6 +336,19 @@ def test_the_james_stein_table_without_signal_is_the_chi_square_integral(dim: in
     assert taus[0] == 0.0 and abs(ratio[0] - mean) <= MARGIN * se
 
 
+def _shrunk_triple(profile: DataProfile, dependence: float, users: float):  # type: ignore[no-untyped-def]
+    """The error model's steps for one view of three binary attributes and a pairs
+    workload, up to the shrinkage: (model, comps, pooled, groups, bias, shrunk, pairs)."""
+    from calmkit_aggregator.error_model import _bias, _components, _pool, _shrink, _Views
+
+    model = _Views(np.array([2, 2, 2]), [(0, 1, 2)], np.array([users]), 1.0, None)
+    comps = _components(model, 2)
+    pooled, groups = _pool(model, comps, users)
+    bias = _bias(groups, profile, dependence)
+    out = _shrink(model, comps, groups, pooled, bias)
+    return model, comps, pooled, groups, bias, out, np.flatnonzero(groups.order == 2)
+
+
 def test_the_shrinkage_step_follows_its_documented_rule() -> None:
     # one view of three binary attributes, pairs workload: its three pair components
     # are held by it alone (shrunk), the triple is above the workload (its noise counts
@@ -343,17 +356,9 @@ def test_the_shrinkage_step_follows_its_documented_rule() -> None:
     # errors in view units + nu x high dims, signal likewise from their biases, tau =
     # signal / noise, the James-Stein risk ratio(dim, tau) x noise split over the
     # components as lam^2 err + (1 - lam)^2 bias (lam = tau / (1 + tau)).
-    from calmkit_aggregator.error_model import _bias, _components, _pool, _shrink, _Views
-
-    sizes = np.array([2, 2, 2])
     weights = np.array([[0, 3.0, 1.0], [3.0, 0, 0.5], [1.0, 0.5, 0]])
     profile = DataProfile.from_marginals([np.array([0.6, 0.4])] * 3, 0.02, pair_weights=weights)
-    model = _Views(sizes, [(0, 1, 2)], np.array([800.0]), 1.0, None)
-    comps = _components(model, 2)
-    pooled, groups = _pool(model, comps, 800.0)
-    bias = _bias(groups, profile, 0.02)
-    out = _shrink(model, comps, groups, pooled, bias)
-    pairs = np.flatnonzero(groups.order == 2)
+    model, comps, pooled, groups, bias, out, pairs = _shrunk_triple(profile, 0.02, 800.0)
     assert pairs.size == 3 and comps.high_dim[0] == 1
     to_view = groups.cells[pairs] / model.cells[0]
     nu = model.nu[0]
@@ -554,16 +559,8 @@ def test_small_inputs_at_their_boundaries() -> None:
 def test_a_signal_beyond_the_risk_tables_range_is_left_unshrunk() -> None:
     # tau above the table's last point (1e3): the risk ratio of the last point (no
     # shrinkage left: about 1), not of another point
-    from calmkit_aggregator.error_model import _bias, _components, _pool, _shrink, _Views
-
-    sizes = np.array([2, 2, 2])
     profile = DataProfile.from_marginals([np.array([0.5, 0.5])] * 3, 0.3)
-    model = _Views(sizes, [(0, 1, 2)], np.array([1e9]), 1.0, None)
-    comps = _components(model, 2)
-    pooled, groups = _pool(model, comps, 1e9)
-    bias = _bias(groups, profile, 0.3)
-    out = _shrink(model, comps, groups, pooled, bias)
-    pairs = np.flatnonzero(groups.order == 2)
+    model, _, pooled, groups, bias, out, pairs = _shrunk_triple(profile, 0.3, 1e9)
     taus, ratio = _js_table(4)
     noise = float((pooled[pairs] * groups.cells[pairs] / 8).sum()) + model.nu[0]
     assert float((bias[pairs] * groups.cells[pairs] / 8).sum()) / noise > taus[-1]
