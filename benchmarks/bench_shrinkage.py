@@ -37,7 +37,7 @@ from calmkit_aggregator.designs import spread_views
 from calmkit_aggregator.estimate import estimate_views
 from calmkit_aggregator.marginal import MarginalTable
 from calmkit_aggregator.maxent import maximum_entropy
-from calmkit_aggregator.shrinkage import interaction_dof
+from calmkit_aggregator.shrinkage import interaction_dof, shared_sets
 from calmkit_client import Plan
 from calmkit_simulator.collect import collect_support
 from calmkit_simulator.datasets import load_dataset
@@ -82,9 +82,7 @@ def _diagnose(support, population):  # type: ignore[no-untyped-def]
         if len(t.attrs) == 1 or t.attrs in whole:
             tables.append(t)
             continue
-        inside = [s for s in views.closure if s and set(s) < set(t.attrs)]
-        shared = inside + [(a,) for a in t.attrs]
-        shared = [s for s in shared if not any(set(s) < set(o) for o in shared)]
+        shared = shared_sets(t.attrs, views.closure)
         cover = [set(t.axes_of(s)) for s in shared]
         base, _, _ = maximum_entropy(t.values.shape,
                                      [(t.axes_of(s), t.project(s).values) for s in shared],

@@ -63,7 +63,7 @@ from .junction import (
 )
 from .marginal import MarginalTable
 from .maxent import Answer, query_constraints
-from .shrinkage import interaction_dof, shrink_interactions
+from .shrinkage import interaction_dof, shared_sets, shrink_interactions
 from .support import SupportCounts
 
 __all__ = [
@@ -189,9 +189,7 @@ def _prior_targets(
     closure = views.closure
     scaled = []
     for t, c in zip(views.tables, contrast):
-        inside = [s for s in closure if s and set(s) < set(t.attrs)]
-        shared = inside + [(a,) for a in t.attrs]
-        shared = [s for s in shared if not any(set(s) < set(o) for o in shared)]
+        shared = shared_sets(t.attrs, closure)
         dim = interaction_dof(dict(zip(t.attrs, t.values.shape)), shared)
         scaled.append(c * max(dim - 2, 0) / dim if dim > 0 and np.isfinite(c) else c)
     shrunk = shrink_interactions(views.tables, scaled, closure=closure)

@@ -34,7 +34,7 @@ from .consistency import intersection_closure
 from .marginal import MarginalTable
 from .maxent import maximum_entropy
 
-__all__ = ["ShrunkViews", "interaction_dof", "shrink_interactions"]
+__all__ = ["ShrunkViews", "interaction_dof", "shared_sets", "shrink_interactions"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,15 @@ def interaction_dof(sizes: dict[int, int], shared: Sequence[Sequence[int]]) -> i
     total = int(np.prod(list(sizes.values()), dtype=np.int64)) - 1
     covered = {frozenset(s) for base in shared for s in _subsets(sorted(base))}
     return total - sum(int(np.prod([sizes[a] - 1 for a in s], dtype=np.int64)) for s in covered)
+
+
+def shared_sets(attrs: Sequence[int], closure: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The maximal attribute sets of view ``attrs`` that it shares or need not doubt:
+    the closure sets strictly inside it and its single attributes, none inside another
+    (the constraints of its max-ent base)."""
+    inside = [s for s in closure if s and set(s) < set(attrs)]
+    shared = inside + [(a,) for a in attrs]
+    return [s for s in shared if not any(set(s) < set(o) for o in shared)]
 
 
 def shrink_interactions(
@@ -84,9 +93,7 @@ def shrink_interactions(
             bases.append(t.values)
             factors.append(1.0)
             continue
-        inside = [s for s in closure if s and set(s) < set(t.attrs)]
-        shared = inside + [(a,) for a in t.attrs]
-        shared = [s for s in shared if not any(set(s) < set(o) for o in shared)]
+        shared = shared_sets(t.attrs, closure)
         constraints = [(t.axes_of(s), t.project(s).values) for s in shared]
         base, _, _ = maximum_entropy(t.values.shape, constraints, tol, max_iter)
         bases.append(base)
