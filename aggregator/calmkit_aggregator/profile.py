@@ -27,8 +27,16 @@ formula"):
    ``h_a h_b dim_ab`` holds 63% of the dependence on Kosarak d=16 (measured 73%),
    35% on NLTCS (41%), 47% on Adult (66%), 38% on plants (34%), 30% on dna (33%).
 
+The prior on the dependence is therefore put on the shared contingency ``phi^2``
+(:data:`CONTINGENCY_PRIOR`, log-uniform): the mean dependence's range is that times
+the mean of ``h_a h_b L_a L_b`` over the pairs (:func:`dependence_range`), so data
+whose margins allow little dependence (sparse transactions) get a prior scaled down
+with them. Measured, the mean dependence of real data spans 440x (0.00026 on retail
+and Kosarak at d = 32 to 0.11 on NLTCS) but its ratio to that mean only 65x (0.0028 on
+dna to 0.18 on NLTCS).
+
 A profile comes from a **prior** (no reports: each attribute's marginal uniform on the
-simplex, i.e. Dirichlet(1); dependence log-uniform on [1e-3, 0.3]), from a **pilot**
+simplex, i.e. Dirichlet(1); ``phi^2`` log-uniform on CONTINGENCY_PRIOR), from a **pilot**
 (:func:`estimate_profile`: a fraction of users report on pair views first, and the
 prior is updated with what their noisy tables show; its pair weights come from the
 estimated marginals), or from known marginals (:meth:`DataProfile.from_marginals`,
@@ -52,19 +60,26 @@ from calmkit_client import CalmkitError, FrequencyOracle, Schema
 from .marginal import MarginalTable
 
 __all__ = [
-    "DEPENDENCE_PRIOR",
+    "CONTINGENCY_PRIOR",
+    "HETEROGENEITY_PRIOR",
     "DataProfile",
+    "dependence_range",
     "estimate_profile",
     "marginal_pair_weights",
     "pair_dependence",
 ]
 
-# Log-uniform prior range of ``dependence``: the mean pair dependence of the real
-# datasets we measured spans 0.00026 (retail at d = 32, Kosarak at d = 64) to 0.11
-# (NLTCS); binary pairs allow up to 1. The lower end sits above the sparsest
-# transaction data, so a pilot too noisy to measure anything leaves more dependence
-# than there is (docs/planner.md: Kosarak at d = 32, 0.00089, predicted/measured 2.4).
-DEPENDENCE_PRIOR = (1e-3, 0.3)
+# Log-uniform prior range of the contingency phi^2 the pairs share (the dependence of
+# a pair of balanced binary attributes; module docstring): real data measured span
+# 0.0028 (dna) to 0.18 (NLTCS); a binary pair allows up to 1.
+CONTINGENCY_PRIOR = (1e-3, 0.5)
+# Log-uniform prior range of alpha, the shape of the Gamma(alpha, 1/alpha) law of a
+# pair's dependence over what its weight predicts: on real data alpha is 0.04 (dna),
+# 0.15-0.35 (Kosarak, retail, Adult, ACS: a few pairs hold most of the dependence)
+# and 4 (NLTCS: every pair alike).
+HETEROGENEITY_PRIOR = (1 / 16, 4.0)
+_ALPHAS = 9  # quadrature points of the alpha prior (log-spaced)
+_RATIO_RANGE = (1e-6, 1e3)  # the pairs' mean over D beyond this is taken as 0 or inf
 _QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
 _GRID = 4001  # quadrature points of the dependence posterior
 _DENSE = 1024  # pair tables up to this many cells estimate the dependence
@@ -145,11 +160,12 @@ class DataProfile:
     def prior(cls, schema: Schema) -> DataProfile:
         """No reports yet: every marginal Dirichlet(1) (uniform on the simplex), whose
         expected squared distance from uniform is ``(L-1) / (L (L+1))``; dependence
-        log-uniform on DEPENDENCE_PRIOR (its median and quantiles)."""
+        log-uniform on :func:`dependence_range` of those marginals (its median and
+        quantiles)."""
         margs = tuple(
             _representative(np.full(s, 1.0 / s), (s - 1) / (s * (s + 1))) for s in schema.sizes
         )
-        lo, hi = DEPENDENCE_PRIOR
+        lo, hi = dependence_range(margs)
         mean = (hi - lo) / math.log(hi / lo)
         second = (hi * hi - lo * lo) / (2 * math.log(hi / lo))
         sd = math.sqrt(max(0.0, second - mean * mean))
@@ -237,9 +253,7 @@ def _normalised_weights(weights: np.ndarray, sizes: Sequence[int]) -> np.ndarray
         raise CalmkitError("pair_weights must be finite and >= 0")
     if not np.allclose(w, w.T, rtol=1e-9, atol=0.0):
         raise CalmkitError("pair_weights must be symmetric")
-    live = np.array(sizes) > 1
-    mask = np.outer(live, live)
-    np.fill_diagonal(mask, False)
+    mask = _live_pairs(sizes)
     w = np.where(mask, w, 0.0)
     pairs = int(mask.sum())
     total = float(w.sum())
@@ -251,6 +265,14 @@ def _normalised_weights(weights: np.ndarray, sizes: Sequence[int]) -> np.ndarray
     out: np.ndarray = w * (pairs / total)
     out.setflags(write=False)
     return out
+
+
+def _live_pairs(sizes: Sequence[int]) -> np.ndarray:
+    """(d, d) bool: the ordered pairs of distinct attributes with >= 2 categories."""
+    live = np.array(sizes) > 1
+    mask: np.ndarray = np.outer(live, live)
+    np.fill_diagonal(mask, False)
+    return mask
 
 
 def marginal_pair_weights(marginals: Sequence[np.ndarray]) -> np.ndarray:
@@ -265,6 +287,17 @@ def marginal_pair_weights(marginals: Sequence[np.ndarray]) -> np.ndarray:
     out: np.ndarray = np.outer(h, h)
     np.fill_diagonal(out, 0.0)
     return out
+
+
+def dependence_range(marginals: Sequence[np.ndarray]) -> tuple[float, float]:
+    """The prior range of the mean pair dependence for these marginals:
+    :data:`CONTINGENCY_PRIOR` times the mean of :func:`marginal_pair_weights` over the
+    pairs of attributes with >= 2 categories (times 1 when there is no such pair)."""
+    mask = _live_pairs([np.asarray(m).size for m in marginals])
+    scale = float(marginal_pair_weights(marginals)[mask].mean()) if mask.any() else 1.0
+    lo, hi = CONTINGENCY_PRIOR
+    scale = max(scale, 1e-12)
+    return lo * scale, hi * scale
 
 
 def _representative(mean: np.ndarray, skew: float) -> np.ndarray:
@@ -326,11 +359,14 @@ def estimate_profile(
     Pair weights: :func:`marginal_pair_weights` of the estimated marginals.
 
     Dependence: each pair view gives an unbiased estimate (:func:`_pair_statistics`)
-    of ``dependence * w`` (``w`` its pair weight); their ratio estimate ``sum x / sum
-    w`` is taken as normal with the larger of the noise's variance and the spread of
-    the pairs around ``dependence * w``, and the log-uniform prior on
-    DEPENDENCE_PRIOR gives the posterior; the profile keeps its median, standard
-    deviation and quantiles.
+    of its pair's dependence, which is ``dependence * w * r`` (``w`` its pair weight,
+    ``r`` how far the pair departs from it: Gamma(alpha, 1/alpha), mean 1). Their ratio
+    estimate ``sum x / sum w`` is that ``dependence`` times a Gamma-distributed mean
+    of the ``r`` plus normal noise; :func:`_dependence_posterior` gives the posterior
+    (log-uniform priors on :func:`dependence_range` and HETEROGENEITY_PRIOR), and the
+    profile keeps its median, standard deviation and quantiles. With heavy-tailed
+    pairs (small alpha) a few pilot pairs often miss the ones that hold most of the
+    dependence: the posterior then reaches well above their ratio estimate.
     """
     prior = DataProfile.prior(schema) if prior is None else prior
     prior.check(schema)
@@ -377,16 +413,21 @@ def estimate_profile(
     pw = weights[pairs[:, 0], pairs[:, 1]]
     if not pw.sum() > 0:
         pw = np.ones(values.size)
-    scale = float(np.mean(pw))
     x = float(values.sum() / pw.sum())
-    residual = (values - x * pw) / scale
-    spread = float(residual @ residual / (values.size - 1)) if values.size > 1 else 0.0
-    sigma2 = max(float(np.mean(variances)) / scale**2, spread) / values.size
-    mean, sd, quantiles = _dependence_posterior(x, sigma2)
+    noise = float(variances.sum() / pw.sum() ** 2)
+    count = float(pw.sum() ** 2 / (pw @ pw))  # the effective number of pairs
+    mean, sd, quantiles = _dependence_posterior(x, noise, count, dependence_range(margs))
+    # measured pairs: their weight times their own posterior ratio; the mean over all
+    # pairs moves with them, so that dependence x weight stays each measured pair's
+    # estimate once the weights are normalised again (with every pair measured, the
+    # dependence is theirs, whatever the unmeasured ones might have been)
     measured = _pair_posterior(values, variances, mean * pw)
     weights = weights.copy()
     weights[pairs[:, 0], pairs[:, 1]] = weights[pairs[:, 1], pairs[:, 0]] = pw * measured
-    return DataProfile(tuple(margs), mean, "pilot", reports, sd, quantiles, weights)
+    factor = float(weights.sum() / max(int(_live_pairs(sizes).sum()), 1))
+    quantiles = tuple(q * factor for q in quantiles)
+    return DataProfile(tuple(margs), mean * factor, "pilot", reports, sd * factor, quantiles,
+                       weights)  # fmt: skip
 
 
 def _pair_posterior(values: np.ndarray, variances: np.ndarray, expected: np.ndarray) -> np.ndarray:
@@ -474,18 +515,53 @@ def _dependence_stat(flat: np.ndarray, la: int, lb: int) -> np.ndarray:
     return out
 
 
-def _dependence_posterior(x: float, sigma2: float) -> tuple[float, float, tuple[float, ...]]:
-    """Posterior median, sd and quantiles (_QUANTILES) of the dependence given its
-    unbiased estimate ``x`` with variance ``sigma2``: normal likelihood, log-uniform
-    prior on DEPENDENCE_PRIOR."""
-    lo, hi = DEPENDENCE_PRIOR
-    grid = np.geomspace(lo, hi, _GRID)  # log-uniform: equal prior weight per point
-    log_like = -((x - grid) ** 2) / (2 * max(sigma2, 1e-300))
-    w = np.exp(log_like - log_like.max())
+def _dependence_posterior(
+    x: float, noise: float, count: float, bounds: tuple[float, float]
+) -> tuple[float, float, tuple[float, ...]]:
+    """Posterior median, sd and quantiles (_QUANTILES) of the mean dependence ``D``
+    given the pilot's ratio estimate ``x`` (:func:`estimate_profile`).
+
+    Model: ``x = D u + e``, ``e ~ N(0, noise)`` and ``u`` the weighted mean of the
+    pairs' ``r ~ Gamma(alpha, 1/alpha)``, itself Gamma with shape ``alpha * count``
+    and mean 1 (``count`` the effective number of pairs, ``(sum w)^2 / sum w^2``:
+    exact for equal weights, matching the first two moments otherwise). Priors:
+    ``D`` log-uniform on ``bounds``, ``alpha`` log-uniform on HETEROGENEITY_PRIOR.
+
+    Computed on one log-spaced lattice (:data:`_GRID` points over ``bounds``) for
+    ``D`` and for ``D u``: for each alpha the likelihood is the correlation of the
+    noise's density along ``D u`` with the Gamma's exact mass per lattice bin of
+    ``log u`` (FFT); mass below :data:`_RATIO_RANGE` counts as ``D u = 0``, above it
+    as beyond any ``x``. Noise narrower than the lattice is widened to it."""
+    from scipy import signal, special
+
+    lo, hi = bounds
+    step = math.log(hi / lo) / (_GRID - 1)
+    grid = lo * np.exp(step * np.arange(_GRID))
+    u_lo, u_hi = _RATIO_RANGE
+    below, above = math.ceil(-math.log(u_lo) / step), math.ceil(math.log(u_hi) / step)
+    offsets = np.arange(-below, above + 1)  # lattice steps of log u
+    ys = lo * np.exp(step * np.arange(-below, _GRID + above))  # D u on the lattice
+    sd = math.sqrt(max(noise, 0.0) + (step * abs(x)) ** 2 + 1e-300)
+    density = np.exp(-0.5 * ((x - ys) / sd) ** 2)
+    at_zero = math.exp(-0.5 * (x / sd) ** 2)
+    edges = np.exp(step * np.append(offsets - 0.5, offsets[-1] + 0.5))
+    alphas = np.geomspace(*HETEROGENEITY_PRIOR, _ALPHAS)
+    like = np.zeros(_GRID)
+    for alpha in alphas:
+        shape = alpha * max(count, 1e-12)
+        cdf = special.gammainc(shape, shape * edges)
+        mass = np.diff(cdf)  # P(log u in each bin)
+        # sum_m mass[m] density[j + m + below]: density correlated with mass
+        like += signal.fftconvolve(density, mass[::-1], mode="valid") + cdf[0] * at_zero
+    # below 1e-10 of the noise density's peak is FFT round-off, not likelihood
+    w = np.where(like > 1e-10 * _ALPHAS * max(float(density.max()), at_zero), like, 0.0)
+    if not w.sum() > 0:  # x far outside what any D explains: the nearer end
+        w = np.zeros(_GRID)
+        w[0 if x < lo else -1] = 1.0
     w /= w.sum()
-    cdf = np.cumsum(w)
+    cdf_d = np.cumsum(w)
     quantiles = tuple(
-        float(grid[min(grid.size - 1, int(np.searchsorted(cdf, f)))]) for f in _QUANTILES
+        float(grid[min(grid.size - 1, int(np.searchsorted(cdf_d, f)))]) for f in _QUANTILES
     )
     mean = float(w @ grid)
     return quantiles[2], float(np.sqrt(max(0.0, w @ (grid - mean) ** 2))), quantiles
