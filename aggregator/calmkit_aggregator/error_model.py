@@ -192,6 +192,11 @@ def predict_errors(
     for j, v in enumerate(vs):
         if not v or list(v) != sorted(set(v)) or v[0] < 0 or v[-1] >= d:
             raise CalmkitError(f"views[{j}] ({list(v)}) must be sorted distinct attributes < {d}")
+        if all(sizes_arr[a] == 1 for a in v):
+            raise CalmkitError(
+                f"views[{j}] ({list(v)}) holds only one-category attributes: a view needs "
+                ">= 2 cells"
+            )
     s = np.asarray(users, dtype=np.float64)
     if s.shape != (len(vs),) or not np.all(np.isfinite(s)) or np.any(s <= 0):
         raise CalmkitError(f"users (shape {s.shape}) must give one count > 0 per view")

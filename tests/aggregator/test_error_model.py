@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -318,7 +319,7 @@ def test_the_prediction_does_not_depend_on_attribute_labels() -> None:
     assert predict(300, labels) == pytest.approx(predict(8, list(range(8))), rel=1e-9)
 
 
-@pytest.mark.parametrize("dim", [3, 6, 12])
+@pytest.mark.parametrize("dim", [1, 2, 3, 6, 12])
 def test_the_james_stein_table_without_signal_is_the_chi_square_integral(dim: int) -> None:
     # no signal: x = z, |z|^2 ~ chi^2_dim (nu = 1); risk per dimension of the factor
     # (1 - dim / |z|^2)_+ is E[(|z|^2 - dim)_+^2 / |z|^2] / dim; 8,000 draws: 4 SE
@@ -382,6 +383,9 @@ def test_nearest_takes_the_closer_key_and_the_lower_on_a_tie() -> None:
     keys = np.array([0.1, 0.2, 0.4])
     values = np.array([0.05, 0.15, 0.16, 0.3, 0.31, 0.5, 0.1])
     assert _nearest(keys, values).tolist() == [0, 0, 1, 1, 2, 2, 0]
+    # exact ties (binary fractions): the lower key
+    dyadic = np.array([0.125, 0.25, 0.5])
+    assert _nearest(dyadic, np.array([0.1875, 0.375])).tolist() == [0, 1]
 
 
 def test_views_beyond_the_simulated_ones_copy_the_nearest_simulated_view(
@@ -566,3 +570,290 @@ def test_a_signal_beyond_the_risk_tables_range_is_left_unshrunk() -> None:
     assert float((bias[pairs] * groups.cells[pairs] / 8).sum()) / noise > taus[-1]
     # lam is about 1: each pair keeps its error, times the last point's risk ratio
     assert out[pairs].sum() == pytest.approx(pooled[pairs].sum() * ratio[-1], rel=1e-3)
+    # exactly: the documented rule with the last point's ratio (the one before it is
+    # 1e-4 away)
+    to_view = groups.cells[pairs] / 8
+    tau = float((bias[pairs] * to_view).sum()) / noise
+    lam = tau / (1 + tau)
+    split = lam**2 * pooled[pairs] + (1 - lam) ** 2 * bias[pairs]
+    base = float((split * to_view).sum()) + lam**2 * model.nu[0]
+    np.testing.assert_allclose(out[pairs], split * ratio[-1] * noise / base, rtol=1e-12)
+    assert abs(ratio[-1] / ratio[-2] - 1) > 1e-5
+
+
+def test_workloads_views_and_users_are_checked_at_their_boundaries() -> None:
+    import dataclasses
+
+    from calmkit_aggregator.error_model import ErrorPrediction
+
+    for k in (True, 2.5, 0):
+        with pytest.raises(CalmkitError, match=rf"^k \({k!r}\) must be an int >= 1$"):
+            Workload(k=k)  # type: ignore[arg-type]
+    for queries in ([], [()], [(0,), ()]):
+        with pytest.raises(CalmkitError, match=r"^queries must be a non-empty list of non-empty"):
+            Workload(queries=queries)
+    profile = DataProfile.from_marginals([np.full(2, 0.5)] * 3, 0.0)
+    args = (1.0, Workload(k=2), profile)
+    for view in ((-1, 1), (0, 3), (1, 3)):  # below 0, at d, at d after a valid first
+        with pytest.raises(CalmkitError, match=r"^views\[0\] \(" + re.escape(str(list(view)))):
+            predict_error((2, 2, 2), [view], [10.0], *args)
+    assert predict_error((2, 2, 2), [(0, 2)], [10.0], *args).sse > 0  # the last attribute
+    # users: one per view, finite and > 0 (one expected user is allowed)
+    assert predict_error((2, 2, 2), [(0, 1)], [1.0], *args).sse >= 0
+    for users in ([10.0, 10.0], [math.inf], [-1.0]):
+        with pytest.raises(CalmkitError, match=r"^users \(shape .*\) must give one count > 0"):
+            predict_error((2, 2, 2), [(0, 1)], users, *args)
+    # the results are values
+    pred = predict_error((2, 2, 2), [(0, 1)], [10.0], *args)
+    for frozen, field in ((Workload(k=2), "k"), (pred, "sse")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(frozen, field, 1)
+    assert isinstance(pred, ErrorPrediction)
+
+
+def test_predict_errors_shrinks_by_default_as_reconstruct_does() -> None:
+    from calmkit_aggregator.error_model import predict_errors
+
+    # views with interactions of their own: the shrinkage changes the prediction
+    sizes = (3, 3, 3, 3)
+    profile = DataProfile.from_marginals([np.full(3, 1 / 3)] * 4, 0.01)
+    args = (sizes, [(0, 1, 2), (1, 2, 3)], [300.0, 300.0], 0.5, Workload(k=3), profile)
+    default = predict_errors(*args)[0]
+    assert default == predict_errors(*args, shrink=True)[0]
+    assert default.sse < predict_errors(*args, shrink=False)[0].sse
+
+
+def test_a_view_of_one_category_attributes_is_refused_by_name() -> None:
+    profile = DataProfile.from_marginals([np.ones(1), np.ones(1), np.array([0.7, 0.3])], 0.0)
+    with pytest.raises(CalmkitError, match=r"^views\[1\] \(\[0, 1\]\) holds only one-category"):
+        predict_error((1, 1, 2), [(2,), (0, 1)], [9.0, 9.0], 1.0, Workload(k=1), profile)
+    # with a category of its own next to them, a view is fine
+    assert predict_error((1, 1, 2), [(0, 2)], [9.0], 1.0, Workload(k=1), profile).sse > 0
+
+
+@pytest.mark.parametrize("before", ["too large to simulate", "inactive"])
+def test_a_disjoint_view_of_another_shape_first_leaves_the_simulated_view_alone(
+    before: str,
+) -> None:
+    # an active view (three skewed binary attributes, few users: Norm-Sub simulated)
+    # listed after a disjoint view of another shape that the simulation skips (above
+    # the 4,096-cell cap, or with Norm-Sub inactive): queries inside the active view
+    # are answered as with that view alone, draw for draw (the skipped view takes no
+    # draws of the simulation's stream)
+    skewed = np.array([0.95, 0.05])
+    if before == "too large to simulate":
+        sizes, first = (65, 65, 2, 2, 2), np.full(65, 1 / 65)
+    else:
+        sizes, first = (2, 2, 2, 2, 2), np.array([0.5, 0.5])
+    margs = [first, first, skewed, skewed, skewed]
+    profile = DataProfile.from_marginals(margs, 0.0)
+    queries = Workload(queries=[(2, 3), (2, 3, 4)])
+    n = 1e6 + 60  # the same population either way
+    alone = predict_error(sizes, [(2, 3, 4)], [60.0], 1.0, queries, profile, n=n)
+    both = predict_error(sizes, [(0, 1), (2, 3, 4)], [1e6, 60.0], 1.0, queries, profile, n=n)
+    assert (both.sse, both.noise, both.bias) == (alone.sse, alone.noise, alone.bias)
+    # the active view is simulated: its prediction is not the analytic one
+    from calmkit_aggregator import error_model
+
+    analytic = error_model._CLIP_SDS
+    try:
+        error_model._CLIP_SDS = 0.0  # nothing counts as near zero
+        assert predict_error(sizes, [(2, 3, 4)], [60.0], 1.0, queries, profile, n=n) != alone
+    finally:
+        error_model._CLIP_SDS = analytic
+
+
+def test_fewer_than_half_a_user_per_view_is_simulated_with_one_report() -> None:
+    # an active view expecting 0.3 users: its Norm-Sub is simulated with one report
+    # (rounding to none would divide by zero)
+    profile = DataProfile.from_marginals([np.array([0.9, 0.1])] * 2, 0.0)
+    pred = predict_error((2, 2), [(0, 1)], [0.3], 1.0, Workload(k=2), profile, n=100.0)
+    assert math.isfinite(pred.sse) and pred.sse > 0
+
+
+def test_one_way_workloads_do_not_depend_on_the_pair_dependence() -> None:
+    # k = 1: no query holds a pair, so the dependence adds nothing (views or not)
+    profile = DataProfile.from_marginals([np.array([0.7, 0.3])] * 4, 0.0)
+    for views, users in (([(0, 1)], [500.0]), ([(0,), (1, 2, 3)], [300.0, 300.0])):
+        preds = _predict_errors((2, 2, 2, 2), views, users, 1.0, Workload(k=1), profile,
+                                [0.0, 0.05, 0.3])  # fmt: skip
+        assert preds[0] == preds[1] == preds[2]
+
+
+def _predict_errors(*args):  # type: ignore[no-untyped-def]
+    from calmkit_aggregator.error_model import predict_errors
+
+    return predict_errors(*args)
+
+
+def test_a_pair_view_under_a_larger_workload_shrinks_one_dimension() -> None:
+    # one binary pair view, 3-way workload: the pair's interaction (dim 1, padded to the
+    # workload's width) is the view's only unshared part and nothing lies above the
+    # workload (no high dimensions): the documented rule with dim 1 and no nu term
+    from calmkit_aggregator.error_model import _bias, _components, _pool, _shrink, _Views
+
+    profile = DataProfile.from_marginals([np.array([0.6, 0.4])] * 3, 0.03)
+    model = _Views(np.array([2, 2, 2]), [(0, 1)], np.array([700.0]), 1.0, None)
+    comps = _components(model, 3)
+    assert comps.high_dim[0] == 0 and comps.attrs.shape[1] == 3
+    pooled, groups = _pool(model, comps, 700.0)
+    bias = _bias(groups, profile, 0.03)
+    out = _shrink(model, comps, groups, pooled, bias)
+    (pair,) = np.flatnonzero(groups.order == 2)
+    assert groups.dim[pair] == 1 and groups.cells[pair] == 4
+    noise, signal = float(pooled[pair]), float(bias[pair])  # view units: the pair is the view
+    tau = signal / noise
+    lam = tau / (1 + tau)
+    split = lam**2 * noise + (1 - lam) ** 2 * signal
+    taus, ratio = _js_table(1)
+    assert out[pair] == pytest.approx(float(np.interp(tau, taus, ratio)) * noise, rel=1e-12)
+    assert 0.05 < lam < 0.95 and split > 0  # both terms matter
+
+
+def test_pooled_biases_add_before_they_are_squared() -> None:
+    # two views share attribute 0, each with a simulated bias on it (norms b_j, aligned
+    # as the module docstring assumes): the pooled component's error is
+    # (sum w_j b_j)^2 + sum w_j^2 v_j - dim / (L_S n)
+    from calmkit_aggregator.error_model import _components, _pool, _Views
+
+    model = _Views(np.array([2, 2, 2, 2]), [(0, 1), (0, 2, 3)], np.array([900.0, 300.0]),
+                   1.0, None)  # fmt: skip
+    comps = _components(model, 2)
+    rows = [i for i in range(comps.count) if comps.attrs[i, 0] == 0 and comps.attrs[i, 1] < 0]
+    b = np.array([0.3, 0.5])
+    comps.bias_norm[rows] = b
+    err, groups = _pool(model, comps, 1200.0)
+    w = 1.0 / (model.cells * model.var)
+    w /= w.sum()
+    v = comps.variance[rows]
+    want = float(w @ b) ** 2 + float((w**2 * v).sum()) - 1 / 2 / 1200.0
+    assert err[groups.index[rows[0]]] == pytest.approx(want, rel=1e-12)
+    assert float(w @ b) ** 2 > 10 * abs(want - float(w @ b) ** 2)  # the bias decides here
+
+
+def test_simulated_norm_sub_bias_matches_a_direct_simulation_near_zero() -> None:
+    # a 2 x 2 view with a cell near zero and 30 reports (exact draws): Norm-Sub clips
+    # and biases its margins. The simulated squared bias of each component (mean of
+    # the per-view estimates over 400 views of 32 samples) against the squared norm of
+    # the mean error of 100,000 direct draws (GRR counts, the unbiased estimate, Norm-Sub),
+    # read in the component's marginal: within 4 standard errors of both
+    # (the standard errors: the views' spread, and the delta method for the direct mean)
+    from calmkit_aggregator.consistency import norm_sub_rows
+    from calmkit_aggregator.error_model import _component_operator, _simulate_components, _Views
+
+    shape, patterns = (2, 2), ((0,), (1,), (0, 1))
+    truth = np.array([0.02, 0.18, 0.18, 0.62])
+    model = _Views(np.array(shape), [(0, 1)], np.array([30.0]), 1.0, None)
+    oracle = model.oracles[0]
+    assert oracle.name == "GRR"
+    project, segments = _component_operator(shape, patterns)
+    views = 400
+    bias2, var = _simulate_components(oracle, np.full(views, 30.0), np.tile(truth, (views, 1)),
+                                    project, segments, np.random.default_rng(8))  # fmt: skip
+    got, got_se = bias2.mean(axis=0), bias2.std(axis=0, ddof=1) / math.sqrt(views)
+
+    gen = np.random.default_rng(9)
+    draws = 100_000
+    p, q = oracle.p, oracle.q
+    counts = gen.multinomial(30, (p - q) * truth + q, size=draws)
+    errors = norm_sub_rows((counts / 30 - q) / (p - q)) - truth
+    tables = errors.reshape(draws, 2, 2)
+    rows, cols = tables.sum(axis=2), tables.sum(axis=1)
+    parts = [rows - rows.mean(axis=1, keepdims=True), cols - cols.mean(axis=1, keepdims=True),
+             tables - tables.mean(axis=2, keepdims=True) - tables.mean(axis=1, keepdims=True)
+             + tables.mean(axis=(1, 2), keepdims=True)]  # fmt: skip
+    want, want_se = [], []
+    for part in parts:
+        flat = part.reshape(draws, -1)
+        mean = flat.mean(axis=0)
+        want.append(float(mean @ mean))
+        # delta method: the squared norm of a mean moves by 2 mean . error
+        want_se.append(float(np.sqrt(4 * mean @ np.cov(flat.T) @ mean / draws)))
+    want, want_se = np.array(want), np.array(want_se)
+    se = np.hypot(got_se, want_se)
+    # the margins' biases are well above their noise, and match
+    assert np.all(want[:2] > 10 * se[:2])
+    assert np.all(np.abs(got[:2] - want[:2]) <= MARGIN * se[:2]), (got, want)
+    # the interaction's is nearly 0: the per-view estimate max(|mean|^2 - var/31, 0) is
+    # then about 0.4 of its own sd, 0.018 var (test above); twice that is allowed
+    assert want[2] < 0.01 * var.mean(axis=0)[2]
+    assert got[2] <= want[2] + 0.036 * var.mean(axis=0)[2]
+
+
+def test_every_simulated_view_keeps_its_own_simulation() -> None:
+    # 120 disjoint binary pair views (one shape, one user count: one simulated group of
+    # at most 128, so every view is simulated) of three kinds interleaved A, B, C, A, ...
+    # with smallest cells 0.16, 0.0025, 0.04: each kind's mean simulated variance per
+    # component is that of the kind simulated alone (another stream; 4 standard errors)
+    from calmkit_aggregator.error_model import _components, _norm_sub, _Views
+
+    kinds = [np.array([0.6, 0.4]), np.array([0.95, 0.05]), np.array([0.8, 0.2])]
+
+    def simulate(order: list[int]) -> np.ndarray:
+        margs = [kinds[k] for k in order for _ in range(2)]
+        d = len(margs)
+        profile = DataProfile.from_marginals(margs, 0.0)
+        views = [(2 * i, 2 * i + 1) for i in range(len(order))]
+        model = _Views(np.full(d, 2), views, np.full(len(views), 60.0), 1.0, None)
+        comps = _components(model, 2)
+        _norm_sub(model, comps, profile, seed=len(order))
+        return comps.variance.reshape(len(views), -1)  # (views, 3 components)
+
+    mixed = simulate([0, 1, 2] * 40)
+    for k in range(3):
+        own = mixed[k::3]
+        alone = simulate([k] * 40)
+        se = np.hypot(own.std(axis=0, ddof=1), alone.std(axis=0, ddof=1)) / math.sqrt(40)
+        assert np.all(np.abs(own.mean(axis=0) - alone.mean(axis=0)) <= MARGIN * se)
+    # the kinds differ by far more than that
+    assert abs(mixed[1::3].mean() - mixed[0::3].mean()) > 2 * MARGIN * float(se.max())
+
+
+def test_normal_oue_draws_have_the_oracles_variance_where_counts_are_tiny(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # OUE at eps 7 with 100 reports and a cell of 1%: its count's own noise variance
+    # (cells p (1 - p) + rest q (1 - q), about 0.34) is below one report, and the normal
+    # draws must keep it: the estimate's variance is
+    # ((p - q)^2 s t (1 - t) + s t p (1 - p) + s (1 - t) q (1 - q)) / (s (p - q))^2.
+    # Norm-Sub is switched off to see the raw estimates; 20,000 draws, 4 SE
+    from calmkit_aggregator import error_model
+    from calmkit_client import make_oracle
+
+    monkeypatch.setattr(error_model, "norm_sub_rows", lambda rows: rows)
+    oracle = make_oracle("OUE", 8, 7.0)
+    p, q, s = oracle.p, oracle.q, 100
+    truth = np.array([0.01, 0.09, 0.15, 0.15, 0.15, 0.15, 0.15, 0.15])
+    views = 625  # x 32 samples
+    errors = error_model._simulate(oracle, np.full(views, float(s)), np.tile(truth, (views, 1)),
+                                   np.random.default_rng(10)).reshape(-1, 8)  # fmt: skip
+    t = truth[0]
+    assert t * s * p * (1 - p) + (1 - t) * s * q * (1 - q) < 1  # below one report
+    want = ((p - q) ** 2 * s * t * (1 - t) + s * t * p * (1 - p) + s * (1 - t) * q * (1 - q)) / (
+        s * (p - q)
+    ) ** 2
+    got = errors[:, 0].var(ddof=1)
+    centred = errors[:, 0] - errors[:, 0].mean()
+    se = math.sqrt(((centred**4).mean() - got**2) / centred.size)
+    assert abs(got - want) <= MARGIN * se
+
+
+def test_views_up_to_4096_cells_are_simulated_and_larger_ones_are_not() -> None:
+    # a 64 x 64 view (4,096 cells) and a 64 x 65 one, both with cells near zero for
+    # their few users: the first is simulated (its prediction moves off the analytic
+    # one), the second keeps the analytic values (its dense operator would not fit)
+    from calmkit_aggregator import error_model
+
+    def predict(cols: int, clip: float) -> float:
+        margs = [np.full(64, 1 / 64), np.full(cols, 1 / cols)]
+        profile = DataProfile.from_marginals(margs, 0.0)
+        saved = error_model._CLIP_SDS
+        try:
+            error_model._CLIP_SDS = clip
+            return predict_error((64, cols), [(0, 1)], [5000.0], 2.0,
+                                 Workload(queries=[(0, 1)]), profile).sse  # fmt: skip
+        finally:
+            error_model._CLIP_SDS = saved
+
+    assert predict(64, 3.0) != predict(64, 0.0)
+    assert predict(65, 3.0) == predict(65, 0.0)
