@@ -157,7 +157,15 @@ def test_uncollected_attributes_are_named_and_cost_their_skew() -> None:
     profile = DataProfile.from_marginals(marg, 0.0)
     pred = predict_error(sizes, [(1, 2)], [1e12], 1.0, Workload(queries=[(0,)]), profile)
     assert pred.uncollected == (0,)
-    assert pred.sse == pytest.approx(((marg[0] - 0.5) ** 2).sum(), rel=1e-6)
+    skew = ((marg[0] - 0.5) ** 2).sum()
+    assert pred.sse == pytest.approx(skew, rel=1e-6)
+    # all k-way queries, no dependence: the unheld attribute's skew times the other
+    # attributes' ||P_c||^2 (max-ent puts uniform x P_c where P_0 x P_c is)
+    one = predict_error(sizes, [(1, 2)], [1e12], 1.0, Workload(k=1), profile)
+    assert one.bias == pytest.approx(skew / 3, rel=1e-6)
+    two = predict_error(sizes, [(1, 2)], [1e12], 1.0, Workload(k=2), profile)
+    norms = [float(p @ p) for p in marg]
+    assert two.bias == pytest.approx(skew * (norms[1] + norms[2]) / 3, rel=1e-6)
 
 
 def test_james_stein_risk_approaches_the_oracle_for_many_dimensions() -> None:
@@ -857,3 +865,24 @@ def test_views_up_to_4096_cells_are_simulated_and_larger_ones_are_not() -> None:
 
     assert predict(64, 3.0) != predict(64, 0.0)
     assert predict(65, 3.0) == predict(65, 0.0)
+
+
+def test_pooled_errors_are_never_negative() -> None:
+    # eps 10, twenty copies of one pair view of 30 users each: a component's pooled
+    # error is almost only the users' sampling, which the pooling subtracts
+    # (dim / (L_S n), n = 600); its simulated variance (32 samples a view) falls below
+    # that about half the time, and the error is then 0, not negative
+    from calmkit_aggregator.error_model import _components, _norm_sub, _pool, _Views
+
+    profile = DataProfile.from_marginals([np.array([0.97, 0.03])] * 2, 0.0)
+    model = _Views(np.full(2, 2), [(0, 1)] * 20, np.full(20, 30.0), 10.0, None)
+    comps = _components(model, 2)
+    _norm_sub(model, comps, profile, seed=3)
+    err, groups = _pool(model, comps, 600.0)
+    w = (1.0 / (model.cells * model.var))[comps.view]
+    w = w / np.bincount(groups.index, w)[groups.index]
+    raw = np.bincount(groups.index, w * w * comps.variance) - groups.dim / groups.cells / 600.0
+    raw += np.bincount(groups.index, w * comps.bias_norm) ** 2
+    assert (raw < 0).any()  # the floor binds here
+    assert np.all(err >= 0)
+    np.testing.assert_allclose(err[raw >= 0], raw[raw >= 0], rtol=1e-12)
