@@ -1,6 +1,7 @@
 """Mutation check of the statistical core with cosmic-ray (``pip install -e ".[mutation]"``).
 
     python benchmarks/mutation.py [MODULE ...] [--jobs 2] [--out docs/data/mutation]
+                                  [--since COMMIT]
 
 MODULE: any of the keys of ``MODULES`` (default: all). For each module, in a copy of
 the working tree (the real files are never touched), cosmic-ray applies one mutation
@@ -10,6 +11,8 @@ comparisons to their boundary or negation, not/and/or, True/False, numbers +-1, 
 <-> continue, loops run zero times). Each module's survivors go to
 ``OUT/MODULE.json`` (line, operator, the mutated line) and a summary table is printed;
 docs/testing.md says, for every survivor, why it is equivalent or which test kills it.
+``--since COMMIT`` mutates only the lines changed since that commit (``git diff``),
+for a module rewritten after its full run.
 
 Not in the default CI path: the whole run takes hours on two cores.
 """
@@ -96,9 +99,25 @@ def _workspace(into: Path) -> None:
             shutil.copy2(src, dst)
 
 
-def _config(path: Path, module: Path, tests: tuple[str, ...], timeout: float) -> None:
+def changed_lines(file: str, since: str) -> list[str]:
+    """Line ranges ("a-b") of ``file`` changed since commit ``since`` (git diff -U0)."""
+    diff = subprocess.run(["git", "-C", str(ROOT), "diff", "-U0", since, "--", file],
+                          check=True, capture_output=True, text=True).stdout  # fmt: skip
+    out = []
+    for m in re.finditer(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", diff, flags=re.M):
+        start, count = int(m.group(1)), int(m.group(2) or 1)
+        if count:
+            out.append(f"{start}-{start + count - 1}")
+    return out
+
+
+def _config(
+    path: Path, module: Path, tests: tuple[str, ...], timeout: float, lines: list[str] | None
+) -> None:
     keep = "|".join(re.escape(op) for op in OPERATORS)
     test = f"{sys.executable} -m pytest -x -q -p no:cacheprovider {' '.join(tests)}"
+    only = ("" if lines is None else "[cosmic-ray.filters.line-filter]\n"
+            f"lines = {{ {json.dumps(str(module))} = {json.dumps(lines)} }}\n")  # fmt: skip
     path.write_text(
         "[cosmic-ray]\n"
         f"module-path = {json.dumps(str(module))}\n"
@@ -108,7 +127,7 @@ def _config(path: Path, module: Path, tests: tuple[str, ...], timeout: float) ->
         "[cosmic-ray.distributor]\n"
         'name = "local"\n'
         "[cosmic-ray.filters.operators-filter]\n"
-        f"exclude-operators = [{json.dumps(f'^(?!({keep})$).*')}]\n"
+        f"exclude-operators = [{json.dumps(f'^(?!({keep})$).*')}]\n" + only
     )
 
 
@@ -119,20 +138,25 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
     return done.stdout
 
 
-def check(name: str, out: Path, timeout: float) -> dict[str, Any]:
-    """Mutate ``name``'s module in a scratch copy; its survivors, written to ``out``."""
+def check(name: str, out: Path, timeout: float, since: str | None = None) -> dict[str, Any]:
+    """Mutate ``name``'s module in a scratch copy (only the lines changed since commit
+    ``since`` if given); its survivors, written to ``out``."""
     file, tests = MODULES[name]
+    lines = None if since is None else changed_lines(file, since)
     with tempfile.TemporaryDirectory(prefix=f"mutation-{name}-") as tmp:
         work = Path(tmp)
         _workspace(work)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(work / p) for p in PACKAGES))
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         config, session = work / "cosmic-ray.toml", work / "session.sqlite"
-        _config(config, work / file, tests, timeout)
+        _config(config, work / file, tests, timeout, lines)
         bin_dir = Path(sys.executable).parent
         started = time.perf_counter()
         _run([str(bin_dir / "cosmic-ray"), "init", str(config), str(session)], work, env)
         _run([str(bin_dir / "cr-filter-operators"), str(session), str(config)], work, env)
+        if lines is not None:
+            _run([str(bin_dir / "cr-filter-lines"), "--config", str(config), str(session)],
+                 work, env)  # fmt: skip
         _run([str(bin_dir / "cosmic-ray"), "baseline", str(config)], work, env)
         _run([str(bin_dir / "cosmic-ray"), "exec", str(config), str(session)], work, env)
         dump = _run([str(bin_dir / "cosmic-ray"), "dump", str(session)], work, env)
@@ -163,6 +187,8 @@ def check(name: str, out: Path, timeout: float) -> dict[str, Any]:
     survivors.sort(key=lambda s: (s["line"], s["column"], s["operator"]))
     summary = {"module": file, "tests": list(tests), "outcomes": outcomes,
                "survivors": survivors, "seconds": round(seconds)}  # fmt: skip
+    if since is not None:
+        summary["since"], summary["lines"] = since, lines
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
@@ -174,12 +200,15 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1, help="modules checked at once")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant")
     parser.add_argument("--out", default=str(ROOT / "docs" / "data" / "mutation"))
+    parser.add_argument("--since", default=None,
+                        help="mutate only the lines changed since this commit")  # fmt: skip
     args = parser.parse_args()
     if shutil.which("cosmic-ray", path=str(Path(sys.executable).parent)) is None:
         raise SystemExit('cosmic-ray is not installed: pip install -e ".[mutation]"')
     names = args.modules or list(MODULES)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        summaries = list(pool.map(lambda n: check(n, Path(args.out), args.timeout), names))
+        summaries = list(pool.map(lambda n: check(n, Path(args.out), args.timeout, args.since),
+                                  names))  # fmt: skip
     print("| module | mutants | killed | survived | other | minutes |")
     print("|---|---|---|---|---|---|")
     for s in summaries:
