@@ -12,7 +12,10 @@ comparisons to their boundary or negation, not/and/or, True/False, numbers +-1, 
 ``OUT/MODULE.json`` (line, operator, the mutated line) and a summary table is printed;
 docs/testing.md says, for every survivor, why it is equivalent or which test kills it.
 ``--since COMMIT`` mutates only the lines changed since that commit (``git diff``),
-for a module rewritten after its full run.
+for a module rewritten after its full run. ``--recheck`` instead applies each survivor
+stored in ``OUT/MODULE.json`` again (``patch``) to a copy of today's tree and runs the
+module's tests: which survivors today's tests kill (written back into the JSON as each
+survivor's ``recheck``).
 
 Not in the default CI path: the whole run takes hours on two cores.
 """
@@ -194,18 +197,59 @@ def check(name: str, out: Path, timeout: float, since: str | None = None) -> dic
     return summary
 
 
+def recheck(name: str, out: Path) -> dict[str, int]:
+    """Apply each survivor of ``out/name.json`` to a copy of today's tree and run the
+    module's tests; record ``killed``/``survived``/``patch failed`` per survivor."""
+    file, tests = MODULES[name]
+    path = out / f"{name}.json"
+    summary = json.loads(path.read_text())
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    counts: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix=f"recheck-{name}-") as tmp:
+        work = Path(tmp)
+        _workspace(work)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(work / p) for p in PACKAGES))
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        target = work / file
+        original = target.read_text()
+        for survivor in summary["survivors"]:
+            patch = ["patch", "-s", "--no-backup-if-mismatch", str(target)]
+            patched = subprocess.run(patch, input=survivor["diff"], text=True,
+                                     capture_output=True)  # fmt: skip
+            if patched.returncode != 0:
+                result = "patch failed"
+            else:
+                done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q",
+                                       "-p", "no:cacheprovider", *tests], cwd=work, env=env,
+                                      capture_output=True)  # fmt: skip
+                result = "killed" if done.returncode else "survived"
+            target.write_text(original)
+            survivor["recheck"] = {"commit": head, "result": result}
+            counts[result] = counts.get(result, 0) + 1
+            print(f"{name}:{survivor['line']} {survivor['operator']}: {result}", flush=True)
+    path.write_text(json.dumps(summary, indent=1) + "\n")
+    return counts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="*", choices=[[], *MODULES], default=[])
     parser.add_argument("--jobs", type=int, default=1, help="modules checked at once")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant")
     parser.add_argument("--out", default=str(ROOT / "docs" / "data" / "mutation"))
+    parser.add_argument("--recheck", action="store_true",
+                        help="apply the stored survivors to today's tree and tests")
     parser.add_argument("--since", default=None,
                         help="mutate only the lines changed since this commit")  # fmt: skip
     args = parser.parse_args()
     if shutil.which("cosmic-ray", path=str(Path(sys.executable).parent)) is None:
         raise SystemExit('cosmic-ray is not installed: pip install -e ".[mutation]"')
     names = args.modules or list(MODULES)
+    if args.recheck:
+        for name in names:
+            print(name, recheck(name, Path(args.out)))
+        return 0
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         summaries = list(pool.map(lambda n: check(n, Path(args.out), args.timeout, args.since),
                                   names))  # fmt: skip
