@@ -92,6 +92,8 @@ def test_the_posterior_follows_precise_data_and_the_prior_otherwise() -> None:
     assert weak == pytest.approx(math.sqrt(lo * hi), rel=1e-2)
     assert weak_q[0] == pytest.approx(lo * (hi / lo) ** 0.1, rel=1e-2)
     assert _dependence_posterior(-1.0, 1e-6, 1e6, bounds)[0] == pytest.approx(lo, rel=1e-2)
+    # nothing explains x at all: every quantile at the nearer end, exactly
+    assert _dependence_posterior(-5.0, 1e-6, 1e6, bounds)[2] == (lo,) * 5
     # precise data from few pairs: heavy-tailed pairs may have missed the dependence,
     # so the posterior reaches above the estimate (and never pins it)
     few = _dependence_posterior(0.01, 1e-12, 4, bounds)[2]
@@ -692,3 +694,17 @@ def test_the_dependence_posterior_is_calibrated_on_data_drawn_from_its_model() -
     expected = np.array([0.1, 0.3, 0.5, 0.7, 0.9])
     se = np.sqrt(expected * (1 - expected) / draws)
     assert np.all(np.abs(frac - expected) <= MARGIN * se), frac
+
+
+@pytest.mark.parametrize("x", [0.0123, 0.05, 0.2])
+def test_an_exact_estimate_from_many_pairs_lands_within_half_a_lattice_step(x: float) -> None:
+    # no noise, 10^8 pairs (their mean's law is a point at 1): the posterior median is
+    # the lattice point next to x, so it is within half a step (plus the widening of
+    # the noise to one step); a bin of the Gamma's mass shifted by one would move it
+    # by a whole step
+    from calmkit_aggregator.profile import _GRID
+
+    lo, hi = 1e-3, 0.3
+    step = math.log(hi / lo) / (_GRID - 1)
+    median = _dependence_posterior(x, 1e-14, 1e8, (lo, hi))[0]
+    assert abs(math.log(median / x)) <= 0.5 * step + 1e-12
