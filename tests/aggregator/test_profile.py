@@ -94,6 +94,9 @@ def test_the_posterior_follows_precise_data_and_the_prior_otherwise() -> None:
     assert _dependence_posterior(-1.0, 1e-6, 1e6, bounds)[0] == pytest.approx(lo, rel=1e-2)
     # nothing explains x at all: every quantile at the nearer end, exactly
     assert _dependence_posterior(-5.0, 1e-6, 1e6, bounds)[2] == (lo,) * 5
+    # a little beyond the range, with a small but real likelihood: its top, not a point
+    edge = _dependence_posterior(0.35, 1e-4, 1e6, bounds)[2]
+    assert 0.29 < edge[0] < edge[-1] <= hi
     # precise data from few pairs: heavy-tailed pairs may have missed the dependence,
     # so the posterior reaches above the estimate (and never pins it)
     few = _dependence_posterior(0.01, 1e-12, 4, bounds)[2]
@@ -708,3 +711,12 @@ def test_an_exact_estimate_from_many_pairs_lands_within_half_a_lattice_step(x: f
     step = math.log(hi / lo) / (_GRID - 1)
     median = _dependence_posterior(x, 1e-14, 1e8, (lo, hi))[0]
     assert abs(math.log(median / x)) <= 0.5 * step + 1e-12
+
+
+def test_margins_that_allow_no_dependence_still_give_a_positive_range() -> None:
+    # every attribute constant (a point mass): the margins allow no dependence, and the
+    # range is the contingency prior times a floor of 1e-12, not zero (log-spaced)
+    lo, hi = dependence_range([np.array([1.0, 0.0]), np.array([0.0, 1.0])])
+    assert (lo, hi) == pytest.approx((1e-3 * 1e-12, 0.5 * 1e-12), rel=1e-9, abs=0)
+    assert dependence_range([np.full(2, 0.5)] * 2) == pytest.approx(CONTINGENCY_PRIOR)
+    assert dependence_range([np.ones(1), np.full(2, 0.5)]) == pytest.approx(CONTINGENCY_PRIOR)
