@@ -113,8 +113,10 @@ def main() -> int:
                 old = baseline_quantiles(profile.marginals, views, plan.view_oracles,
                                          pop.schema.sizes)  # fmt: skip
                 for name, q in (("current", current), ("baseline", old)):
-                    stats.setdefault(name, []).append((q[0] <= truth <= q[-1], truth < q[0], truth > q[-1],
-                                        abs(math.log(q[2] / truth))))  # fmt: skip
+                    inside = q[0] <= truth <= q[-1]
+                    stats.setdefault(name, []).append(
+                        (inside, truth < q[0], truth > q[-1], abs(math.log(q[2] / truth)))
+                    )
             row: dict[str, Any] = {"setting": s.label, "eps": eps, "truth": truth}
             for name, vals in stats.items():
                 arr = np.array(vals, dtype=float)
