@@ -94,6 +94,15 @@ def test_the_posterior_follows_precise_data_and_the_prior_otherwise() -> None:
     assert _dependence_posterior(-1.0, 1e-6, 1e6, bounds)[0] == pytest.approx(lo, rel=1e-2)
     # nothing explains x at all: every quantile at the nearer end, exactly
     assert _dependence_posterior(-5.0, 1e-6, 1e6, bounds)[2] == (lo,) * 5
+    # and above it: the top, exactly (only FFT round-off is left below the range, and
+    # keeping it would put the quantiles wherever the round-off happens to be largest)
+    for x, count in itertools.product((2.0, 5.0, 20.0), (1e6, 1e8)):
+        assert _dependence_posterior(x, 1e-6, count, bounds)[2] == pytest.approx((hi,) * 5)
+    # an exact zero without noise: only the Gamma's mass at u = 0 explains it, equally
+    # for every D, so the posterior is the prior (log-uniform: quantiles lo (hi/lo)^f)
+    flat = _dependence_posterior(0.0, 0.0, 1.0, bounds)[2]
+    prior_q = [lo * (hi / lo) ** f for f in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    np.testing.assert_allclose(flat, prior_q, rtol=2 * math.log(hi / lo) / 4000)
     # a little beyond the range, with a small but real likelihood: its top, not a point
     edge = _dependence_posterior(0.35, 1e-4, 1e6, bounds)[2]
     assert 0.29 < edge[0] < edge[-1] <= hi
@@ -643,6 +652,7 @@ def test_a_pair_posterior_fits_alpha_from_two_pairs() -> None:
         (0.0, 1e-4, 3.0, (1e-4, 0.1)),  # nothing seen
         (0.05, 1e-6, 1.0, (1e-4, 0.1)),  # one precise pair: its Gamma decides
         (0.0, 1e-8, 1.0, (1e-4, 0.1)),  # one precise pair without dependence
+        (0.0015, 1e-6, 1.0, (1e-4, 0.1)),  # one pair, x at 1.5 sd: u's mass at 0 counts
     ],
 )
 def test_the_dependence_posterior_matches_direct_integration(
