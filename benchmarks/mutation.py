@@ -164,7 +164,7 @@ def check(name: str, out: Path, timeout: float, since: str | None = None) -> dic
         _run([str(bin_dir / "cosmic-ray"), "exec", str(config), str(session)], work, env)
         dump = _run([str(bin_dir / "cosmic-ray"), "dump", str(session)], work, env)
         seconds = time.perf_counter() - started
-    lines = (ROOT / file).read_text().splitlines()
+    source = (ROOT / file).read_text().splitlines()
     outcomes: dict[str, int] = {}
     survivors = []
     for row in filter(None, dump.splitlines()):
@@ -184,7 +184,7 @@ def check(name: str, out: Path, timeout: float, since: str | None = None) -> dic
             survivors.append({
                 "line": line, "column": int(m["start_pos"][1]),
                 "operator": m["operator_name"].removeprefix("core/"),
-                "occurrence": m["occurrence"], "source": lines[line - 1].strip(),
+                "occurrence": m["occurrence"], "source": source[line - 1].strip(),
                 "diff": result.get("diff", ""),
             })  # fmt: skip
     survivors.sort(key=lambda s: (s["line"], s["column"], s["operator"]))
