@@ -70,6 +70,12 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         f"{T}/aggregator/test_error_model.py")),
     "designs": (f"{AGG}/designs.py", (
         f"{T}/aggregator/test_designs.py", f"{T}/aggregator/test_planning.py")),
+    "pilot": (f"{AGG}/pilot.py", (
+        f"{T}/aggregator/test_planning.py", f"{T}/aggregator/test_storage_phases.py",
+        f"{T}/integration/test_phases.py")),
+    "planner": (f"{AGG}/planner.py", (
+        f"{T}/aggregator/test_planning.py", f"{T}/simulator/test_calm_plan_cache.py")),
+    "choose": (f"{AGG}/choose.py", (f"{T}/aggregator/test_choose.py",)),
 }  # fmt: skip
 
 _BINARY = ("Add_Sub", "Sub_Add", "Mul_Div", "Div_Mul", "FloorDiv_Div", "Mod_FloorDiv",

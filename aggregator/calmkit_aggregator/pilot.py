@@ -24,7 +24,7 @@ from calmkit_client import CalmkitError, Plan, PlanError, Schema
 from .designs import pilot_views
 from .error_model import Workload
 from .estimate import estimate_views
-from .planning import PlannedViews, choose_plan
+from .planning import PlannedViews, choose_plan, fewest_users
 from .profile import DataProfile, estimate_profile
 from .support import SupportCounts
 
@@ -140,8 +140,12 @@ class PhasedDesign:
                 raise CalmkitError(f"{name} ({value!r}) must be an int >= 1")
 
     def next_plan(self, pilot: SupportCounts) -> MainPlan:
-        """The second phase's plan from the pilot's support counts."""
-        remaining = max(1, self.expected_n - int(pilot.n.sum()))
+        """The second phase's plan from the pilot's support counts. When fewer users
+        are left than the planner plans views for (:func:`~.planning.fewest_users`: the
+        pilot took nearly everyone), it is planned for that many: the last users still
+        need a plan to report under."""
+        fewest = fewest_users(pilot.plan.schema.sizes, self.l or 1)
+        remaining = max(fewest, self.expected_n - int(pilot.n.sum()))
         return plan_after_pilot(pilot, remaining, Workload(k=self.k), seed=self.seed + 1,
                                 l=self.l, m=self.m)  # fmt: skip
 

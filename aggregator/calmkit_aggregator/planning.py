@@ -41,7 +41,7 @@ from .designs import DependentStream, SpreadStream, spread_views
 from .error_model import ErrorPrediction, Workload, predict_errors
 from .profile import DataProfile
 
-__all__ = ["MAX_VIEWS", "Candidate", "PlannedViews", "choose_plan"]
+__all__ = ["MAX_VIEWS", "Candidate", "PlannedViews", "choose_plan", "fewest_users"]
 
 MAX_VIEWS = 4096
 _MAX_L = 8
@@ -318,6 +318,13 @@ def choose_plan(
         views, cand.l, cand.m, cand.design, pred, tuple(c for c, _, _ in scored), fixed,
         profile, single,
     )  # fmt: skip
+
+
+def fewest_users(sizes: Sequence[int], l: int = 1) -> int:  # noqa: E741
+    """The fewest users :func:`choose_plan` plans views of size ``l`` for: as many as
+    such a view has cells on average (:func:`_most_views`), over the attributes with
+    >= 2 categories."""
+    return max(1, math.ceil(expected_cells([s for s in sizes if s > 1], l)))
 
 
 def _most_views(room: int, n: int, cells: float) -> int:

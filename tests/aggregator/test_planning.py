@@ -3,8 +3,10 @@ rule, determinism; the fast designs and the pilot's plumbing."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ from calmkit_aggregator.pilot import (
     pilot_size,
     plan_after_pilot,
 )
-from calmkit_aggregator.planning import MAX_VIEWS, choose_plan
+from calmkit_aggregator.planning import MAX_VIEWS, choose_plan, fewest_users
 from calmkit_aggregator.profile import DataProfile
 from calmkit_client import CalmkitError, Plan, PlanError, Schema
 from calmkit_simulator import collect_support, synthetic_population
@@ -128,8 +130,52 @@ def test_the_phases_combine_into_one_reconstruction() -> None:
         np.testing.assert_array_equal(both.counts[j], c)
     answer = reconstruct(both).answer([0, 1, 2]).values
     assert answer.shape == (2, 3, 2) and answer.sum() == pytest.approx(1.0)
-    with pytest.raises(PlanError, match="schema and epsilon"):
+    with pytest.raises(PlanError, match=r"^parts\[1\] must share the schema and epsilon"):
         combine_phases([pilot, SupportCounts.zeros(Plan(pop.schema, 2.0, [(0, 1)]))])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        main.plan = first  # type: ignore[misc]
+
+
+def test_pilot_size_bounds_and_checks() -> None:
+    # at least 1 and at most n - 1 users, whatever the fraction
+    assert pilot_size(2, 0.99) == 1 and pilot_size(10, 0.96) == 9 and pilot_size(2, 0.01) == 1
+    assert pilot_size(np.int64(50), 0.5) == 25
+    for n in (1, 0, True, 2.5, "10"):
+        with pytest.raises(PlanError, match=rf"^n \({re.escape(repr(n))}\) must be an int >= 2"):
+            pilot_size(n)  # type: ignore[arg-type]
+    for fraction in (0, 0.0, 1, 1.0, -0.5, "0.2"):
+        with pytest.raises(PlanError, match=rf"^pilot fraction \({re.escape(repr(fraction))}\)"):
+            pilot_size(100, fraction)  # type: ignore[arg-type]
+
+
+def test_a_pilot_without_reports_still_plans_the_rest() -> None:
+    # views nobody reported on count as one report each in the prediction (their
+    # estimate is the prior's): the rest of the users still get a plan
+    schema = Schema.from_sizes([2, 3, 2, 2])
+    pilot = SupportCounts.zeros(pilot_plan(schema, 1.0, seed=1))
+    main = plan_after_pilot(pilot, 5000, Workload(k=2), seed=2)
+    assert main.plan.m >= 1 and main.choice.predicted.sse > 0
+
+
+def test_the_phased_design_plans_the_remaining_users_with_the_next_seed() -> None:
+    pop = synthetic_population(n=3000, sizes=(2, 3, 2, 2), strength=1.5, rng=4)
+    first = pilot_plan(pop.schema, 1.0, seed=0)
+    pilot = collect_support(pop.take(np.arange(600)), first, 5)
+    design = PhasedDesign(3000, 600, 2)  # seed 0 by default: the main phase uses 1
+    got = design.next_plan(pilot)
+    want = plan_after_pilot(pilot, 2400, Workload(k=2), seed=1)
+    assert got.plan == want.plan and got.plan.seed == 1
+    three = plan_after_pilot(pilot, 3, Workload(k=2), seed=1).choice.predicted
+    assert PhasedDesign(603, 600, 2).next_plan(pilot).choice.predicted == three
+    # the pilot took all but a few of the expected users, or more: the rest is planned
+    # for as many users as a 1-way view has cells on average (9/4, so 3), which the
+    # planner refuses below
+    assert fewest_users(pop.schema.sizes) == 3 and fewest_users([2, 1, 3], 2) == 6
+    with pytest.raises(PlanError, match="cannot hold a view"):
+        plan_after_pilot(pilot, 2, Workload(k=2), seed=1)
+    assert three != plan_after_pilot(pilot, 4, Workload(k=2), seed=1).choice.predicted
+    for expected in (602, 601, 600, 500):
+        assert PhasedDesign(expected, 600, 2).next_plan(pilot).choice.predicted == three
 
 
 def test_the_phased_design_round_trips_and_validates() -> None:
@@ -139,6 +185,11 @@ def test_the_phased_design_round_trips_and_validates() -> None:
         PhasedDesign(10_000, 0, 3)
     with pytest.raises(CalmkitError, match="design_json"):
         PhasedDesign.from_json('{"expected_n": 5}')
+    # a long invalid text is quoted to its first 80 characters
+    text = '{"expected_n": "' + "x" * 200 + '"}'
+    with pytest.raises(CalmkitError) as err:
+        PhasedDesign.from_json(text)
+    assert str(err.value).startswith(f"design_json ({text[:80]!r}) is invalid: ")
 
 
 def _planted(d: int, strong: list[tuple[int, int]], gen: np.random.Generator) -> np.ndarray:
