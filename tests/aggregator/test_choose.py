@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -10,6 +11,8 @@ import pytest
 
 from calmkit_aggregator.choose import (
     Choice,
+    _next_balanced,
+    _repair_step,
     balanced_views,
     choose_views,
     expected_cells,
@@ -235,3 +238,132 @@ def test_balanced_views_extends_start() -> None:
     assert not set(extra) & set(start) and len(set(extra)) == 20
     with pytest.raises(PlanError, match=r"m \(57\) must be <= C\(8, 4\) - 14 = 56"):
         balanced_views(8, 4, 57, start=start)
+
+
+# -- edges found by the mutation check (docs/testing.md) ---------------------------------
+def test_fixed_m_takes_the_smallest_l_whose_built_cover_fits_not_its_bound() -> None:
+    # d = 8, k = 3, m = 7: the Schoenheim bound for l = 5 is 7, but no 7 views of 5
+    # cover (C(8, 5, 3) = 8); l = 6 covers with 4 views, so l = 6 with 3 extra views
+    choice = choose_views(BINARY8, 6.0, N16, 3, m=7)
+    assert (choice.l, choice.m, choice.covers) == (6, 7, True)
+    check_views(choice, 8)
+
+
+def test_k_may_equal_d() -> None:
+    choice = choose_views([2, 3, 2], 2.0, 1000, 3)
+    assert (choice.k, choice.l, choice.m) == (3, 2, 1)
+    check_views(choice, 3)
+    whole = choose_views([2, 3, 2], 2.0, 1000, 3, l=3)  # the one view of all three
+    assert (whole.views, whole.covers) == (((0, 1, 2),), True)
+
+
+def test_options_run_from_l_2_to_one_past_l_u_and_show_their_covers() -> None:
+    choice = choose_views(BINARY8, 2.0, N16, 3)
+    assert [o.l for o in choice.options] == list(range(2, choice.l_upper + 2))
+    rows = choice.summary().splitlines()[2:-1]
+    assert [int(r.split()[0]) for r in rows] == [o.l for o in choice.options]
+    shown = [r.split()[3] for r in rows]
+    assert shown == ["-" if o.cover_size is None else str(o.cover_size) for o in choice.options]
+    assert "-" in shown and "14" in shown
+    # a fixed l below 2 is listed too
+    ones = choose_views(BINARY8, 2.0, N16, 3, l=1)
+    assert [o.l for o in ones.options][:2] == [1, 2]
+
+
+def test_a_choice_refuses_views_of_the_wrong_size_or_order() -> None:
+    choice = choose_views(BINARY8, 2.0, N16, 3)  # l = 4
+    with pytest.raises(PlanError, match=r"^views\[0\] \(\[0, 1\]\) must be 4 sorted distinct"):
+        dataclasses.replace(choice, views=((0, 1), *choice.views[1:]))
+    backwards = (tuple(reversed(choice.views[0])), *choice.views[1:])
+    with pytest.raises(PlanError, match=r"^views\[0\] .* must be 4 sorted distinct"):
+        dataclasses.replace(choice, views=backwards)
+
+
+def test_noise_error_of_one_cell_views() -> None:
+    # one-category attributes: L = 1, GRR's variance (L - 2 + e^eps) / (e^eps - 1)^2
+    e = math.exp(2.0)
+    expected = min(4 * e, 1 - 2 + e) / (e - 1) ** 2 * (1 / 2) * (4 / N16)
+    assert noise_error(N16, [1] * 4, 2.0, 2) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True])
+def test_balanced_views_checks_m(bad: object) -> None:
+    with pytest.raises(PlanError, match=rf"^m \({bad!r}\) must be an int >= 0$"):
+        balanced_views(5, 2, bad)  # type: ignore[arg-type]
+
+
+def test_balanced_views_with_more_ties_than_it_enumerates() -> None:
+    # C(20, 5) = 15,504 candidate sets > 4,096: randomised greedy and random draws
+    views = balanced_views(20, 5, 12, rng=1)
+    assert len(set(views)) == 12 and all(len(v) == 5 for v in views)
+    counts = attribute_counts(views, 20)
+    assert counts.max() - counts.min() <= 1
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_view_takes_the_least_loaded_pairs_among_the_tied_attributes(seed: int) -> None:
+    # 16 unused attributes, C(16, 4) = 1,820 tied sets: enumerated, so the view is the
+    # set of least pair load (unique here), found by brute force
+    gen = np.random.default_rng(seed)
+    pairs = np.triu(gen.integers(0, 1000, (16, 16)), 1)
+    pairs = pairs + pairs.T
+    loads = {s: sum(int(pairs[a, b]) for a, b in itertools.combinations(s, 2))
+             for s in itertools.combinations(range(16), 4)}  # fmt: skip
+    best = min(loads, key=loads.__getitem__)
+    assert sorted(loads.values())[1] > loads[best]
+    got = _next_balanced(16, 4, np.zeros(16, np.int64), pairs, set(), gen)
+    assert got == best
+
+
+def test_when_every_balanced_set_is_used_the_least_loaded_unused_set_is_taken() -> None:
+    # counts 0 on attributes 0-2, so the balanced sets are the pairs among them, all
+    # used; then the unused set of least attribute load (1: one of 3, 4 with one of
+    # 0-2), and among those the least pair load: (1, 4), though (3, 4) has no pair load
+    counts = np.array([0, 0, 0, 1, 1])
+    pairs = np.full((5, 5), 2)
+    pairs[1, 4] = pairs[4, 1] = 1
+    pairs[3, 4] = pairs[4, 3] = 0
+    used = {(0, 1), (0, 2), (1, 2)}
+    assert _next_balanced(5, 2, counts, pairs, used, np.random.default_rng(0)) == (1, 4)
+
+
+def test_the_fallback_draws_until_it_finds_the_last_unused_set() -> None:
+    # C(21, 6) = 54,264 > 50,000 sets: sampled, not enumerated; one left unused
+    every = itertools.combinations(range(21), 6)
+    left = (2, 3, 5, 8, 13, 20)
+    used = {s for s in every if s != left}
+    got = _next_balanced(21, 6, np.zeros(21, np.int64), np.zeros((21, 21), np.int64), used,
+                         np.random.default_rng(0))  # fmt: skip
+    assert got == left
+
+
+def _swap_load(v: tuple[int, ...], a: int, b: int, pairs: np.ndarray) -> int:
+    rest = [x for x in v if x != a]
+    return int(pairs[b, rest].sum() - pairs[a, rest].sum())
+
+
+def test_a_repair_moves_the_use_inside_the_view_of_least_pair_load() -> None:
+    # replayed rule: after one repair step, the view that changed is one whose swap
+    # (a -> b) adds the least pair load, pairs[b, rest] - pairs[a, rest]
+    gen = np.random.default_rng(3)
+    checked = 0
+    for _ in range(60):
+        pool = [s for s in itertools.combinations(range(7), 3) if 0 in s or gen.random() < 0.2]
+        views = [pool[i] for i in gen.choice(len(pool), size=8, replace=False)]
+        counts = attribute_counts(tuple(views), 7)
+        pairs = np.zeros((7, 7), np.int64)
+        for v in views:
+            pairs[np.ix_(v, v)] += 1
+        before = list(views)
+        if not _repair_step(views, counts.copy(), pairs.copy(), set(views)):
+            continue
+        (j,) = [i for i in range(8) if views[i] != before[i]]
+        (a,) = set(before[j]) - set(views[j])
+        (b,) = set(views[j]) - set(before[j])
+
+        eligible = [v for v in before if a in v and b not in v
+                    and tuple(sorted({*v} - {a} | {b})) not in set(before)]  # fmt: skip
+        scores = {v: _swap_load(v, a, b, pairs) for v in eligible}
+        assert scores[before[j]] == min(scores.values())
+        checked += len(set(scores.values())) > 1
+    assert checked >= 10  # instances where the choice mattered

@@ -165,6 +165,9 @@ def test_the_phased_design_plans_the_remaining_users_with_the_next_seed() -> Non
     got = design.next_plan(pilot)
     want = plan_after_pilot(pilot, 2400, Workload(k=2), seed=1)
     assert got.plan == want.plan and got.plan.seed == 1
+    default = plan_after_pilot(pilot, 2400, Workload(k=2))  # seed 0 by default
+    assert default.plan == plan_after_pilot(pilot, 2400, Workload(k=2), seed=0).plan
+    assert default.plan.seed == 0
     three = plan_after_pilot(pilot, 3, Workload(k=2), seed=1).choice.predicted
     assert PhasedDesign(603, 600, 2).next_plan(pilot).choice.predicted == three
     # the pilot took all but a few of the expected users, or more: the rest is planned
