@@ -184,6 +184,16 @@ def test_the_phased_design_plans_the_remaining_users_with_the_next_seed() -> Non
 def test_the_phased_design_round_trips_and_validates() -> None:
     design = PhasedDesign(10_000, 1000, 3, seed=5, l=None, m=40)
     assert PhasedDesign.from_json(design.to_json()) == design
+    # stored as canonical JSON: sorted keys, so equal designs store equal text
+    assert design.to_json() == (
+        '{"expected_n": 10000, "k": 3, "l": null, "m": 40, "pilot_reports": 1000, "seed": 5}'
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        design.k = 4  # type: ignore[misc]
+    for bad in (2.5, "3", True, 0):
+        message = rf"^k \({re.escape(repr(bad))}\) must be an int >= 1"
+        with pytest.raises(CalmkitError, match=message):
+            PhasedDesign(10_000, 1000, bad)  # type: ignore[arg-type]
     with pytest.raises(CalmkitError, match=r"pilot_reports \(0\) must be an int >= 1"):
         PhasedDesign(10_000, 0, 3)
     with pytest.raises(CalmkitError, match="design_json"):
