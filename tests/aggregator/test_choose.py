@@ -367,3 +367,18 @@ def test_a_repair_moves_the_use_inside_the_view_of_least_pair_load() -> None:
         assert scores[before[j]] == min(scores.values())
         checked += len(set(scores.values())) > 1
     assert checked >= 10  # instances where the choice mattered
+
+
+def test_a_repair_takes_the_most_used_attribute_that_can_move() -> None:
+    # attribute 0 (4 uses) cannot move to 5 (0 uses): each of its swaps gives a used
+    # set; the next most used, 1 (3 uses), can: (0, 1) becomes (0, 5), not a view of
+    # the less used 2 or 3
+    views = [(0, 1), (0, 2), (0, 3), (0, 4), (1, 2), (1, 3)]
+    counts = attribute_counts(tuple(views), 6)
+    assert counts.tolist() == [4, 3, 2, 2, 1, 0]
+    pairs = np.zeros((6, 6), np.int64)
+    for v in views:
+        pairs[np.ix_(v, v)] += 1
+    used = {*views, (1, 5), (2, 5), (3, 5), (4, 5)}
+    assert _repair_step(views, counts, pairs, used)
+    assert views[0] == (0, 5) and views[1:] == [(0, 2), (0, 3), (0, 4), (1, 2), (1, 3)]

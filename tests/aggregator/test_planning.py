@@ -21,6 +21,7 @@ from calmkit_aggregator.pilot import (
     pilot_size,
     plan_after_pilot,
 )
+from calmkit_aggregator.planner import workload_of
 from calmkit_aggregator.planning import MAX_VIEWS, choose_plan, fewest_users
 from calmkit_aggregator.profile import DataProfile
 from calmkit_client import CalmkitError, Plan, PlanError, Schema
@@ -276,3 +277,16 @@ def test_the_prediction_is_the_expectation_over_the_uncertain_dependence() -> No
     # with the dependence and the upper quantiles are far from the median
     assert chosen.predicted.sse > sorted(
         c.range for c in chosen.candidates if c.m == chosen.m and c.l == chosen.l)[0][2]
+
+
+def test_the_workload_and_the_plans_defaults() -> None:
+    schema = Schema.from_sizes([2, 3, 2, 2])
+    assert workload_of(schema, 3, None) == Workload(k=3)
+    listed = Workload(queries=((0, 1), (2, 3)))
+    assert workload_of(schema, None, [[1, 0], [2, 3]]) == listed
+    assert workload_of(schema, 2, [[0, 1], [3, 2]]) == listed  # queries win over k
+    with pytest.raises(PlanError, match=r"^k \(None\) must be given when no queries are$"):
+        workload_of(schema, None, None)
+    plan = plan_collection(schema, 1.0, 20_000, 2)  # rng 0 and hash seed 0 by default
+    assert plan == plan_collection(schema, 1.0, 20_000, 2, rng=0, seed=0) and plan.seed == 0
+    assert plan.views != plan_collection(schema, 1.0, 20_000, 2, rng=1).views
