@@ -436,23 +436,25 @@ def balanced_views(
         )
     counts = np.zeros(d, np.int64)
     pairs = np.zeros((d, d), np.int64)
-
-    def add(view: tuple[int, ...]) -> None:
-        idx = np.array(view)
-        counts[idx] += 1
-        pairs[np.ix_(idx, idx)] += 1
-
     for v in used:
-        add(v)
+        _tally(v, counts, pairs, 1)
     out = []
     for _ in range(m):
         view = _next_balanced(d, l, counts, pairs, used, gen)
         used.add(view)
-        add(view)
+        _tally(view, counts, pairs, 1)
         out.append(view)
     while _repair_step(out, counts, pairs, used):
         pass
     return tuple(out)
+
+
+def _tally(view: tuple[int, ...], counts: np.ndarray, pairs: np.ndarray, step: int) -> None:
+    """Count ``view`` (``step`` = 1) or uncount it (-1): its attributes in ``counts``,
+    its pairs (and each attribute with itself) in ``pairs``."""
+    idx = np.array(view)
+    counts[idx] += step
+    pairs[np.ix_(idx, idx)] += step
 
 
 def _repair_step(
@@ -481,12 +483,8 @@ def _repair_step(
                     best, best_score = (j, new), score
             if best is not None:
                 j, new = best
-                old = np.array(views[j])
-                counts[old] -= 1
-                pairs[np.ix_(old, old)] -= 1
-                idx = np.array(new)
-                counts[idx] += 1
-                pairs[np.ix_(idx, idx)] += 1
+                _tally(views[j], counts, pairs, -1)
+                _tally(new, counts, pairs, 1)
                 used.discard(views[j])
                 used.add(new)
                 views[j] = new

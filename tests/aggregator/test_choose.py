@@ -382,3 +382,20 @@ def test_a_repair_takes_the_most_used_attribute_that_can_move() -> None:
     used = {*views, (1, 5), (2, 5), (3, 5), (4, 5)}
     assert _repair_step(views, counts, pairs, used)
     assert views[0] == (0, 5) and views[1:] == [(0, 2), (0, 3), (0, 4), (1, 2), (1, 3)]
+    # the counts follow the swap: those of the new views, counted afresh
+    assert counts.tolist() == attribute_counts(tuple(views), 6).tolist()
+    fresh = np.zeros((6, 6), np.int64)
+    for v in views:
+        fresh[np.ix_(v, v)] += 1
+    np.testing.assert_array_equal(pairs, fresh)
+    assert used == {*views, (1, 5), (2, 5), (3, 5), (4, 5)}  # (0, 1) gone, (0, 5) in
+
+
+def test_algorithm_1_edges() -> None:
+    # mu = max(1, floor(theta n)): one view when theta n < 1
+    assert choose_views(BINARY8, 2.0, 500, 3).mu == 1
+    # only l fixed, l = k: the cover of every k-set (all C(8, 3) = 56), even above mu
+    choice = choose_views(BINARY8, 2.0, 10_000, 3, l=3)
+    assert (choice.mu, choice.m, choice.covers) == (10, 56, True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        choice.option.l = 2  # type: ignore[misc]
