@@ -153,6 +153,8 @@ def test_a_pilot_without_reports_still_plans_the_rest() -> None:
     # views nobody reported on count as one report each in the prediction (their
     # estimate is the prior's): the rest of the users still get a plan
     schema = Schema.from_sizes([2, 3, 2, 2])
+    assert pilot_plan(schema, 1.0) == pilot_plan(schema, 1.0, seed=0)  # seed 0 by default
+    assert pilot_plan(schema, 1.0).views != pilot_plan(schema, 1.0, seed=1).views
     pilot = SupportCounts.zeros(pilot_plan(schema, 1.0, seed=1))
     main = plan_after_pilot(pilot, 5000, Workload(k=2), seed=2)
     assert main.plan.m >= 1 and main.choice.predicted.sse > 0
