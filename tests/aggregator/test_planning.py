@@ -20,6 +20,7 @@ from calmkit_aggregator.pilot import (
     pilot_plan,
     pilot_size,
     plan_after_pilot,
+    profile_from_pilot,
 )
 from calmkit_aggregator.planner import workload_of
 from calmkit_aggregator.planning import MAX_VIEWS, choose_plan, fewest_users
@@ -158,6 +159,17 @@ def test_a_pilot_without_reports_still_plans_the_rest() -> None:
     pilot = SupportCounts.zeros(pilot_plan(schema, 1.0, seed=1))
     main = plan_after_pilot(pilot, 5000, Workload(k=2), seed=2)
     assert main.plan.m >= 1 and main.choice.predicted.sse > 0
+    want = choose_plan(schema.sizes, 1.0, 5000, Workload(k=2), profile_from_pilot(pilot),
+                       fixed_views=pilot.plan.views, fixed_users=[1.0] * pilot.plan.m,
+                       rng=2)  # fmt: skip
+    assert (main.choice.views, main.choice.predicted) == (want.views, want.predicted)
+
+
+def test_the_pilot_pairs_only_attributes_with_two_or_more_categories() -> None:
+    views = pilot_plan(Schema.from_sizes([2, 1, 3, 1, 2]), 1.0).views
+    assert {a for v in views for a in v} == {0, 2, 4}
+    with pytest.raises(PlanError, match=r"^every attribute \(2\) has one category"):
+        pilot_plan(Schema.from_sizes([1, 1]), 1.0)
 
 
 def test_the_phased_design_plans_the_remaining_users_with_the_next_seed() -> None:
