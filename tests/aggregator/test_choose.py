@@ -399,3 +399,21 @@ def test_algorithm_1_edges() -> None:
     assert (choice.mu, choice.m, choice.covers) == (10, 56, True)
     with pytest.raises(dataclasses.FrozenInstanceError):
         choice.option.l = 2  # type: ignore[misc]
+
+
+def test_fixed_m_edges_and_the_smallest_inputs() -> None:
+    # m = C(8, 3) = 56: every 3-set is a view (l = k)
+    every = choose_views(BINARY8, 2.0, N16, 3, m=56)
+    assert (every.l, every.covers) == (3, True)
+    # eps 3 (l_u = 6), m = 8: l = 5 is the smallest whose cover fits (C(8, 5, 3) = 8)
+    choice = choose_views(BINARY8, 3.0, N16, 3, m=8)
+    assert (choice.l_upper, choice.l, choice.covers) == (6, 5, True)
+    # one user, 1-way marginals, a one-category attribute: all accepted
+    assert choose_views([2, 1, 3], 1.0, 1, 1).n == 1
+    # an option's NE is k * NE over k, and the formula's
+    for o in choose_views(BINARY8, 2.0, N16, 3).options:
+        assert o.ne == pytest.approx(noise_error(N16, BINARY8, 2.0, o.l), rel=1e-12)
+        assert o.k_ne == pytest.approx(3 * o.ne, rel=1e-12)
+    # balanced_views' seed is 0 by default
+    assert balanced_views(8, 3, 10) == balanced_views(8, 3, 10, rng=0)
+    assert balanced_views(8, 3, 10) != balanced_views(8, 3, 10, rng=1)
