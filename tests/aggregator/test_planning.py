@@ -205,6 +205,7 @@ def test_the_phased_design_round_trips_and_validates() -> None:
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         design.k = 4  # type: ignore[misc]
+    assert PhasedDesign(1, 1, 1).to_json().startswith('{"expected_n": 1, "k": 1,')  # all >= 1
     for bad in (2.5, "3", True, 0):
         message = rf"^k \({re.escape(repr(bad))}\) must be an int >= 1"
         with pytest.raises(CalmkitError, match=message):
