@@ -284,6 +284,7 @@ def test_noise_error_of_one_cell_views() -> None:
     e = math.exp(2.0)
     expected = min(4 * e, 1 - 2 + e) / (e - 1) ** 2 * (1 / 2) * (4 / N16)
     assert noise_error(N16, [1] * 4, 2.0, 2) == pytest.approx(expected, rel=1e-12)
+    assert noise_error(N16, [1] * 4, 2000.0, 2) == 0.0  # never negative, even where it underflows
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, True])
