@@ -418,3 +418,16 @@ def test_fixed_m_edges_and_the_smallest_inputs() -> None:
     # balanced_views' seed is 0 by default
     assert balanced_views(8, 3, 10) == balanced_views(8, 3, 10, rng=0)
     assert balanced_views(8, 3, 10) != balanced_views(8, 3, 10, rng=1)
+
+
+def test_counts_equal_to_every_view_and_the_defaults() -> None:
+    # m may equal C(d, l): every 7-set (8), or every 4-set when m picks l (70)
+    assert choose_views(BINARY8, 2.0, N16, 3, l=7, m=8).m == 8
+    every = choose_views(BINARY8, 2.0, N16, 3, m=70)
+    assert (every.l, every.m, len(set(every.views))) == (4, 70, 70)
+    # Schoenheim's bound is listed from l = k on: C(8, 3, 3) = 56
+    choice = choose_views(BINARY8, 2.0, N16, 3)
+    assert [o.cover_bound for o in choice.options] == [None, 56, 14, 7]
+    # the seed is 0 by default
+    assert choice == choose_views(BINARY8, 2.0, N16, 3, rng=0)
+    assert choice.views != choose_views(BINARY8, 2.0, N16, 3, rng=1).views
