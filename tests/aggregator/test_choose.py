@@ -431,3 +431,10 @@ def test_counts_equal_to_every_view_and_the_defaults() -> None:
     # the seed is 0 by default
     assert choice == choose_views(BINARY8, 2.0, N16, 3, rng=0)
     assert choice.views != choose_views(BINARY8, 2.0, N16, 3, rng=1).views
+
+
+def test_the_min_max_rule_with_l_u_at_d() -> None:
+    # eps 4: l_u = d = 8, l_b = 3; the rule compares l = 3..8 only (no l = 9 of 8)
+    choice = choose_views(BINARY8, 4.0, N16, 3)
+    assert (choice.rule, choice.l_upper, choice.l_lower) == ("min max(SE, k*NE)", 8, 3)
+    assert (choice.l, choice.m, choice.covers) == (5, 8, True)
