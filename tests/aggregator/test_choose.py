@@ -190,6 +190,7 @@ def test_summary_lists_options() -> None:
         ({"k": 9}, r"k \(9\) must be <= d \(8 attributes\)"),
         ({"l": 0}, r"l \(0\) must be an int in \[1, 8\]"),
         ({"l": 9}, r"l \(9\) must be an int in \[1, 8\]"),
+        ({"l": True}, r"l \(True\) must be an int in \[1, 8\]"),
         ({"m": 0}, r"m \(0\) must be an int >= 1"),
         ({"l": 7, "m": 9}, r"m \(9\) must be <= C\(8, 7\) = 8 distinct views"),
         ({"m": 100}, r"m \(100\) must be <= C\(8, 4\) = 70 distinct views"),
@@ -438,3 +439,10 @@ def test_the_min_max_rule_with_l_u_at_d() -> None:
     choice = choose_views(BINARY8, 4.0, N16, 3)
     assert (choice.rule, choice.l_upper, choice.l_lower) == ("min max(SE, k*NE)", 8, 3)
     assert (choice.l, choice.m, choice.covers) == (5, 8, True)
+
+
+def test_l_b_stops_above_the_first_cover_that_does_not_fit() -> None:
+    # n = 20,000: mu = 20; the 3-set cover needs 56 views, the 4-set one 14, so
+    # l_b = 4 (lines 7-9 of Algorithm 1), and l_u = 6 at eps 4
+    choice = choose_views(BINARY8, 4.0, 20_000, 3)
+    assert (choice.mu, choice.l_upper, choice.l_lower, choice.l, choice.m) == (20, 6, 4, 5, 8)
