@@ -446,3 +446,25 @@ def test_l_b_stops_above_the_first_cover_that_does_not_fit() -> None:
     # l_b = 4 (lines 7-9 of Algorithm 1), and l_u = 6 at eps 4
     choice = choose_views(BINARY8, 4.0, 20_000, 3)
     assert (choice.mu, choice.l_upper, choice.l_lower, choice.l, choice.m) == (20, 6, 4, 5, 8)
+
+
+def test_the_min_max_rule_starts_from_an_error_of_1() -> None:
+    # k = 1, eps 0.04, n = 8,000: max(SE, k NE) is 1.25 at l = 1 and 3.65 at l = 2,
+    # both >= 1, so neither beats the paper's start (1) and Algorithm 1 keeps l_u, mu
+    assert 1 <= noise_error(8000, BINARY8, 0.04, 1) < 2
+    choice = choose_views(BINARY8, 0.04, 8000, 1)
+    assert (choice.rule, choice.l_lower, choice.l, choice.m) == ("min max(SE, k*NE)", 1, 2, 8)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_fallback_searches_every_set_when_there_are_few(seed: int) -> None:
+    # C(22, 4) = 7,315 <= 50,000 sets: all searched, so the one unused set of least
+    # load, (0, 1, 2, 21), is found whatever the seed (4,096 random draws would miss
+    # it more often than not)
+    counts = np.array([0] * 4 + [1] * 18)
+    pairs = np.ones((22, 22), np.int64)
+    for a, b in itertools.combinations((0, 1, 2, 21), 2):
+        pairs[a, b] = pairs[b, a] = 0
+    used = {(0, 1, 2, 3)}
+    got = _next_balanced(22, 4, counts, pairs, used, np.random.default_rng(seed))
+    assert got == (0, 1, 2, 21)
