@@ -401,6 +401,8 @@ def test_algorithm_1_edges() -> None:
     assert (choice.mu, choice.m, choice.covers) == (10, 56, True)
     with pytest.raises(dataclasses.FrozenInstanceError):
         choice.option.l = 2  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        choice.l = 2  # type: ignore[misc]
 
 
 def test_fixed_m_edges_and_the_smallest_inputs() -> None:
@@ -468,3 +470,11 @@ def test_the_fallback_searches_every_set_when_there_are_few(seed: int) -> None:
     used = {(0, 1, 2, 3)}
     got = _next_balanced(22, 4, counts, pairs, used, np.random.default_rng(seed))
     assert got == (0, 1, 2, 21)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_extra_views_count_the_start_views_uses(seed: int) -> None:
+    # attribute 0 is in all three start views, the others once or never: the two new
+    # views take the least used attributes, so never 0
+    extra = balanced_views(5, 2, 2, rng=seed, start=[(0, 1), (0, 2), (0, 3)])
+    assert all(0 not in v for v in extra) and 4 in extra[0]
