@@ -170,7 +170,7 @@ def check(name: str, out: Path, timeout: float, since: str | None = None) -> dic
         _run([str(bin_dir / "cosmic-ray"), "exec", str(config), str(session)], work, env)
         dump = _run([str(bin_dir / "cosmic-ray"), "dump", str(session)], work, env)
         seconds = time.perf_counter() - started
-    source = (ROOT / file).read_text().splitlines()
+        source = (work / file).read_text().splitlines()  # as mutated, not as edited since
     outcomes: dict[str, int] = {}
     survivors = []
     for row in filter(None, dump.splitlines()):
