@@ -286,6 +286,9 @@ def test_noise_error_of_one_cell_views() -> None:
     expected = min(4 * e, 1 - 2 + e) / (e - 1) ** 2 * (1 / 2) * (4 / N16)
     assert noise_error(N16, [1] * 4, 2.0, 2) == pytest.approx(expected, rel=1e-12)
     assert noise_error(N16, [1] * 4, 2000.0, 2) == 0.0  # never negative, even where it underflows
+    # three cells: GRR's L - 2 = 1 term counts (min(4e^eps, 1 + e^eps) is GRR's here)
+    three = min(4 * e, 3 - 2 + e) / (e - 1) ** 2 * 3 * (3 / N16)
+    assert noise_error(N16, [3, 3, 3], 2.0, 1) == pytest.approx(three, rel=1e-12)
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, True])
