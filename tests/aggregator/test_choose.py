@@ -332,6 +332,52 @@ def test_when_every_balanced_set_is_used_the_least_loaded_unused_set_is_taken() 
     assert _next_balanced(5, 2, counts, pairs, used, np.random.default_rng(0)) == (1, 4)
 
 
+@pytest.mark.parametrize("weight", [1, 8])
+def test_the_fallback_puts_attribute_load_before_any_pair_load(weight: int) -> None:
+    # l = 3: the balanced set (0, 1, 2) is used, so every set is searched. Sets with
+    # one of 3, 4 carry attribute load 1 and pair load 2 * weight; (0, 3, 4) carries
+    # attribute load 2 but no pair load. Attribute load comes first, whatever the
+    # largest pair count (weight 1 or 8): a multiplier at or below the pair loads'
+    # range (C(3, 2) * weight) would take (0, 3, 4)
+    counts = np.array([0, 0, 0, 1, 1])
+    pairs = np.full((5, 5), weight)
+    np.fill_diagonal(pairs, counts)
+    for a, b in ((0, 3), (0, 4), (3, 4)):
+        pairs[a, b] = pairs[b, a] = 0
+    got = _next_balanced(5, 3, counts, pairs, {(0, 1, 2)}, np.random.default_rng(0))
+    assert int(counts[list(got)].sum()) == 1
+    assert got in {(0, 1, 3), (0, 1, 4), (0, 2, 3), (0, 2, 4)}  # pair load 2 * weight
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_greedy_pick_adds_the_attribute_of_least_pair_load(seed: int) -> None:
+    # C(20, 5) = 15,504 tied sets: too many to enumerate, so greedy picks (and random
+    # draws). Pair load w_a + w_b with w = 0 on four attributes, 100 elsewhere: after
+    # its random first attribute, each greedy pick adds the attribute of least w, so
+    # every pick holds the four light ones (a random draw holds them with chance
+    # 16 / 15,504)
+    light = [3, 7, 11, 18]
+    w = np.full(20, 100)
+    w[light] = 0
+    pairs = w[:, None] + w[None, :]
+    got = _next_balanced(20, 5, np.zeros(20, np.int64), pairs, set(), np.random.default_rng(seed))
+    assert set(light) <= set(got)
+
+
+@pytest.mark.parametrize(
+    ("d", "l", "m", "start"),
+    [(6, 2, 10, [(0, 4), (3, 4)]), (7, 3, 27, [(2, 5, 6), (0, 4, 6), (1, 4, 6), (1, 4, 5)])],
+)
+def test_start_views_count_once(d: int, l: int, m: int, start: list[tuple[int, ...]]) -> None:  # noqa: E741
+    # the start views and the new ones together use every attribute equally often, up
+    # to 1 (6 x 4 uses at d = 6; 93 uses over 7 attributes): counting a start view
+    # twice makes the new views avoid its attributes (spreads of 2 and 3)
+    for seed in range(10):
+        extra = balanced_views(d, l, m, rng=seed, start=start)
+        counts = attribute_counts((*start, *extra), d)
+        assert counts.max() - counts.min() <= 1
+
+
 def test_the_fallback_draws_until_it_finds_the_last_unused_set() -> None:
     # C(21, 6) = 54,264 > 50,000 sets: sampled, not enumerated; one left unused
     every = itertools.combinations(range(21), 6)
@@ -340,6 +386,35 @@ def test_the_fallback_draws_until_it_finds_the_last_unused_set() -> None:
     got = _next_balanced(21, 6, np.zeros(21, np.int64), np.zeros((21, 21), np.int64), used,
                          np.random.default_rng(0))  # fmt: skip
     assert got == left
+
+
+class _CountingGenerator:
+    """A seeded Generator that counts its ``random`` calls (one per batch of draws)."""
+
+    def __init__(self, seed: int) -> None:
+        self.gen = np.random.default_rng(seed)
+        self.batches = 0
+
+    def random(self, size: tuple[int, int]) -> np.ndarray:
+        self.batches += 1
+        return self.gen.random(size)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.gen, name)
+
+
+def test_the_fallback_checks_every_set_of_each_draw() -> None:
+    # the one unused set of C(21, 6) = 54,264 is in a batch of 4,096 draws with chance
+    # 7.3%: about 14 batches. Checking only a few sets of each batch would take
+    # thousands (the answer would be the same, found 600 times slower)
+    every = itertools.combinations(range(21), 6)
+    left = (1, 4, 6, 9, 15, 19)
+    used = {s for s in every if s != left}
+    gen = _CountingGenerator(3)
+    got = _next_balanced(21, 6, np.zeros(21, np.int64), np.zeros((21, 21), np.int64), used,
+                         gen)  # type: ignore[arg-type]  # fmt: skip
+    assert got == left
+    assert gen.batches < 200
 
 
 def _swap_load(v: tuple[int, ...], a: int, b: int, pairs: np.ndarray) -> int:
