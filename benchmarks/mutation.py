@@ -124,7 +124,7 @@ def _config(
     path: Path, module: Path, tests: tuple[str, ...], timeout: float, lines: list[str] | None
 ) -> None:
     keep = "|".join(re.escape(op) for op in OPERATORS)
-    test = f"{sys.executable} -m pytest -x -q -p no:cacheprovider {' '.join(tests)}"
+    test = " ".join(_pytest(tests))
     only = ("" if lines is None else "[cosmic-ray.filters.line-filter]\n"
             f"lines = {{ {json.dumps(str(module))} = {json.dumps(lines)} }}\n")  # fmt: skip
     path.write_text(
@@ -138,6 +138,19 @@ def _config(
         "[cosmic-ray.filters.operators-filter]\n"
         f"exclude-operators = [{json.dumps(f'^(?!({keep})$).*')}]\n" + only
     )
+
+
+def _pytest(tests: tuple[str, ...]) -> list[str]:
+    """The command that runs a module's tests, stopping at the first failure."""
+    return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+
+
+def _scratch(work: Path) -> dict[str, str]:
+    """Copy the packages and tests into ``work``; the environment that imports them."""
+    _workspace(work)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(work / p) for p in PACKAGES))
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
@@ -154,9 +167,7 @@ def check(name: str, out: Path, timeout: float, since: str | None = None) -> dic
     lines = None if since is None else changed_lines(file, since)
     with tempfile.TemporaryDirectory(prefix=f"mutation-{name}-") as tmp:
         work = Path(tmp)
-        _workspace(work)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(work / p) for p in PACKAGES))
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env = _scratch(work)
         config, session = work / "cosmic-ray.toml", work / "session.sqlite"
         _config(config, work / file, tests, timeout, lines)
         bin_dir = Path(sys.executable).parent
@@ -214,9 +225,7 @@ def recheck(name: str, out: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix=f"recheck-{name}-") as tmp:
         work = Path(tmp)
-        _workspace(work)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(work / p) for p in PACKAGES))
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env = _scratch(work)
         target = work / file
         original = target.read_text()
         for survivor in summary["survivors"]:
@@ -226,9 +235,7 @@ def recheck(name: str, out: Path) -> dict[str, int]:
             if patched.returncode != 0:
                 result = "patch failed"
             else:
-                done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q",
-                                       "-p", "no:cacheprovider", *tests], cwd=work, env=env,
-                                      capture_output=True)  # fmt: skip
+                done = subprocess.run(_pytest(tests), cwd=work, env=env, capture_output=True)
                 result = "killed" if done.returncode else "survived"
             target.write_text(original)
             survivor["recheck"] = {"commit": head, "result": result}
