@@ -436,7 +436,8 @@ def _markdown(
             f"measured between {pred.min():.2f} and {pred.max():.2f}.",
         ]
         above = [r for r in ok if r["default_over_best_lo"] > _TARGET]
-        near = [r for r in ok if r["default_over_best"] > _TARGET >= r["default_over_best_lo"]]
+        near = [r for r in ok if r["default_over_best"] > _TARGET
+                and not r["default_over_best_lo"] > _TARGET]  # fmt: skip
         lines += [
             "",
             f"Above the target of {_TARGET} x the best grid point: "

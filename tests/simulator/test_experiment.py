@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
@@ -204,6 +205,20 @@ def test_planner_experiment_writes_its_own_report(tmp_path: Path) -> None:
                  "--jobs", "1", "--json"]) == 0  # fmt: skip
     text = (out / "planner.md").read_text()
     assert "| synthetic d=8, n=2^12 | 3 | 0.5 |" in text and "## Planning time" in text
+    # default / best with its paired-bootstrap interval around it, and the summary of
+    # the settings above the target
+    summary = [
+        line
+        for line in text.splitlines()
+        if line.startswith("| synthetic d=8, n=2^12 | 3 |") and line.count("|") == 15
+    ]
+    assert len(summary) == 2  # eps 0.5 and 2
+    for line in summary:
+        found = re.search(r"\*\*([\d.]+)\*\* \(([\d.]+)-([\d.]+)\)", line)
+        assert found, line
+        ratio, lo, hi = map(float, found.groups())
+        assert lo <= ratio <= hi
+    assert "Above the target of 1.15 x the best grid point:" in text
     with (out / "data" / "planner.csv").open() as fh:
         roles = {row["role"] for row in csv.DictReader(fh)}
     assert roles == {"default", "paper", "grid"}
@@ -217,7 +232,6 @@ def test_planner_experiment_writes_its_own_report(tmp_path: Path) -> None:
     ratios = np.array([float(cells[7]) for cells in rows])
     assert ratios.size >= 10 and np.all(np.isfinite(ratios))
     assert 0.5 <= float(np.exp(np.log(ratios).mean())) <= 2.0
-
 
 
 def test_ratio_interval_resamples_repetitions_together() -> None:
@@ -244,6 +258,7 @@ def test_ratio_interval_chooses_the_best_point_in_each_resample() -> None:
     assert lo >= 1.0 - 1e-12 and hi > 1.1
     with pytest.raises(ValueError, match=r"grid \(2, 19\) must be \(G, 20\)"):
         ratio_interval(steady, np.array([noisy[:19], steady[:19]]))
+
 
 # -- a newcomer's runs (issue 13): no data, interruptions, progress off a terminal ---------
 def test_no_data_exits_3_and_keeps_a_complete_report(
