@@ -496,12 +496,13 @@ def _markdown(
 
 
 def _interval(row: dict[str, Any]) -> str:
+    """`` (lo-hi)``: the interval of default / best, or nothing when there is none."""
     lo, hi = row["default_over_best_lo"], row["default_over_best_hi"]
     return f" ({lo:.2f}-{hi:.2f})" if math.isfinite(lo) else ""
 
 
 def _label(row: dict[str, Any]) -> str:
-    return f"{row['setting']} eps {row['epsilon']:g} ({_interval(row).strip(' ()')})"
+    return f"{row['setting']} eps {row['epsilon']:g}{_interval(row)}"
 
 
 def _plot(summary: list[dict[str, Any]], path: Path) -> Path:
