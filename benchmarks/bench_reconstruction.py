@@ -2,6 +2,7 @@
 
     python benchmarks/bench_reconstruction.py [--reps 5] [--mbi 3] [--planner paper]
         [--datasets nltcs,adult,acs,plants,kosarak] [--ks 3,6] [--epsilons 0.5,1,2]
+        [--methods local,local+shrink,global,global-model,mbi]
 
 For every (dataset, k, eps) and repetition: one plan's views (``--planner paper``:
 CALM's Algorithm 1, the views of the issue's table; ``pipeline``: the default
@@ -11,7 +12,11 @@ those same support counts:
 
 - **local**: ``reconstruct(support, shrink=False)`` (the paper's pipeline);
 - **local+shrink**: ``reconstruct(support)`` (calmkit's default);
-- **global**: ``reconstruct_global(support)`` (one model of all views);
+- **global**: ``reconstruct_global(support)`` (one model of all views; answers:
+  max-ent over the views' projections and the model's marginals of the pairs no view
+  holds);
+- **global-model**: ``reconstruct_global(support, answers="model")`` (every answer
+  the model's own marginal);
 - **mbi**: Private-PGM 2.0 (``pip install mbi``, the ``bench`` extra): mirror descent,
   1000 iterations, on the raw view estimates with their oracle standard deviations,
   float64; answers by its own inference. Only for k = 3 and the first ``--mbi``
@@ -21,8 +26,10 @@ those same support counts:
 SSE over 50 random k-way queries (fractions) per repetition; medians over
 repetitions. CPU seconds (``time.process_time``) of the fit and of the 50 answers.
 Results append to ``docs/data/reconstruction.csv`` (a setting already there is not
-run again); ``docs/reconstruction.md`` is written from the whole CSV. Reconstruction
-is post-processing: no privacy is spent by any of these.
+run again, unless ``--methods`` names methods to run again: their rows are replaced,
+from the same seeds, so they read the same reports as the rows kept);
+``docs/reconstruction.md`` is written from the whole CSV. Reconstruction is
+post-processing: no privacy is spent by any of these.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ DATASETS: dict[str, dict[str, Any]] = {
     "plants": {},
     "kosarak": {"d": 32},
 }
-METHODS = ("local", "local+shrink", "global", "mbi")
+METHODS = ("local", "local+shrink", "global", "global-model", "mbi")
 FIELDS = ["planner", "dataset", "n", "d", "k", "epsilon", "m", "l", "rep", "method", "sse",
           "uniform_sse", "fit_cpu_s", "answer_cpu_s", "held"]  # fmt: skip
 
@@ -107,7 +114,7 @@ def _views(planner: str, pop: Any, eps: float, k: int) -> tuple[tuple[int, ...],
 
 
 def run_setting(planner: str, name: str, k: int, eps: float, reps: int, mbi_reps: int,
-                mbi: Any) -> list[dict[str, Any]]:  # fmt: skip
+                mbi: Any, methods: tuple[str, ...] = METHODS) -> list[dict[str, Any]]:  # fmt: skip
     pop = load_dataset(name, DATA, **DATASETS[name])
     views = _views(planner, pop, eps, k)
     gen = np.random.default_rng([17, k, int(eps * 10)])
@@ -122,7 +129,7 @@ def run_setting(planner: str, name: str, k: int, eps: float, reps: int, mbi_reps
                 "epsilon": eps, "m": plan.m, "l": max(len(v) for v in views), "rep": rep,
                 "uniform_sse": uniform}  # fmt: skip
         fits: list[tuple[str, Any, int]] = []
-        for method in METHODS:
+        for method in methods:
             held = plan.m
             if method == "mbi":
                 if mbi is None or k != 3 or rep >= mbi_reps:
@@ -132,8 +139,9 @@ def run_setting(planner: str, name: str, k: int, eps: float, reps: int, mbi_reps
                 answers = [_mbi_answer(model, q) for q in queries]
             else:
                 t0 = time.process_time()
-                if method == "global":
-                    est: Any = reconstruct_global(support)
+                if method.startswith("global"):
+                    answers = "model" if method == "global-model" else "pairs"
+                    est: Any = reconstruct_global(support, answers=answers)
                     held = sum(est.held)
                 else:
                     est = reconstruct(support, shrink=method == "local+shrink")
@@ -157,6 +165,18 @@ def _read() -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def _replace(key: tuple[str, ...], methods: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
+    """Rewrite the CSV with the setting ``key``'s rows of ``methods`` replaced."""
+    kept = [r for r in _read()
+            if not ((r["planner"], r["dataset"], r["k"], r["epsilon"]) == key
+                    and r["method"] in methods)]  # fmt: skip
+    with CSV.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(kept)
+    _append(rows)
+
+
 def _append(rows: list[dict[str, Any]]) -> None:
     new = not CSV.is_file()
     CSV.parent.mkdir(parents=True, exist_ok=True)
@@ -178,10 +198,11 @@ def write_doc(rows: list[dict[str, str]]) -> str:
         key = (r["planner"], r["dataset"], r["k"], r["epsilon"])
         groups.setdefault(key, {}).setdefault(r["method"], []).append(r)
     lines = [
-        "| views | data | k | eps | m, l | local | local+shrink | **global** | mbi "
+        "| views | data | k | eps | m, l | local | local+shrink | **global** | global, "
+        "model answers | mbi "
         "| uniform | global / better of (local+shrink, mbi) | global fit / 50 answers, "
         "CPU-s | mbi fit + 50 answers, CPU-s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     order = {name: i for i, name in enumerate(DATASETS)}
     for key in sorted(groups, key=lambda g: (g[0] != "paper", g[0], order.get(g[1], 99),
@@ -206,7 +227,8 @@ def write_doc(rows: list[dict[str, str]]) -> str:
         mreps = len(by.get("mbi", []))
         mbi_cell = (f"{_fmt(mb)} ({mreps}; global {_fmt(float(np.median(paired)))})"
                     if mb is not None and paired else "not run")  # fmt: skip
-        gtime = f"{med('global', 'fit_cpu_s'):.2f} / {med('global', 'answer_cpu_s'):.2f}"
+        fit_s, answer_s = med("global", "fit_cpu_s"), med("global", "answer_cpu_s")
+        gtime = "—" if fit_s is None or answer_s is None else f"{fit_s:.2f} / {answer_s:.2f}"
         held = med("global", "held")
         m = int(first["m"])
         if held is not None and int(held) < m:
@@ -216,7 +238,8 @@ def write_doc(rows: list[dict[str, str]]) -> str:
         lines.append(
             f"| {key[0]} | {key[1]} (n={first['n']}, d={first['d']}) | {key[2]} | {key[3]} "
             f"| {m}, {first['l']} | {_fmt(med('local'))} | {_fmt(shr)} | **{_fmt(g)}** "
-            f"({reps}) | {mbi_cell} | {_fmt(med('local', 'uniform_sse'))} | {ratio} "
+            f"({reps}) | {_fmt(med('global-model'))} | {mbi_cell} "
+            f"| {_fmt(med('local', 'uniform_sse'))} | {ratio} "
             f"| {gtime} | {mtime} |"
         )
     return "\n".join(lines)
@@ -230,24 +253,32 @@ def main() -> None:
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--ks", default="3,6")
     parser.add_argument("--epsilons", default="0.5,1,2")
+    parser.add_argument("--methods", default=None,
+                        help="comma list of methods to (re)run; their rows are replaced")
     parser.add_argument("--doc-only", action="store_true", help="only rewrite the table")
     args = parser.parse_args()
-    mbi = _mbi() if args.mbi > 0 else None
-    if args.mbi > 0 and mbi is None:
+    methods = METHODS if args.methods is None else tuple(args.methods.split(","))
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        parser.error(f"--methods ({','.join(unknown)}) must be among {','.join(METHODS)}")
+    mbi = _mbi() if args.mbi > 0 and "mbi" in methods else None
+    if args.mbi > 0 and "mbi" in methods and mbi is None:
         print("mbi is not installed (pip install mbi): its column stays empty")
     done = {(r["planner"], r["dataset"], r["k"], r["epsilon"]) for r in _read()}
     if not args.doc_only:
         for name in args.datasets.split(","):
             for k in (int(x) for x in args.ks.split(",")):
                 for eps in (float(x) for x in args.epsilons.split(",")):
-                    if (args.planner, name, str(k), str(eps)) in done:
+                    key = (args.planner, name, str(k), str(eps))
+                    if key in done and args.methods is None:
                         continue
                     try:
-                        rows = run_setting(args.planner, name, k, eps, args.reps, args.mbi, mbi)
+                        rows = run_setting(args.planner, name, k, eps, args.reps, args.mbi,
+                                           mbi, methods)  # fmt: skip
                     except DatasetError as exc:
                         print(f"  {name}: skipped ({exc})")
                         break
-                    _append(rows)
+                    _replace(key, methods, rows)
     table = write_doc(_read())
     print(table)
     text = DOC.read_text() if DOC.is_file() else ""

@@ -1,5 +1,5 @@
 """Global reconstruction: one model of the joint distribution fitted to every view at
-once, answering any marginal by inference in it (the approach of Private-PGM, McKenna,
+once, answering any marginal with its help (the approach of Private-PGM, McKenna,
 Sheldon & Miklau, ICML 2019, on CALM's views; papers/calm-ccs18.txt §4.4-4.5 is the
 per-query alternative, :mod:`.calm`).
 
@@ -22,7 +22,9 @@ Steps (post-processing of the reports only: no privacy is spent):
    ``dim <= 2`` (a pair of binary attributes has 1) keeps its estimate: no estimate of
    ``tau`` from so few components improves on it. This differs from
    :mod:`.shrinkage` (``dim`` in place of ``dim - 2``), which is tuned for per-query
-   answers; measured in docs/reconstruction.md.
+   answers and which the answers keep for what the views hold (step 4): the model's
+   role there is to carry dependence along paths, and a path multiplies the
+   shrinkage of its couplings; measured in docs/reconstruction.md.
 3. **Fit** the maximum-entropy distribution matching those marginals: a log-linear
    model with one factor per view, held on a junction tree of the views' attribute
    sets (:mod:`.junction`), by iterative proportional fitting on the whole joint.
@@ -30,11 +32,21 @@ Steps (post-processing of the reports only: no privacy is spent):
    overlapping views: at d = 32 with hundreds of pairs the triangulation is the whole
    domain), the model holds the views greedily in order of their interaction strength
    (total correlation), skipping any that would push a clique past the cap.
-4. **Answer** a query ``A`` by exact inference in the model (projection from a clique,
-   else variable elimination on the subtree holding ``A``). If some views were left
-   out of the model, the model's marginal is then moved to the nearest table (in
-   relative entropy) that agrees with every view's projection onto ``A`` (IPF started
-   at the model's marginal, not at uniform): every view still shapes every answer.
+4. **Answer** a query ``A`` (``answers="pairs"``, the default): maximum entropy over
+   ``A`` given the views' projections onto it, exactly as the local pipeline answers
+   (:func:`~.maxent.answer_query`, the views after the local shrinkage,
+   :func:`~.shrinkage.shrink_interactions`), and, for each pair of ``A`` that no view
+   holds, the model's marginal of that pair (exact inference): the dependence the
+   model carries along paths through other attributes, where per-query max-ent would
+   fill in independence. A query whose pairs the views all hold is the local answer.
+   With exact marginals in, every pair and every query whose marginal is pairwise
+   log-linear given the views is answered exactly. ``answers="model"``: the model's
+   own marginal of ``A`` (exact for any distribution the model can represent; when
+   some views were left out of the model, moved to the nearest table in relative
+   entropy that meets every view's projection onto ``A``, IPF started at the model's
+   marginal). Measured on noisy views (docs/reconstruction.md), the model's own
+   marginal loses to "pairs" where views overlap densely: its higher-order terms come
+   from marginalising noisy couplings, and its views keep the weaker prior of step 2.
    A dense answer above ``max_cells`` cells is refused with its size
    (:class:`~.junction.TableTooLarge`); :meth:`GlobalEstimator.model` is the factored
    form.
@@ -42,8 +54,9 @@ Steps (post-processing of the reports only: no privacy is spent):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -62,7 +75,7 @@ from .junction import (
     triangulate,
 )
 from .marginal import MarginalTable
-from .maxent import Answer, query_constraints
+from .maxent import Answer, answer_query, maximum_entropy, query_constraints
 from .shrinkage import interaction_dof, shared_sets, shrink_interactions
 from .support import SupportCounts
 
@@ -196,35 +209,51 @@ def _prior_targets(
     return shrunk.tables, shrunk.factors
 
 
+ANSWERS = ("pairs", "model")
+
+
 @dataclass(frozen=True)
 class GlobalEstimator:
-    """Answers any marginal query of a collection by inference in one model fitted to
-    all its views (module docstring).
+    """Answers any marginal query of a collection from one model fitted to all its
+    views and from the views themselves (module docstring, step 4).
 
-    ``views``: the consistent views after the prior (what the model is fitted to);
-    ``model``: the fitted junction-tree distribution; ``held[i]``: whether view i is
-    a factor of the model (all True unless the clique cap left some out);
-    ``residual``/``iterations``: the fit's largest target residual and sweeps;
-    ``shrinkage``: each view's factor lambda (None when the prior was off).
+    ``views``: the consistent views every answer meets, with the local pipeline's
+    interaction shrinkage (:func:`~.shrinkage.shrink_interactions`; ``shrinkage`` holds
+    its factors, None when off); ``targets``: the views after the model's prior (what
+    the model is fitted to; ``prior``: its factors); ``model``: the fitted
+    junction-tree distribution; ``held[i]``: whether view i is a factor of the model
+    (all True unless the clique cap left some out); ``residual``/``iterations``: the
+    fit's largest target residual and sweeps; ``answers``: ``"pairs"`` (the default,
+    step 4) or ``"model"`` (the model's own marginal, step 4's alternative).
     """
 
     plan: Plan
     views: ConsistentViews
+    targets: tuple[MarginalTable, ...]
     model: TreeModel
     held: tuple[bool, ...]
     residual: float
     iterations: int
     shrinkage: np.ndarray | None = None
+    prior: np.ndarray | None = None
     tol: float = 1e-9
     max_iter: int = 1000
     max_cells: int = DEFAULT_MAX_CELLS
+    answers: str = "pairs"
+
+    def __post_init__(self) -> None:
+        if self.answers not in ANSWERS:
+            raise CalmkitError(f"answers ({self.answers!r}) must be one of {list(ANSWERS)}")
 
     def answer(self, attrs: Sequence[AttrRef]) -> Answer:
         """The marginal over ``attrs`` (names or positions; answered over their sorted
-        positions): the model's marginal (method ``"model"``), moved onto the views'
-        projections when some view is not in the model (``"model+ipf"``).
-        :class:`~.junction.TableTooLarge` if the dense table would exceed
-        ``max_cells`` cells."""
+        positions). ``answers="pairs"``: the local answer (``"projection"`` or
+        ``"maxent"``) when the views hold every pair of the query, else max-ent over
+        the views' projections and the model's marginals of the pairs no view holds
+        (``"maxent+model"``). ``answers="model"``: the model's marginal (``"model"``),
+        moved onto the views' projections when some view is not in the model
+        (``"model+ipf"``). :class:`~.junction.TableTooLarge` if the dense table would
+        exceed ``max_cells`` cells."""
         query = tuple(sorted(self.plan.schema.resolve(attrs)))
         shape = self.plan.schema.shape(query)
         cells = cells_of(query, self.plan.schema.sizes)
@@ -234,12 +263,33 @@ class GlobalEstimator:
                 f"max_cells ({self.max_cells}) cells: use the factored model "
                 "(GlobalEstimator.model)"
             )
+        if self.answers == "pairs":
+            return self._pairs_answer(query, shape)
         values = self.model.marginal(query, self.max_cells).reshape(shape)
         if all(self.held):
             return Answer(query, values, "model")
-        constraints = query_constraints(self.views.tables, query)
+        constraints = query_constraints(self.targets, query)
         values, residual, it = i_projection(values, constraints, self.tol, self.max_iter)
         return Answer(query, values, "model+ipf", residual, it)
+
+    def _pairs_answer(self, query: tuple[int, ...], shape: tuple[int, ...]) -> Answer:
+        constraints = query_constraints(self.views.tables, query)
+        held = [set(axes) for axes, _ in constraints]
+        free = [
+            (i, j)
+            for i, j in itertools.combinations(range(len(query)), 2)
+            if shape[i] > 1 and shape[j] > 1 and not any({i, j} <= h for h in held)
+        ]
+        if not free:
+            return answer_query(self.views.tables, query, shape, self.tol, self.max_iter)
+        pairs = [
+            ((i, j), self.model.marginal((query[i], query[j]), self.max_cells).reshape(
+                shape[i], shape[j]))
+            for i, j in free
+        ]  # fmt: skip
+        values, residual, it = maximum_entropy(shape, [*pairs, *constraints], self.tol,
+                                               self.max_iter)  # fmt: skip
+        return Answer(query, values, "maxent+model", residual, it)
 
 
 def fit_global(
@@ -250,34 +300,40 @@ def fit_global(
     max_iter: int = 1000,
     max_clique: int = DEFAULT_MAX_CLIQUE,
     max_cells: int = DEFAULT_MAX_CELLS,
+    answers: str = "pairs",
 ) -> GlobalEstimator:
     """The global model of ``plan``'s estimated views ``tables`` (one per view, in
-    order; :func:`~.estimate.estimate_views`): pooled and made non-negative, moved to
-    their posterior means under the interaction prior when ``contrast`` (each view's
-    noise per contrast dimension; None: no prior) is given, and fitted (module
-    docstring). ``max_clique``: cells of the model's largest clique; ``max_cells``: of
-    the largest dense answer."""
+    order; :func:`~.estimate.estimate_views`): pooled and made non-negative; when
+    ``contrast`` (each view's noise per contrast dimension; None: neither) is given,
+    shrunk as the local pipeline shrinks them (the views answers meet) and moved to
+    their posterior means under the model's prior (what the model is fitted to)
+    (module docstring). ``max_clique``: cells of the model's largest clique;
+    ``max_cells``: of the largest dense answer; ``answers``: see
+    :class:`GlobalEstimator`."""
     for name, value in (("max_clique", max_clique), ("max_cells", max_cells)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise CalmkitError(f"{name} ({value!r}) must be an int >= 1")
+    if answers not in ANSWERS:
+        raise CalmkitError(f"answers ({answers!r}) must be one of {list(ANSWERS)}")
     if len(tables) != plan.m:
         raise CalmkitError(f"tables ({len(tables)}) must hold one table per view ({plan.m})")
     views = make_consistent(tables, tol=tol, max_iter=max_iter)
-    factors = None
+    targets, factors, prior = views.tables, None, None
     if contrast is not None:
-        shrunk, factors = _prior_targets(views, contrast)
-        views = ConsistentViews(shrunk, views.inconsistency, views.negativity,
-                                views.iterations, views.closure)  # fmt: skip
+        targets, prior = _prior_targets(views, contrast)
+        shrunk = shrink_interactions(views.tables, contrast, closure=views.closure)
+        views, factors = replace(views, tables=shrunk.tables), shrunk.factors
     sizes = plan.schema.sizes
-    tree, held = select_views(views.tables, sizes, int(max_clique))
-    targets = [(t.attrs, t.values) for t, h in zip(views.tables, held) if h]
-    maximal = [(a, v) for a, v in targets if not any(set(a) < set(b) for b, _ in targets)]
+    tree, held = select_views(targets, sizes, int(max_clique))
+    kept = [(t.attrs, t.values) for t, h in zip(targets, held) if h]
+    maximal = [(a, v) for a, v in kept if not any(set(a) < set(b) for b, _ in kept)]
     unique = list({a: (a, v) for a, v in maximal}.values())  # duplicates agree: consistent
-    noise = [t.variance for t, h in zip(views.tables, held) if h and np.isfinite(t.variance)]
+    noise = [t.variance for t, h in zip(targets, held) if h and np.isfinite(t.variance)]
     fit_tol = max(tol, FIT_NOISE_SHARE * float(np.sqrt(min(noise, default=0.0))))
     fit = fit_maxent(tree, unique, tol=fit_tol, max_iter=max_iter)
-    return GlobalEstimator(plan, views, fit.model, held, fit.residual, fit.iterations,
-                           factors, tol, max_iter, int(max_cells))  # fmt: skip
+    return GlobalEstimator(plan, views, tuple(targets), fit.model, held, fit.residual,
+                           fit.iterations, factors, prior, tol, max_iter, int(max_cells),
+                           answers)  # fmt: skip
 
 
 def reconstruct_global(
@@ -287,9 +343,10 @@ def reconstruct_global(
     shrink: bool = True,
     max_clique: int = DEFAULT_MAX_CLIQUE,
     max_cells: int = DEFAULT_MAX_CELLS,
+    answers: str = "pairs",
 ) -> GlobalEstimator:
     """Estimate every view from ``support`` and fit the global model to all of them
-    (:func:`fit_global`), with the interaction prior unless ``shrink=False``."""
+    (:func:`fit_global`), with the shrinkage and the prior unless ``shrink=False``."""
     plan = support.plan
     contrast = None
     if shrink:
@@ -298,4 +355,4 @@ def reconstruct_global(
             for oracle, n in zip(plan.view_oracles, support.n)
         ]
     return fit_global(plan, estimate_views(support), contrast, tol, max_iter, max_clique,
-                      max_cells)  # fmt: skip
+                      max_cells, answers)  # fmt: skip

@@ -10,10 +10,11 @@ import itertools
 import numpy as np
 import pytest
 
+from calmkit_aggregator.calm import reconstruct
 from calmkit_aggregator.global_model import fit_global, i_projection, reconstruct_global
 from calmkit_aggregator.junction import TableTooLarge, fit_maxent, junction_tree, project
 from calmkit_aggregator.marginal import MarginalTable
-from calmkit_aggregator.maxent import maximum_entropy
+from calmkit_aggregator.maxent import maximum_entropy, query_constraints
 from calmkit_client import CalmkitError, Plan, Schema
 
 SIZES = (2, 3, 2, 3, 2, 2)
@@ -55,7 +56,7 @@ def test_exact_marginals_give_exact_answers_to_every_query(name: str) -> None:
     views = VIEW_SETS[name]
     joint = _log_linear(views, seed=1)
     plan, tables = _exact(views, joint)
-    est = fit_global(plan, tables, tol=TOL, max_iter=5000)
+    est = fit_global(plan, tables, tol=TOL, max_iter=5000, answers="model")
     assert all(est.held) and est.residual <= TOL
     for q in _queries():  # most of them inside no view
         ans = est.answer(q)
@@ -63,6 +64,33 @@ def test_exact_marginals_give_exact_answers_to_every_query(name: str) -> None:
         # IPF stops at residual TOL; its fixed point is the joint, so a query errs by
         # at most a few TOL per cell
         np.testing.assert_allclose(ans.values, project(ALL, joint, q), atol=1e3 * TOL)
+
+
+@pytest.mark.parametrize("name", VIEW_SETS)
+def test_pairs_answers_are_maxent_given_the_views_and_the_unheld_pairs(name: str) -> None:
+    # the default answer: max-ent over the views' projections onto the query and the
+    # model's marginals of the query's pairs that no view holds (exact marginals in, so
+    # the model's pairs are the joint's)
+    views = VIEW_SETS[name]
+    joint = _log_linear(views, seed=1)
+    plan, tables = _exact(views, joint)
+    est = fit_global(plan, tables, tol=TOL, max_iter=5000)
+    from_model = 0
+    for q in _queries():
+        constraints = query_constraints(tables, q)
+        free = [(i, j) for i, j in itertools.combinations(range(len(q)), 2)
+                if not any({i, j} <= set(axes) for axes, _ in constraints)]  # fmt: skip
+        pairs = [((i, j), project(ALL, joint, (q[i], q[j]))) for i, j in free]
+        shape = tuple(SIZES[a] for a in q)
+        expected, _, _ = maximum_entropy(shape, [*pairs, *constraints], tol=TOL, max_iter=5000)
+        ans = est.answer(q)
+        assert ans.method == ("maxent+model" if free else "projection" if any(
+            set(q) <= set(v) for v in views) else "maxent")  # fmt: skip
+        from_model += bool(free)
+        np.testing.assert_allclose(ans.values, expected, atol=1e-9)
+        if len(q) <= 2:  # a pair is the joint's, held or not
+            np.testing.assert_allclose(ans.values, project(ALL, joint, q), atol=1e-9)
+    assert from_model > 0
 
 
 def test_a_known_junction_tree_is_recovered_in_one_sweep() -> None:
@@ -90,23 +118,28 @@ def test_model_beats_per_query_maxent_on_an_unobserved_pair() -> None:
     views = [(0, 1), (1, 2)]
     joint = _log_linear(views, seed=3)
     plan, tables = _exact(views, joint)
-    est = fit_global(plan, tables, tol=TOL)
     truth = project(ALL, joint, (0, 2))
-    np.testing.assert_allclose(est.answer((0, 2)).values, truth, atol=1e-12)
+    for answers in ("pairs", "model"):
+        est = fit_global(plan, tables, tol=TOL, answers=answers)
+        np.testing.assert_allclose(est.answer((0, 2)).values, truth, atol=1e-12)
+        # the chain's 3-way marginal is pairwise log-linear: both answers are exact
+        np.testing.assert_allclose(est.answer((0, 1, 2)).values, project(ALL, joint, (0, 1, 2)),
+                                   atol=1e-10)  # fmt: skip
     independent = np.outer(truth.sum(axis=1), truth.sum(axis=0))
     assert np.abs(independent - truth).max() > 0.01  # the pair is dependent
 
 
-def test_a_clique_cap_keeps_every_view_in_the_answers() -> None:
+@pytest.mark.parametrize("answers", ["pairs", "model"])
+def test_a_clique_cap_keeps_every_view_in_the_answers(answers: str) -> None:
     views = VIEW_SETS["overlapping"]
     joint = _log_linear(views, seed=4)
     plan, tables = _exact(views, joint)
-    est = fit_global(plan, tables, tol=TOL, max_iter=5000, max_clique=18)
+    est = fit_global(plan, tables, tol=TOL, max_iter=5000, max_clique=18, answers=answers)
     assert not all(est.held) and any(est.held)
     assert est.model.tree.largest <= 18
     for q in _queries():
         ans = est.answer(q)
-        assert ans.method == "model+ipf"
+        assert ans.method == "model+ipf" if answers == "model" else ans.method != "model+ipf"
         assert ans.values.min() >= 0 and ans.values.sum() == pytest.approx(1.0, abs=1e-12)
         for v in views:  # every view's projection onto the query holds
             common = tuple(a for a in q if a in v)
@@ -127,11 +160,23 @@ def test_noisy_reports_give_non_negative_answers_summing_to_one() -> None:
     support = collect_support(pop, plan, np.random.default_rng(5))
     for shrink in (True, False):
         est = reconstruct_global(support, shrink=shrink)
-        assert (est.shrinkage is not None) == shrink
-        for q in itertools.combinations(range(8), 3):
-            values = est.answer(q).values
+        local = reconstruct(support, shrink=shrink)
+        assert (est.shrinkage is not None) == shrink and (est.prior is not None) == shrink
+        methods = set()
+        for q in [*itertools.combinations(range(8), 2), *itertools.combinations(range(8), 3)]:
+            ans = est.answer(q)
+            values = ans.values
             assert values.shape == pop.schema.shape(q)
             assert values.min() >= 0.0 and values.sum() == pytest.approx(1.0, abs=1e-12)
+            methods.add(ans.method)
+            if ans.method != "maxent+model":  # every pair held: the local answer
+                np.testing.assert_allclose(values, local.answer(q).values, atol=1e-12)
+            for v in views:  # what the views hold is the local pipeline's, shrinkage and all
+                common = tuple(a for a in q if a in v)
+                if len(common) == 2:
+                    target = local.views.tables[views.index(v)].project(common).values
+                    np.testing.assert_allclose(project(q, values, common), target, atol=1e-6)
+        assert methods == {"projection", "maxent+model"}
 
 
 def test_oversized_dense_answers_are_refused_with_their_size() -> None:
