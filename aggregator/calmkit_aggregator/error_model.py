@@ -32,6 +32,18 @@ of dimension ``dim_S = prod (L_a - 1)``):
 6. **Workload.** The mean over all k-subsets of the d attributes is a sum over
    components of ``e_S`` times an elementary symmetric polynomial of the ``g(S, c)``,
    evaluated with power sums (Newton's identities), never by enumerating queries.
+7. **Global reconstruction** (:mod:`.global_model`) answers what the views hold as
+   local does and takes a query's unheld pairs from one model of all views, which
+   carries dependence along paths of held pairs. Under the profile a pair's strength
+   is ``rho_ab = sqrt(phi^2_ab)`` (its mean-square contingency, :mod:`.profile`: for
+   binary attributes the correlation's size); a model that is a chain along a path
+   infers ``rho_path``, the product of the strengths on it, so the pair keeps
+   ``(1 - rho_path / rho_ab)^2`` of its dependence (exact for binary attributes with
+   one path, tested). The largest product over the paths of held pairs is taken
+   (a shortest path in ``-log rho``), and the signs along it are assumed to agree
+   with the pair's (a positively associated population). Where several paths join a
+   pair the model combines them, which this does not count; the noise the inferred
+   pair carries is not counted either.
 
 Measured against the real pipeline (docs/planner.md: Kosarak, Adult, NLTCS, plants,
 dna, synthetic; 10 reps x 50 queries), the prediction from the data's own profile is
@@ -48,11 +60,12 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 
 import numpy as np
+from scipy.sparse.csgraph import shortest_path
 
 from calmkit_client import CalmkitError, FrequencyOracle, choose_oracle, make_oracle
 
 from .consistency import norm_sub_rows
-from .profile import DataProfile
+from .profile import DataProfile, marginal_pair_weights
 
 __all__ = ["ErrorPrediction", "Workload", "predict_error", "predict_errors"]
 
@@ -170,12 +183,8 @@ def predict_errors(
         n: the population size (default: the sum of ``users``).
         shrink: whether the reconstruction shrinks interactions (the default).
         seed: the seed of the Norm-Sub simulation (the prediction is deterministic).
-        reconstruction: how answers are reconstructed, "local" (per-query max-ent, what
-            this model describes) or "global" (:mod:`.global_model`). For "global" the
-            local prediction is returned for now (an estimate, not a bound): the global
-            model uses every view the local answers use, and what it adds, dependence
-            carried along paths through attributes outside the query, is not modelled
-            (measured: docs/reconstruction.md).
+        reconstruction: how answers are reconstructed, "local" (per-query max-ent) or
+            "global" (:mod:`.global_model`: step 7 of the module docstring).
     """
     if reconstruction not in ("local", "global"):
         raise CalmkitError(f"reconstruction ({reconstruction!r}) must be 'local' or 'global'")
@@ -211,13 +220,15 @@ def predict_errors(
     uncollected = tuple(a for a in range(d) if sizes_arr[a] > 1 and a not in held)
     out = []
     spread = None if workload.k is None else _spreading(groups, profile, sizes_arr, workload.k)
+    paths = _held_pairs(vs, sizes_arr) if reconstruction == "global" else None
     for dep in [profile.dependence] if dependences is None else dependences:
         bias = _bias(groups, profile, dep)
         err = _shrink(views_model, comps, groups, pooled, bias) if shrink else pooled
+        weights = profile.weights if paths is None else _recovered(profile, dep, paths)
         if spread is not None:
-            noise, biased = spread.parts(err, bias, dep)
+            noise, biased = spread.parts(err, bias, dep, weights)
         else:
-            noise, biased = _explicit(groups, err, profile, dep, sizes_arr, workload)
+            noise, biased = _explicit(groups, err, profile, dep, sizes_arr, workload, weights)
         biased = max(0.0, biased)
         out.append(ErrorPrediction(noise + biased, noise, biased, uncollected))
     return out
@@ -542,6 +553,42 @@ def _bias(groups: _Groups, profile: DataProfile, dependence: float) -> np.ndarra
     return out
 
 
+# -- global reconstruction: pairs recovered along paths ---------------------------------------
+def _held_pairs(views: list[tuple[int, ...]], sizes: np.ndarray) -> np.ndarray:
+    """(d, d) bool: the pairs of attributes (>= 2 categories) that some view holds."""
+    d = sizes.size
+    held = np.zeros((d, d), dtype=bool)
+    for v in views:
+        live = [a for a in v if sizes[a] > 1]
+        for a, b in itertools.combinations(live, 2):
+            held[a, b] = held[b, a] = True
+    return held
+
+
+def _recovered(profile: DataProfile, dependence: float, held: np.ndarray) -> np.ndarray:
+    """The pair weights left for global reconstruction (module docstring, step 7): an
+    unheld pair's weight times ``(1 - rho_path / rho_ab)^2``, where ``rho_ab =
+    sqrt(phi^2_ab)`` is its strength under the profile and ``rho_path`` the largest
+    product of strengths along a path of held pairs (1 when no path joins them)."""
+    weights = profile.weights
+    if not held.any() or dependence <= 0:
+        return weights
+    scale = marginal_pair_weights(profile.marginals)
+    live = scale > 0
+    phi2 = np.zeros_like(scale)
+    phi2[live] = np.minimum(dependence * weights[live] / scale[live], 1.0)
+    rho = np.sqrt(phi2)
+    edges = np.where(held & (rho > 0), -np.log(np.where(rho > 0, rho, 1.0)), 0.0)
+    edges[held & (rho > 0)] = np.maximum(edges[held & (rho > 0)], 1e-12)  # 0 = no edge
+    dist = shortest_path(edges, method="D", directed=False)
+    path = np.exp(-dist)  # 0 where no path
+    free = ~held & live & (rho > 0)
+    ratio = np.ones_like(weights)
+    ratio[free] = (1.0 - path[free] / rho[free]) ** 2
+    out: np.ndarray = weights * ratio
+    return out
+
+
 # -- shrinkage ------------------------------------------------------------------------------
 @cache
 def _js_table(dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -649,19 +696,25 @@ class _Spreading:
     and bias with, computed once per design: the SSE parts are then linear in them.
 
     ``skew``: the sum over k-sets of the skews of their unheld attributes, spread;
-    ``pairs``: the same for the pair dependences per unit of ``dependence``;
+    ``pair_spread`` (d, d): the same per pair for a unit of dependence, so that
+    ``sum_{a<b} weights_ab pair_spread_ab`` is the pairs' part per unit of
+    ``dependence``;
     ``held`` / ``free`` (groups,): a group's weight as held (its error) and as the
     bias it would have had; ``count``: the number of k-sets."""
 
     skew: float
-    pairs: float
+    pair_spread: np.ndarray
     held: np.ndarray
     free: np.ndarray
     count: int
 
-    def parts(self, err: np.ndarray, bias: np.ndarray, dependence: float) -> tuple[float, float]:
-        """(noise, bias) parts of the mean SSE."""
-        base = self.skew + (dependence * self.pairs if dependence > 0 else 0.0)
+    def parts(
+        self, err: np.ndarray, bias: np.ndarray, dependence: float, weights: np.ndarray
+    ) -> tuple[float, float]:
+        """(noise, bias) parts of the mean SSE; ``weights``: the pairs' weights (the
+        profile's, or less where the reconstruction recovers part of a pair)."""
+        pairs = float(np.einsum("ij,ij->", weights, self.pair_spread)) / 2
+        base = self.skew + (dependence * pairs if dependence > 0 else 0.0)
         # einsum, not a BLAS dot: a threaded dot of this size stalls on a busy machine
         noise = float(np.einsum("i,i->", err, self.held)) if self.held.size else 0.0
         correction = float(np.einsum("i,i->", bias, self.free)) if self.free.size else 0.0
@@ -684,7 +737,7 @@ def _spreading(groups: _Groups, profile: DataProfile, sizes: np.ndarray, k: int)
     for j in range(1, k):
         out = e_all[j] - g_free * out
     skew = float(profile.skew @ out)
-    pairs = 0.0
+    pair_spread = np.zeros((d, d))
     if k >= 2:
         # sum over pairs a < b of W_ab c_a c_b E_{k-2}(g over the other attributes),
         # dividing (1 + x g_a) and then (1 + x g_b) out of the generating polynomial
@@ -693,11 +746,11 @@ def _spreading(groups: _Groups, profile: DataProfile, sizes: np.ndarray, k: int)
         for j in range(1, k - 1):
             without_a = e_all[j] - g_free * without_a
             without_ab = without_a[:, None] - g_free[None, :] * without_ab
-        spread = profile.weights * np.outer(dim_over_cells, dim_over_cells) * without_ab
-        pairs = float(spread.sum()) / 2  # W is symmetric, 0 on the diagonal
+        pair_spread = np.outer(dim_over_cells, dim_over_cells) * without_ab
+        np.fill_diagonal(pair_spread, 0.0)  # W is symmetric, 0 on the diagonal
     if not groups.order.size:
         empty = np.zeros(0)
-        return _Spreading(skew, pairs, empty, empty, count)
+        return _Spreading(skew, pair_spread, empty, empty, count)
 
     # Held components: their error in place of their bias, spread by g(S, c).
     r = groups.order
@@ -714,7 +767,7 @@ def _spreading(groups: _Groups, profile: DataProfile, sizes: np.ndarray, k: int)
     e_free = _elementary(free_power, k)
     pick = k - r
     rows = np.arange(r.size)
-    return _Spreading(skew, pairs, e_held[pick, rows], e_free[pick, rows], count)
+    return _Spreading(skew, pair_spread, e_held[pick, rows], e_free[pick, rows], count)
 
 
 def _explicit(
@@ -724,6 +777,7 @@ def _explicit(
     dependence: float,
     sizes: np.ndarray,
     workload: Workload,
+    weights: np.ndarray,
 ) -> tuple[float, float]:
     """(noise, bias) parts of the mean SSE over an explicit query list."""
     g_free = profile.concentration / sizes
@@ -743,7 +797,7 @@ def _explicit(
                 if gi is None:
                     ratio = float(np.prod((sizes[list(sub)] - 1) / sizes[list(sub)]))
                     if rsize == 2:
-                        ratio *= float(profile.weights[sub[0], sub[1]])
+                        ratio *= float(weights[sub[0], sub[1]])
                     value = (profile.skew[sub[0]] if rsize == 1
                              else dependence * ratio if rsize == 2 else 0.0)  # fmt: skip
                     biased += value * float(np.prod(g_free[rest])) if rest else value

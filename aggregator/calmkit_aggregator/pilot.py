@@ -86,15 +86,18 @@ def plan_after_pilot(
     m: int | None = None,
     prior: DataProfile | None = None,
     covering_dir: Path | str | None = None,
+    reconstruction: str = "local",
 ) -> MainPlan:
     """Views for the ``n`` users after the pilot, chosen with the pilot's profile and
-    with the pilot's views (and their reports) counted in the design."""
+    with the pilot's views (and their reports) counted in the design, for answers
+    reconstructed by ``reconstruction`` ("local" or "global")."""
     profile = profile_from_pilot(pilot, prior)
     schema = pilot.plan.schema
     users = np.maximum(pilot.n, 1).astype(float)
     choice = choose_plan(schema.sizes, pilot.plan.epsilon, n, workload, profile,
                          fixed_views=pilot.plan.views, fixed_users=users, l=l, m=m,
-                         rng=seed, covering_dir=covering_dir)  # fmt: skip
+                         rng=seed, covering_dir=covering_dir,
+                         reconstruction=reconstruction)  # fmt: skip
     return MainPlan(Plan(schema, pilot.plan.epsilon, choice.views, seed=seed), choice)
 
 

@@ -52,6 +52,7 @@ def plan_collection(
     planner: str = "pipeline",
     profile: DataProfile | None = None,
     queries: Sequence[Sequence[int | str]] | None = None,
+    reconstruction: str = "local",
 ) -> Plan:
     """The plan for ``n`` users answering k-way queries (or ``queries``).
 
@@ -59,7 +60,9 @@ def plan_collection(
     ``profile`` (default: the prior, :meth:`DataProfile.prior`); ``"paper"``:
     Algorithm 1 with threshold ``theta``. ``l`` and ``m`` may be fixed in both. Each
     view's oracle is the one with the smaller variance (§2.2.3), users are split
-    equally, and ``seed`` is the assignment hash seed.
+    equally, and ``seed`` is the assignment hash seed. ``reconstruction`` ("local" or
+    "global"): how the answers will be reconstructed, which the pipeline planner's
+    error model predicts (Algorithm 1 ignores it).
     """
     if planner == "paper":
         if k is None:
@@ -70,5 +73,6 @@ def plan_collection(
     if planner != "pipeline":
         raise PlanError(f"planner ({planner!r}) must be one of {list(PLANNERS)}")
     chosen = choose_plan(schema.sizes, epsilon, n, workload_of(schema, k, queries), profile,
-                         l=l, m=m, rng=rng, covering_dir=covering_dir)  # fmt: skip
+                         l=l, m=m, rng=rng, covering_dir=covering_dir,
+                         reconstruction=reconstruction)  # fmt: skip
     return Plan(schema, epsilon, chosen.views, seed=seed)

@@ -142,6 +142,7 @@ def choose_plan(
     rng: int = 0,
     shrink: bool = True,
     covering_dir: Path | str | None = None,
+    reconstruction: str = "local",
 ) -> PlannedViews:
     """The views for ``n`` users (module docstring).
 
@@ -156,6 +157,8 @@ def choose_plan(
         rng: seed of the designs (the choice is deterministic given it).
         shrink: whether reconstruction shrinks interactions.
         covering_dir: optional covering folder for covering designs.
+        reconstruction: how the answers will be reconstructed, "local" or "global"
+            (the error model predicts that one, :func:`~.error_model.predict_errors`).
     """
     sizes_t = tuple(int(s) for s in sizes)
     d = len(sizes_t)
@@ -165,6 +168,8 @@ def choose_plan(
     if bad is not None:
         raise PlanError(f"sizes ({list(sizes_t)}) must be category counts >= 1")
     eps = _epsilon(epsilon)
+    if reconstruction not in ("local", "global"):
+        raise PlanError(f"reconstruction ({reconstruction!r}) must be 'local' or 'global'")
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise PlanError(f"n ({n!r}) must be an int >= 1")
     workload.check(d)
@@ -213,7 +218,8 @@ def choose_plan(
         all_views = fixed + views
         users = users_fixed + [n / len(views)] * len(views)
         preds = predict_errors(arr, all_views, users, eps, workload, profile, deps, n=total,
-                               shrink=shrink, seed=rng)  # fmt: skip
+                               shrink=shrink, seed=rng,
+                               reconstruction=reconstruction)  # fmt: skip
         expected = ErrorPrediction(  # the quantiles are equally likely values
             float(np.mean([p.sse for p in preds])), float(np.mean([p.noise for p in preds])),
             float(np.mean([p.bias for p in preds])), preds[0].uncollected)  # fmt: skip

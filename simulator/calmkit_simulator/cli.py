@@ -259,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "server's default, 32; at most 1000)")  # fmt: skip
     query.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
                        help="local: maximum entropy per query over the views' projections; "
-                       "global: inference in one model fitted to all views at once")  # fmt: skip
+                       "global: also one model fitted to all views at once, which answers the "
+                     "pairs no view holds")  # fmt: skip
 
     # -- data and evaluation --------------------------------------------------------------
     data = _command(sub, "datasets", "data_cli:_datasets",
@@ -294,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--epsilon", type=_positive_float, required=True,
                       help="each user's LDP budget")
     _planning(plan)
+    plan.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
+                      help="how the answers will be reconstructed, which the pipeline "
+                      "planner's predicted error accounts for (see simulate --reconstruct)")
     plan.set_defaults(planner="pipeline", pilot=PILOT_FRACTION, theta=0.001)
     _json(plan)
 
@@ -324,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
                      help="calm: how queries are answered from the views; local: maximum "
                      "entropy per query over the views' projections (the paper's); "
-                     "global: inference in one model fitted to all views at once")  # fmt: skip
+                     "global: also one model fitted to all views at once, which answers the "
+                     "pairs no view holds")  # fmt: skip
     central = sim.add_argument_group("central-DP references (mwem, datacube, wff)")
     central.add_argument("--rounds", type=POSITIVE, default=None,
                          help="MWEM rounds T (default: the paper's rule)")
@@ -407,6 +412,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("calmkit: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (``calmkit plan ... | head``): not a bug
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout
+        return 141
     except Exception as exc:  # a bug, not bad input: one line, the traceback on request
         if os.environ.get(DEBUG_ENV):
             raise

@@ -96,11 +96,13 @@ def _plan(args: argparse.Namespace) -> int:
         fixed, n_main = first.views, args.n - cut
         users = [cut / first.m] * first.m
     chosen = choose_plan(schema.sizes, args.epsilon, n_main, workload_of(schema, args.k, None),
-                         fixed_views=fixed, fixed_users=users, l=args.l, m=args.m)  # fmt: skip
+                         fixed_views=fixed, fixed_users=users, l=args.l, m=args.m,
+                         reconstruction=args.reconstruct)  # fmt: skip
     plan = Plan(schema, args.epsilon, chosen.views)
     ranked = sorted(chosen.candidates, key=lambda c: c.sse)
     out = {
         "planner": "pipeline",
+        "reconstruction": args.reconstruct,
         "l": chosen.l,
         "m": plan.m,
         "design": chosen.design,

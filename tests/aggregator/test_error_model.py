@@ -93,10 +93,11 @@ def test_max_ent_products_match_the_amplified_prediction(eps: float) -> None:
     assert abs(mean - flat.sse) > MARGIN * se
 
 
+@pytest.mark.parametrize("reconstruction", ["local", "global"])
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 @pytest.mark.parametrize(("uneven", "dependence"), [(False, 0.03), (True, 0.03), (False, 0.0)])
 def test_the_workload_sum_equals_brute_force_over_all_queries(
-    k: int, uneven: bool, dependence: float
+    k: int, uneven: bool, dependence: float, reconstruction: str
 ) -> None:
     sizes = (2, 3, 1, 2, 4, 2, 2)  # one attribute with a single category
     views = [(0, 1), (1, 3, 4), (0, 5, 6), (3, 5), (4, 6), (0, 1, 3), (2, 4)]
@@ -108,8 +109,10 @@ def test_the_workload_sum_equals_brute_force_over_all_queries(
                                          pair_weights=weights)  # fmt: skip
     every = list(itertools.combinations(range(len(sizes)), k))
     for eps in (0.3, 2.0):  # Norm-Sub simulated at 0.3, linear at 2
-        by_k = predict_error(sizes, views, users, eps, Workload(k=k), profile)
-        brute = predict_error(sizes, views, users, eps, Workload(queries=every), profile)
+        by_k = predict_error(sizes, views, users, eps, Workload(k=k), profile,
+                             reconstruction=reconstruction)  # fmt: skip
+        brute = predict_error(sizes, views, users, eps, Workload(queries=every), profile,
+                              reconstruction=reconstruction)  # fmt: skip
         assert by_k.sse == pytest.approx(brute.sse, rel=1e-9)
         assert by_k.noise == pytest.approx(brute.noise, rel=1e-9)
         assert by_k.bias == pytest.approx(brute.bias, rel=1e-9, abs=1e-15)
@@ -191,16 +194,84 @@ def test_bad_input_names_the_field() -> None:
             predict_error((2, 2, 2), [(0, 1)], [10.0], 1.0, Workload(queries=[query]), profile)
 
 
-def test_the_reconstruction_is_a_parameter_of_the_prediction() -> None:
-    from calmkit_aggregator.error_model import Workload, predict_error
-    from calmkit_aggregator.profile import DataProfile
+def _chain(n: int, flips: tuple[float, ...], seed: int) -> Population:
+    """Binary Markov chain 0 -> 1 -> ...: each attribute copies the previous one and
+    flips it with its probability (the first is uniform)."""
+    gen = np.random.default_rng(seed)
+    codes = np.empty((n, len(flips) + 1), dtype=np.uint8)
+    codes[:, 0] = gen.integers(0, 2, n)
+    for a, f in enumerate(flips, start=1):
+        codes[:, a] = codes[:, a - 1] ^ (gen.random(n) < f)
+    return Population(Schema.from_sizes((2,) * (len(flips) + 1)), codes)
 
+
+def _exact_profile(pop: Population) -> DataProfile:
+    """The population's own marginals and per-pair dependences."""
+    d = pop.d
+    unit = np.zeros((d, d))
+    for a, b in itertools.combinations(range(d), 2):
+        t = pop.marginal((a, b))
+        dep = float(((t - np.outer(t.sum(1), t.sum(0))) ** 2).sum())
+        unit[a, b] = unit[b, a] = dep / ((t.shape[0] - 1) * (t.shape[1] - 1) / t.size)
+    mean = float(unit[np.triu_indices(d, 1)].mean())
+    return DataProfile.from_marginals([pop.marginal((a,)) for a in range(d)], mean,
+                                      pair_weights=unit)  # fmt: skip
+
+
+def _one_factor(n: int, flips: tuple[float, ...], seed: int) -> Population:
+    """Binary attributes that each copy one hidden fair coin and flip it with their
+    probability: correlations ``(1 - 2 f_a)(1 - 2 f_b)``, no path among them exact."""
+    gen = np.random.default_rng(seed)
+    hidden = gen.integers(0, 2, n)
+    codes = np.stack([hidden ^ (gen.random(n) < f) for f in flips], axis=1).astype(np.uint8)
+    return Population(Schema.from_sizes((2,) * len(flips)), codes)
+
+
+@pytest.mark.parametrize("shape", ["chain", "one-factor"])
+def test_global_reconstruction_recovers_unheld_pairs_as_predicted(shape: str) -> None:
+    # noiseless views (0, 1), (1, 2), (3, 4): the model infers the unheld pair (0, 2)
+    # through 1 as a chain does, correlation rho_01 rho_12, so what is left of its
+    # dependence is (1 - rho_01 rho_12 / rho_02)^2 of it (binary attributes, the same
+    # margins), which is what the error model predicts from the exact profile. On a
+    # Markov chain that is ~0; on a one-factor population (0, 2) keeps (1 - rho_1^2)^2
+    # of it. (0, 3) and (1, 4) have no path of held pairs: their whole dependence
+    # stays, as in local reconstruction.
+    from calmkit_aggregator.global_model import fit_global
+
+    flips = (0.1, 0.15, 0.2, 0.1, 0.12)
+    pop = (_chain(200_000, flips[:4], seed=31) if shape == "chain"
+           else _one_factor(200_000, flips, seed=31))  # fmt: skip
+    profile = _exact_profile(pop)
+    views = [(0, 1), (1, 2), (3, 4)]
+    plan = Plan(pop.schema, 1.0, views)
+    est = fit_global(plan, [MarginalTable(v, pop.marginal(v), 0.0, pop.n) for v in views],
+                     tol=1e-12)  # fmt: skip
+    for query in [(0, 2), (0, 3), (1, 4)]:
+        truth = pop.marginal(query)
+        measured = float(((est.answer(query).values - truth) ** 2).sum())
+        independent = float(((np.outer(truth.sum(1), truth.sum(0)) - truth) ** 2).sum())
+        args = (pop.schema.sizes, views, [1e15] * 3, 1.0, Workload(queries=[query]), profile)
+        local = predict_error(*args)
+        glob = predict_error(*args, reconstruction="global")
+        assert local.bias == pytest.approx(independent, rel=1e-6)
+        assert glob.bias == pytest.approx(measured, rel=1e-5, abs=1e-12)
+        if query == (0, 2):
+            left = 1e-3 if shape == "chain" else 0.3
+            assert measured < left * independent  # most of it recovered
+        else:
+            assert measured == pytest.approx(independent, rel=1e-6)
+
+
+def test_the_reconstruction_is_a_parameter_of_the_prediction() -> None:
     sizes = (2, 2, 2, 2)
     views = [(0, 1), (1, 2), (2, 3)]
     profile = DataProfile.prior(Schema.from_sizes(sizes))
     args = (sizes, views, [1000.0] * 3, 1.0, Workload(k=3), profile)
     local = predict_error(*args)
-    assert predict_error(*args, reconstruction="global") == local
+    glob = predict_error(*args, reconstruction="global")
+    # the unheld pairs (0, 2), (1, 3), (0, 3) are joined by paths: part of their
+    # dependence is recovered, the held components' noise is the same
+    assert glob.noise == local.noise and 0 < glob.bias < local.bias
     with pytest.raises(CalmkitError, match=r"reconstruction \('nearest'\) must be"):
         predict_error(*args, reconstruction="nearest")
 

@@ -163,3 +163,41 @@ def test_simulate_runs_any_mechanism_by_name(capsys: pytest.CaptureFixture[str])
     assert out["sse_mean"] == pytest.approx(out["uniform_sse_mean"], rel=1e-12)
     assert main([*base, "--mechanism", "nope"]) == 2
     assert "mechanism ('nope') must be one of" in capsys.readouterr().err
+
+
+def test_plan_accounts_for_the_chosen_reconstruction(capsys: pytest.CaptureFixture[str]) -> None:
+    from calmkit_aggregator.error_model import Workload
+    from calmkit_aggregator.pilot import pilot_plan, pilot_size
+    from calmkit_aggregator.planning import choose_plan
+    from calmkit_client import Schema
+
+    base = ["plan", "--domain", ",".join(["2"] * 10), "--n", "20000", "--k", "3",
+            "--epsilon", "1", "--json"]  # fmt: skip
+    schema = Schema.from_sizes([2] * 10)
+    first = pilot_plan(schema, 1.0)
+    cut = pilot_size(20000, 0.2)
+    for reconstruction in ("local", "global"):
+        assert main([*base, "--reconstruct", reconstruction]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["reconstruction"] == reconstruction
+        direct = choose_plan(schema.sizes, 1.0, 20000 - cut, Workload(k=3),
+                             fixed_views=first.views, fixed_users=[cut / first.m] * first.m,
+                             reconstruction=reconstruction)  # fmt: skip
+        assert out["predicted_sse"] == pytest.approx(direct.predicted.sse, rel=1e-12)
+        assert out["views"] == [list(v) for v in direct.views]
+    assert main([*base, "--reconstruct", "nearest"]) == 2
+
+
+def test_a_closed_pipe_ends_the_output_quietly() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from calmkit_simulator.cli import main; "
+            "sys.exit(main(['plan', '--domain', '2,2,2,2', '--n', '1000', '--k', '2', "
+            "'--epsilon', '1']))")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line (`| head -0`)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == "", err

@@ -62,10 +62,11 @@ def _setting_views(
     l: int | None,  # noqa: E741 (the paper's name)
     m: int | None,
     planner: str,
+    reconstruction: str = "local",
 ) -> tuple[tuple[int, ...], ...]:
     """The views of one setting, planned once per process (view randomness seeded 0)."""
     plan = plan_collection(schema, epsilon, n, k, theta=theta, l=l, m=m, rng=0, seed=0,
-                           planner=planner)  # fmt: skip
+                           planner=planner, reconstruction=reconstruction)  # fmt: skip
     return plan.views
 
 
@@ -111,10 +112,12 @@ class Calm(Mechanism):
             if self.replan:
                 plan = plan_collection(population.schema, epsilon, population.n, k,
                                        theta=self.theta, l=self.l, m=self.m, rng=seed, seed=seed,
-                                       planner=self.planner)  # fmt: skip
+                                       planner=self.planner,
+                                       reconstruction=self.reconstruction)  # fmt: skip
             else:
                 views = _setting_views(population.schema, float(epsilon), population.n, k,
-                                       self.theta, self.l, self.m, self.planner)  # fmt: skip
+                                       self.theta, self.l, self.m, self.planner,
+                                       self.reconstruction)  # fmt: skip
                 plan = Plan(population.schema, epsilon, views, seed=seed)
             support = collect_support(population, plan, gen, path=self.path)
             chosen: dict[str, object] = {"m": plan.m, "l": max(len(v) for v in plan.views)}
@@ -129,7 +132,7 @@ class Calm(Mechanism):
                                         rows=pilot_users)  # fmt: skip
         main = plan_after_pilot(pilot_support, population.n - cut,
                                 workload_of(population.schema, k, None), seed=seed + 1,
-                                l=self.l, m=self.m)  # fmt: skip
+                                l=self.l, m=self.m, reconstruction=self.reconstruction)  # fmt: skip
         main_support = collect_support(population, main.plan, gen, path=self.path, rows=rest)
         estimator = reconstruct_by(combine_phases([pilot_support, main_support]),
                                    self.reconstruction, self.shrink)
