@@ -21,6 +21,7 @@ import numpy as np
 
 from calmkit_client import CalmkitError, Plan, PlanError, Schema
 
+from .calm import RECONSTRUCTIONS
 from .designs import pilot_views
 from .error_model import Workload
 from .estimate import estimate_views
@@ -127,7 +128,8 @@ class PhasedDesign:
     """How a collection's second phase is planned: once ``pilot_reports`` reports
     arrived under the pilot plan, :func:`plan_after_pilot` chooses the views of the
     remaining ``expected_n`` users for the ``k``-way workload (``l``/``m`` fixed if
-    given), with seed ``seed + 1``."""
+    given), with seed ``seed + 1``, for answers reconstructed by ``reconstruction``
+    ("local" or "global"; designs stored without it were planned for "local")."""
 
     expected_n: int
     pilot_reports: int
@@ -135,12 +137,17 @@ class PhasedDesign:
     seed: int = 0
     l: int | None = None  # noqa: E741
     m: int | None = None
+    reconstruction: str = "local"
 
     def __post_init__(self) -> None:
         for name in ("expected_n", "pilot_reports", "k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise CalmkitError(f"{name} ({value!r}) must be an int >= 1")
+        how = self.reconstruction
+        if not isinstance(how, str) or how not in RECONSTRUCTIONS:
+            shown = repr(how[:32] if isinstance(how, str) else how)
+            raise CalmkitError(f"reconstruction ({shown}) must be one of {list(RECONSTRUCTIONS)}")
 
     def next_plan(self, pilot: SupportCounts) -> MainPlan:
         """The second phase's plan from the pilot's support counts. When fewer users
@@ -150,7 +157,8 @@ class PhasedDesign:
         fewest = fewest_users(pilot.plan.schema.sizes, self.l or 1)
         remaining = max(fewest, self.expected_n - int(pilot.n.sum()))
         return plan_after_pilot(pilot, remaining, Workload(k=self.k), seed=self.seed + 1,
-                                l=self.l, m=self.m)  # fmt: skip
+                                l=self.l, m=self.m,
+                                reconstruction=self.reconstruction)  # fmt: skip
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -212,7 +212,10 @@ def create_request(
     seed: int = 0,
     planner: str = "",
     pilot: float | None = None,
+    reconstruction: str = "local",
 ) -> Any:
+    """A CreateCollection request; ``reconstruction`` ("local" or "global") is the one
+    the pipeline planner plans for (queries may still ask for either)."""
     req = pb.CreateCollectionRequest(
         collection_id=collection_id,
         schema=schema_to_proto(schema),
@@ -222,6 +225,7 @@ def create_request(
         views=[pb.View(attributes=list(v)) for v in views or ()],
         seed=seed,
         planner=planner,
+        reconstruction=reconstruction,
     )
     if pilot is not None:
         req.pilot = pilot

@@ -240,6 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--k", type=POSITIVE, default=3,
                      help="create: the size of the marginals to be queried")
     _planning(col, create=True)
+    col.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
+                     help="create: the reconstruction the pipeline planner plans for, local or "
+                     "global (it predicts that one's error); queries can still ask for "
+                     "either (query --reconstruct)")  # fmt: skip
     col.add_argument("--views", default=None, metavar="VIEWS",
                      help="create: explicit views instead of a planner, e.g. '0,1;1,2'")
     col.add_argument("--seed", type=NON_NEGATIVE, default=0,

@@ -201,7 +201,8 @@ def test_the_phased_design_round_trips_and_validates() -> None:
     assert PhasedDesign.from_json(design.to_json()) == design
     # stored as canonical JSON: sorted keys, so equal designs store equal text
     assert design.to_json() == (
-        '{"expected_n": 10000, "k": 3, "l": null, "m": 40, "pilot_reports": 1000, "seed": 5}'
+        '{"expected_n": 10000, "k": 3, "l": null, "m": 40, "pilot_reports": 1000, '
+        '"reconstruction": "local", "seed": 5}'
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         design.k = 4  # type: ignore[misc]
@@ -219,6 +220,44 @@ def test_the_phased_design_round_trips_and_validates() -> None:
     with pytest.raises(CalmkitError) as err:
         PhasedDesign.from_json(text)
     assert str(err.value).startswith(f"design_json ({text[:80]!r}) is invalid: ")
+
+
+def test_the_phased_design_keeps_its_reconstruction_and_old_designs_load_as_local() -> None:
+    design = PhasedDesign(10_000, 1000, 3, seed=5, reconstruction="global")
+    assert PhasedDesign.from_json(design.to_json()) == design
+    assert '"reconstruction": "global"' in design.to_json()
+    # stored before designs had a reconstruction: planned for local, so it loads as local
+    old = '{"expected_n": 10000, "k": 3, "l": null, "m": 40, "pilot_reports": 1000, "seed": 5}'
+    loaded = PhasedDesign.from_json(old)
+    assert loaded == PhasedDesign(10_000, 1000, 3, seed=5, m=40)
+    assert loaded.reconstruction == "local"
+    for bad in ("nearest", "", "Global", None, 1):
+        message = rf"^reconstruction \({re.escape(repr(bad))}\) must be one of \['local', 'gl"
+        with pytest.raises(CalmkitError, match=message):
+            PhasedDesign(10_000, 1000, 3, reconstruction=bad)  # type: ignore[arg-type]
+    with pytest.raises(CalmkitError) as err:
+        PhasedDesign(10_000, 1000, 3, reconstruction="x" * 100)
+    assert str(err.value).startswith(f"reconstruction ({'x' * 32!r}) must be one of")
+    text = old.replace('"seed"', '"reconstruction": "nearest", "seed"')
+    with pytest.raises(CalmkitError) as err:
+        PhasedDesign.from_json(text)
+    assert str(err.value) == (
+        f"design_json ({text[:80]!r}) is invalid: reconstruction ('nearest') must be one of "
+        "['local', 'global']"
+    )
+
+
+def test_the_phased_design_plans_for_its_reconstruction() -> None:
+    pop = synthetic_population(n=6000, sizes=(2,) * 10, strength=1.5, rng=3)
+    first = pilot_plan(pop.schema, 1.0, seed=0)
+    pilot = collect_support(pop.take(np.arange(1200)), first, 0)
+    for how in ("local", "global"):
+        got = PhasedDesign(6000, 1200, 3, reconstruction=how).next_plan(pilot)
+        want = plan_after_pilot(pilot, 4800, Workload(k=3), seed=1, reconstruction=how)
+        assert got.plan == want.plan and got.choice.predicted == want.choice.predicted
+    local, global_ = (plan_after_pilot(pilot, 4800, Workload(k=3), seed=1, reconstruction=how)
+                      for how in ("local", "global"))  # fmt: skip
+    assert local.plan.views != global_.plan.views  # so the design's choice matters here
 
 
 def _planted(d: int, strong: list[tuple[int, int]], gen: np.random.Generator) -> np.ndarray:

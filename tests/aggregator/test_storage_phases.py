@@ -134,3 +134,24 @@ def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
     assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert raw.execute("SELECT sum(count) FROM batches WHERE phase = 0").fetchone()[0] == 310
     raw.close()
+
+
+def test_a_design_stored_before_reconstructions_loads_as_local(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    planned_global = PhasedDesign(expected_n=1000, pilot_reports=100, k=2, seed=1,
+                                  reconstruction="global")  # fmt: skip
+    with Storage(path) as store:
+        store.create_collection("p", PILOT, 2, TOKEN_HASH, DESIGN)
+        store.create_collection("g", PILOT, 2, TOKEN_HASH, planned_global)
+    old = '{"expected_n": 1000, "k": 2, "l": null, "m": null, "pilot_reports": 100, "seed": 1}'
+    with sqlite3.connect(path) as raw:  # the row as stored before designs had the key
+        raw.execute("UPDATE collections SET design_json = ? WHERE id = 'p'", (old,))
+    with Storage(path) as store:
+        design = store.get_collection("p").design
+        assert design == DESIGN and design is not None and design.reconstruction == "local"
+        assert store.get_collection("g").design == planned_global
+    with sqlite3.connect(path) as raw:  # a value no planner knows: refused, naming it
+        raw.execute("UPDATE collections SET design_json = ? WHERE id = 'p'",
+                    (old.replace('"seed"', '"reconstruction": "nearest", "seed"'),))  # fmt: skip
+    with pytest.raises(CalmkitError, match=r"reconstruction \('nearest'\) must be one of"):
+        Storage(path)

@@ -100,6 +100,8 @@ def test_help_loads_nothing_heavy() -> None:
         (["serve", "--db", "x.db", "--rate-limit", "0"], "rate_limit (0.0) must be finite and > 0"),
         (["collection", "create", "--domain", "2,2", "--epsilon", "1"],
          "n (none given) must be set for 'create'"),
+        (["collection", "create", "--domain", "2,2", "--epsilon", "1", "--n", "100",
+          "--reconstruct", "nearest"], "reconstruct ('nearest') must be one of ['local', "),
     ],
 )  # fmt: skip
 def test_bad_values_are_one_line_naming_option_and_value(
@@ -163,3 +165,9 @@ def test_collection_create_takes_collection_and_the_old_id() -> None:
     parser = _subparsers()["collection"]
     assert parser.parse_args(["create", "--collection", "s-1"]).collection == "s-1"
     assert parser.parse_args(["create", "--id", "s-1"]).collection == "s-1"
+
+
+def test_collection_create_plans_for_local_unless_told() -> None:
+    parser = _subparsers()["collection"]
+    assert parser.parse_args(["create"]).reconstruct == "local"
+    assert parser.parse_args(["create", "--reconstruct", "global"]).reconstruct == "global"

@@ -1,25 +1,35 @@
 """A collection with a pilot phase, end to end over gRPC with the real client: the plan
 a client fetches changes once the pilot has its reports, every user still reports
 once (a device that reported in the pilot keeps its report), answers use both phases,
-and a restart keeps the phases."""
+a restart keeps the phases, and the phases are planned for the reconstruction the
+collection was created for."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import numpy as np
+import pytest
 
-from calmkit_aggregator import reconstruct
-from calmkit_aggregator.pilot import pilot_size
+from calmkit_aggregator import plan_collection, reconstruct
+from calmkit_aggregator.error_model import Workload
+from calmkit_aggregator.pilot import pilot_size, plan_after_pilot
 from calmkit_aggregator.service.admin import AdminClient
 from calmkit_aggregator.service.server import create_server, graceful_stop
 from calmkit_aggregator.service.storage import Storage
-from calmkit_client.collector import Collector
+from calmkit_client import CalmkitError
+from calmkit_client import wire as client_wire
+from calmkit_client.collector import Collector, open_channel
 from calmkit_client.device import DeviceState
 from calmkit_simulator import synthetic_population
 
 POP = synthetic_population(n=6000, sizes=(2, 3, 2, 2, 4), strength=1.5)
 IDS = np.arange(POP.n, dtype=np.uint64)
+# 10 dependent binary attributes: the planner chooses other views for global
+# reconstruction than for local, after this pilot and from the prior alike
+WIDE = synthetic_population(n=6000, sizes=(2,) * 10, strength=1.5, rng=3)
 
 
 def test_the_plan_changes_after_the_pilot_and_users_report_once(tmp_path: Path) -> None:
@@ -78,6 +88,76 @@ def test_paper_planner_and_no_pilot_make_one_phase(tmp_path: Path) -> None:
                                              pilot=0.0)  # fmt: skip
         assert paper.pilot_target == single.pilot_target == 0
         assert paper.phase == single.phase == 0
+    finally:
+        graceful_stop(server, 2.0)
+        storage.close()
+
+
+def test_the_phases_are_planned_for_the_reconstruction_asked_for(
+    tmp_path: Path, seeded_entropy: Callable[[int], None]
+) -> None:
+    storage = Storage(tmp_path / "agg.db")
+    server, port = create_server("127.0.0.1:0", storage)
+    address = f"127.0.0.1:{port}"
+    seeded_entropy(1)  # the devices' reports, hence the pilot's counts, are reproducible
+    try:
+        with AdminClient(address) as admin:
+            info = admin.create_collection(WIDE.schema, 1.0, WIDE.n, 3, collection_id="g",
+                                           seed=5, reconstruction="global")  # fmt: skip
+            one = admin.create_collection(WIDE.schema, 1.0, WIDE.n, 3, collection_id="one",
+                                          seed=5, pilot=0.0, reconstruction="global")  # fmt: skip
+        # one phase: plan_collection's plan for global, not the one for local
+        want_one = plan_collection(WIDE.schema, 1.0, WIDE.n, 3, rng=5, seed=5,
+                                   reconstruction="global")  # fmt: skip
+        assert one.plan == want_one and one.pilot_target == 0
+        assert want_one.views != plan_collection(WIDE.schema, 1.0, WIDE.n, 3, rng=5, seed=5).views
+        # a pilot, then the second phase planned for global from the pilot's reports
+        target = pilot_size(WIDE.n)
+        assert info.phase == 0 and info.pilot_target == target
+        ids = np.arange(WIDE.n, dtype=np.uint64)
+        with Collector(address, "g", info.submit_token, DeviceState.in_memory(),
+                       batch_size=400) as client:  # fmt: skip
+            assert client.submit_many(WIDE.codes[:target], ids[:target]).accepted == target
+            served = client.plan(refresh=True)
+        pilot = storage.phase_support("g", 0)
+        assert int(pilot.n.sum()) == target and pilot.plan == info.plan
+        remaining = WIDE.n - target
+        want = plan_after_pilot(pilot, remaining, Workload(k=3), seed=6, reconstruction="global")
+        local = plan_after_pilot(pilot, remaining, Workload(k=3), seed=6)
+        assert served == want.plan and storage.get_collection("g").plans == (info.plan, want.plan)
+        assert want.plan.views != local.plan.views  # the same pilot, other views for local
+    finally:
+        graceful_stop(server, 2.0)
+        storage.close()
+    with Storage(tmp_path / "agg.db") as reopened:  # restart: the design keeps it
+        design = reopened.get_collection("g").design
+        assert design is not None and design.reconstruction == "global"
+
+
+def test_an_unknown_reconstruction_is_refused_and_creates_nothing(tmp_path: Path) -> None:
+    storage = Storage(tmp_path / "agg.db")
+    server, port = create_server("127.0.0.1:0", storage)
+    address = f"127.0.0.1:{port}"
+    try:
+        with AdminClient(address) as admin:
+            kept = admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id="kept")
+            message = r"^reconstruction \('nearest'\) must be one of \['local', 'global'\]$"
+            for options in ({}, {"pilot": 0.0}, {"planner": "paper"}):
+                with pytest.raises(CalmkitError, match=message):
+                    admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id="bad",
+                                            reconstruction="nearest", **options)  # fmt: skip
+            assert [c.collection_id for c in admin.list_collections()] == ["kept"]
+            assert admin.get_collection("kept").plan == kept.plan
+        request = client_wire.create_request(POP.schema, 1.0, POP.n, 3, collection_id="bad",
+                                             reconstruction="x" * 100)  # fmt: skip
+        stub = client_wire.aggregator_stub(open_channel(address))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.CreateCollection(request, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == (  # the value echoed bounded
+            f"reconstruction ({'x' * 32!r}) must be one of ['local', 'global']"
+        )
+        assert [r.collection_id for r in storage.list_collections()] == ["kept"]
     finally:
         graceful_stop(server, 2.0)
         storage.close()

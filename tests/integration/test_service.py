@@ -291,9 +291,12 @@ def test_cli_collection_and_query_commands(
 
     base = ["--address", server.address]
     assert main(["collection", "create", *base, "--domain", "2,3,2,2,4", "--epsilon", "1",
-                 "--n", str(POP.n), "--k", "3", "--id", "cli", "--json"]) == 0  # fmt: skip
+                 "--n", str(POP.n), "--k", "3", "--id", "cli", "--reconstruct", "global",
+                 "--json"]) == 0  # fmt: skip
     created = json.loads(capsys.readouterr().out)
     assert created["collection_id"] == "cli" and created["state"] == "open"
+    design = server.storage.get_collection("cli").design  # its phase 1 is planned for global
+    assert design is not None and design.reconstruction == "global"
     assert len(created["views"]) == created["m"] and "submit_token" in created
     with Collector(server.address, "cli", created["submit_token"]) as client:
         client.submit_many(POP.codes, IDS)

@@ -36,12 +36,17 @@ class AdminClient:
         epsilon: float,
         expected_n: int,
         k: int,
+        *,
+        reconstruction: str = "local",
         **options: Any,
     ) -> CollectionInfo:
         """Create a collection (options: collection_id, theta, views, m, l, seed,
         planner ("pipeline" or "paper"), pilot (share of users in the pilot phase));
-        the result carries the submit token, shown only this once."""
-        req = client_wire.create_request(schema, epsilon, expected_n, k, **options)
+        ``reconstruction``: the one the pipeline planner plans for, "local" or "global"
+        (queries may still ask for either). The result carries the submit token, shown
+        only this once."""
+        req = client_wire.create_request(schema, epsilon, expected_n, k,
+                                         reconstruction=reconstruction, **options)  # fmt: skip
         return client_wire.collection_from_proto(self._call("CreateCollection", req))
 
     def get_collection(self, collection_id: str) -> CollectionInfo:

@@ -177,13 +177,14 @@ class AggregatorService(wire.AggregatorServicer):
               and (params.l is None or params.m is None)):  # fmt: skip
             plan = pilot_plan(params.schema, params.epsilon, seed=params.seed)
             design = PhasedDesign(params.expected_n, pilot_size(params.expected_n, params.pilot),
-                                  params.k, params.seed, params.l, params.m)  # fmt: skip
+                                  params.k, params.seed, params.l, params.m,
+                                  reconstruction=params.reconstruction)  # fmt: skip
         else:
             plan = plan_collection(
                 params.schema, params.epsilon, params.expected_n, params.k,
                 theta=params.theta if params.theta is not None else 0.001,
                 l=params.l, m=params.m, rng=params.seed, seed=params.seed,
-                planner=params.planner,
+                planner=params.planner, reconstruction=params.reconstruction,
             )  # fmt: skip
         collection_id = params.collection_id or f"c-{secrets.token_hex(6)}"
         token = secrets.token_urlsafe(24)

@@ -97,6 +97,7 @@ class CreateParams:
     seed: int
     planner: str = "pipeline"
     pilot: float = PILOT_FRACTION
+    reconstruction: str = "local"  # what the pipeline planner plans for
 
 
 def create_from_proto(msg: Any) -> CreateParams:
@@ -116,6 +117,11 @@ def create_from_proto(msg: Any) -> CreateParams:
     pilot = msg.pilot if msg.HasField("pilot") else PILOT_FRACTION
     if not (math.isfinite(pilot) and 0 <= pilot < 1):
         raise CalmkitError(f"pilot ({pilot!r}) must be a fraction in [0, 1)")
+    reconstruction = str(msg.reconstruction) or "local"
+    if reconstruction not in RECONSTRUCTIONS:
+        raise CalmkitError(
+            f"reconstruction ({reconstruction[:32]!r}) must be one of {list(RECONSTRUCTIONS)}"
+        )
     return CreateParams(
         collection_id=msg.collection_id,
         schema=schema,
@@ -129,6 +135,7 @@ def create_from_proto(msg: Any) -> CreateParams:
         seed=int(msg.seed),
         planner=planner,
         pilot=float(pilot),
+        reconstruction=reconstruction,
     )
 
 

@@ -109,7 +109,7 @@ class Ack(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
 
 class CreateCollectionRequest(_message.Message):
-    __slots__ = ("collection_id", "schema", "epsilon", "expected_n", "k", "theta", "views", "m", "l", "seed", "planner", "pilot")
+    __slots__ = ("collection_id", "schema", "epsilon", "expected_n", "k", "theta", "views", "m", "l", "seed", "planner", "pilot", "reconstruction")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class CreateCollectionRequest(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     PLANNER_FIELD_NUMBER: _ClassVar[int]
     PILOT_FIELD_NUMBER: _ClassVar[int]
+    RECONSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     collection_id: str
     schema: Schema
     epsilon: float
@@ -134,7 +135,8 @@ class CreateCollectionRequest(_message.Message):
     seed: int
     planner: str
     pilot: float
-    def __init__(self, collection_id: _Optional[str] = ..., schema: _Optional[_Union[Schema, _Mapping]] = ..., epsilon: _Optional[float] = ..., expected_n: _Optional[int] = ..., k: _Optional[int] = ..., theta: _Optional[float] = ..., views: _Optional[_Iterable[_Union[View, _Mapping]]] = ..., m: _Optional[int] = ..., l: _Optional[int] = ..., seed: _Optional[int] = ..., planner: _Optional[str] = ..., pilot: _Optional[float] = ...) -> None: ...
+    reconstruction: str
+    def __init__(self, collection_id: _Optional[str] = ..., schema: _Optional[_Union[Schema, _Mapping]] = ..., epsilon: _Optional[float] = ..., expected_n: _Optional[int] = ..., k: _Optional[int] = ..., theta: _Optional[float] = ..., views: _Optional[_Iterable[_Union[View, _Mapping]]] = ..., m: _Optional[int] = ..., l: _Optional[int] = ..., seed: _Optional[int] = ..., planner: _Optional[str] = ..., pilot: _Optional[float] = ..., reconstruction: _Optional[str] = ...) -> None: ...
 
 class Collection(_message.Message):
     __slots__ = ("collection_id", "state", "plan", "k", "reports", "view_reports", "created_at", "closed_at", "submit_token", "phase", "phase_reports", "pilot_target")
