@@ -76,6 +76,8 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "planner": (f"{AGG}/planner.py", (
         f"{T}/aggregator/test_planning.py", f"{T}/simulator/test_calm_plan_cache.py")),
     "choose": (f"{AGG}/choose.py", (f"{T}/aggregator/test_choose.py",)),
+    "global_model": (f"{AGG}/global_model.py", (
+        f"{T}/aggregator/test_global_model.py", f"{T}/aggregator/test_reconstruction.py")),
 }  # fmt: skip
 
 _BINARY = ("Add_Sub", "Sub_Add", "Mul_Div", "Div_Mul", "FloorDiv_Div", "Mod_FloorDiv",

@@ -222,3 +222,19 @@ def test_junction_trees_hold_every_view_and_run_intersection(seed: int) -> None:
         holders = {i for i, c in enumerate(tree.cliques) if a in c}
         tops = [i for i in holders if tree.parent[i] not in holders]
         assert len(tops) == 1
+
+
+def test_a_one_category_attribute_needs_nothing_from_the_model() -> None:
+    # attribute 2 has one category and is in no view: its pairs are known exactly
+    # (the other attribute's marginal), so no query asks the model for them
+    sizes = (2, 3, 1, 2)
+    views = [(0, 1), (1, 3)]
+    joint = np.random.default_rng(8).dirichlet(np.ones(12)).reshape(sizes)
+    plan = Plan(Schema.from_sizes(sizes), 1.0, views)
+    tables = [MarginalTable(v, project((0, 1, 2, 3), joint, v), 0.0, 1000) for v in views]
+    est = fit_global(plan, tables, tol=TOL)
+    for q in [(0, 2), (2, 3), (1, 2, 3)]:
+        ans = est.answer(q)
+        assert ans.method in ("projection", "maxent"), (q, ans.method)
+        np.testing.assert_allclose(ans.values, project((0, 1, 2, 3), joint, q), atol=1e-9)
+    assert est.answer((0, 2, 3)).method == "maxent+model"  # (0, 3) is in no view
