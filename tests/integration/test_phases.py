@@ -6,7 +6,8 @@ collection was created for."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -32,11 +33,20 @@ IDS = np.arange(POP.n, dtype=np.uint64)
 WIDE = synthetic_population(n=6000, sizes=(2,) * 10, strength=1.5, rng=3)
 
 
-def test_the_plan_changes_after_the_pilot_and_users_report_once(tmp_path: Path) -> None:
+@contextmanager
+def _serving(tmp_path: Path) -> Iterator[tuple[str, Storage]]:
+    """A real server on a free port over a fresh store; stopped and closed after."""
     storage = Storage(tmp_path / "agg.db")
     server, port = create_server("127.0.0.1:0", storage)
-    address = f"127.0.0.1:{port}"
     try:
+        yield f"127.0.0.1:{port}", storage
+    finally:
+        graceful_stop(server, 2.0)
+        storage.close()
+
+
+def test_the_plan_changes_after_the_pilot_and_users_report_once(tmp_path: Path) -> None:
+    with _serving(tmp_path) as (address, storage):
         with AdminClient(address) as admin:
             info = admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id="p",
                                            seed=5, pilot=0.1)  # fmt: skip
@@ -68,9 +78,6 @@ def test_the_plan_changes_after_the_pilot_and_users_report_once(tmp_path: Path) 
         truth = POP.marginal([0, 1, 4])
         assert ((answer.values - truth) ** 2).sum() < ((truth - 1 / truth.size) ** 2).sum()
         assert closed.state == "closed"
-    finally:
-        graceful_stop(server, 2.0)
-        storage.close()
     with Storage(tmp_path / "agg.db") as reopened:  # restart: both phases and counts
         record = reopened.get_collection("p")
         assert record.plans == (pilot_plan, current)
@@ -78,29 +85,21 @@ def test_the_plan_changes_after_the_pilot_and_users_report_once(tmp_path: Path) 
 
 
 def test_paper_planner_and_no_pilot_make_one_phase(tmp_path: Path) -> None:
-    storage = Storage(tmp_path / "agg.db")
-    server, port = create_server("127.0.0.1:0", storage)
-    try:
-        with AdminClient(f"127.0.0.1:{port}") as admin:
+    with _serving(tmp_path) as (address, _storage):
+        with AdminClient(address) as admin:
             paper = admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id="a",
                                             planner="paper")  # fmt: skip
             single = admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id="b",
                                              pilot=0.0)  # fmt: skip
         assert paper.pilot_target == single.pilot_target == 0
         assert paper.phase == single.phase == 0
-    finally:
-        graceful_stop(server, 2.0)
-        storage.close()
 
 
 def test_the_phases_are_planned_for_the_reconstruction_asked_for(
     tmp_path: Path, seeded_entropy: Callable[[int], None]
 ) -> None:
-    storage = Storage(tmp_path / "agg.db")
-    server, port = create_server("127.0.0.1:0", storage)
-    address = f"127.0.0.1:{port}"
     seeded_entropy(1)  # the devices' reports, hence the pilot's counts, are reproducible
-    try:
+    with _serving(tmp_path) as (address, storage):
         with AdminClient(address) as admin:
             info = admin.create_collection(WIDE.schema, 1.0, WIDE.n, 3, collection_id="g",
                                            seed=5, reconstruction="global")  # fmt: skip
@@ -126,19 +125,13 @@ def test_the_phases_are_planned_for_the_reconstruction_asked_for(
         local = plan_after_pilot(pilot, remaining, Workload(k=3), seed=6)
         assert served == want.plan and storage.get_collection("g").plans == (info.plan, want.plan)
         assert want.plan.views != local.plan.views  # the same pilot, other views for local
-    finally:
-        graceful_stop(server, 2.0)
-        storage.close()
     with Storage(tmp_path / "agg.db") as reopened:  # restart: the design keeps it
         design = reopened.get_collection("g").design
         assert design is not None and design.reconstruction == "global"
 
 
 def test_an_unknown_reconstruction_is_refused_and_creates_nothing(tmp_path: Path) -> None:
-    storage = Storage(tmp_path / "agg.db")
-    server, port = create_server("127.0.0.1:0", storage)
-    address = f"127.0.0.1:{port}"
-    try:
+    with _serving(tmp_path) as (address, storage):
         with AdminClient(address) as admin:
             kept = admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id="kept")
             message = r"^reconstruction \('nearest'\) must be one of \['local', 'global'\]$"
@@ -158,6 +151,3 @@ def test_an_unknown_reconstruction_is_refused_and_creates_nothing(tmp_path: Path
             f"reconstruction ({'x' * 32!r}) must be one of ['local', 'global']"
         )
         assert [r.collection_id for r in storage.list_collections()] == ["kept"]
-    finally:
-        graceful_stop(server, 2.0)
-        storage.close()
