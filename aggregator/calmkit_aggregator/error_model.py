@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 
 import numpy as np
+from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import shortest_path
 
 from calmkit_client import CalmkitError, FrequencyOracle, choose_oracle, make_oracle
@@ -568,8 +569,9 @@ def _held_pairs(views: list[tuple[int, ...]], sizes: np.ndarray) -> np.ndarray:
 def _recovered(profile: DataProfile, dependence: float, held: np.ndarray) -> np.ndarray:
     """The pair weights left for global reconstruction (module docstring, step 7): an
     unheld pair's weight times ``(1 - rho_path / rho_ab)^2``, where ``rho_ab =
-    sqrt(phi^2_ab)`` is its strength under the profile and ``rho_path`` the largest
-    product of strengths along a path of held pairs (1 when no path joins them)."""
+    sqrt(phi^2_ab)`` is its strength under the profile (``phi^2`` capped at 1) and
+    ``rho_path`` the largest product of strengths along a path of held pairs (0 when
+    no path joins them, which leaves the weight as it is)."""
     weights = profile.weights
     if not held.any() or dependence <= 0:
         return weights
@@ -578,8 +580,10 @@ def _recovered(profile: DataProfile, dependence: float, held: np.ndarray) -> np.
     phi2 = np.zeros_like(scale)
     phi2[live] = np.minimum(dependence * weights[live] / scale[live], 1.0)
     rho = np.sqrt(phi2)
-    edges = np.where(held & (rho > 0), -np.log(np.where(rho > 0, rho, 1.0)), 0.0)
-    edges[held & (rho > 0)] = np.maximum(edges[held & (rho > 0)], 1e-12)  # 0 = no edge
+    # a sparse graph: its explicit entries are the edges, length 0 (rho = 1) included
+    # (a dense matrix would read 0 and lengths near it as no edge)
+    a, b = np.nonzero(held & (rho > 0))
+    edges = csr_matrix((-np.log(rho[a, b]), (a, b)), shape=rho.shape)
     dist = shortest_path(edges, method="D", directed=False)
     path = np.exp(-dist)  # 0 where no path
     free = ~held & live & (rho > 0)

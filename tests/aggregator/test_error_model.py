@@ -963,3 +963,32 @@ def test_pooled_errors_are_never_negative() -> None:
     assert (raw < 0).any()  # the floor binds here
     assert np.all(err >= 0)
     np.testing.assert_allclose(err[raw >= 0], raw[raw >= 0], rtol=1e-12)
+
+
+def test_path_recovery_reads_zero_and_deterministic_pairs_at_their_limits() -> None:
+    # binary, uniform margins, views (0, 1), (1, 2), (2, 3): the unheld pairs (0, 2),
+    # (1, 3), (0, 3) are joined by paths. A held pair without dependence carries no
+    # path; a profile past deterministic dependence (phi^2 > 1) reads as deterministic,
+    # so a path of such pairs recovers the unheld pair fully.
+    sizes = (2, 2, 2, 2)
+    views = [(0, 1), (1, 2), (2, 3)]
+    margs = [np.full(2, 0.5)] * 4
+    queries = [(0, 2), (1, 3), (0, 3)]
+    args = (sizes, views, [1e15] * 3, 1.0, Workload(queries=queries))
+
+    def bias(weights: np.ndarray, dependence: float, reconstruction: str) -> float:
+        profile = DataProfile.from_marginals(margs, dependence, pair_weights=weights)
+        return predict_error(*args, profile, reconstruction=reconstruction).bias
+
+    cut = np.ones((4, 4)) - np.eye(4)
+    cut[1, 2] = cut[2, 1] = 0.0  # the middle view's pair holds no dependence
+    cut[0, 3] = cut[3, 0] = 0.0  # nor does the pair at the ends
+    # (0, 2) and (1, 3) must cross (1, 2): nothing is recovered, (0, 3) costs nothing
+    assert bias(cut, 0.05, "global") == pytest.approx(bias(cut, 0.05, "local"), rel=1e-12)
+    assert np.isfinite(bias(cut, 0.05, "global")) and bias(cut, 0.05, "local") > 0
+    every = np.ones((4, 4)) - np.eye(4)
+    # phi^2 = dependence x weight / (h_a h_b L_a L_b) = 4 x 1 / 4 = 1 at dependence 4,
+    # and past it at 8: both deterministic, every unheld pair recovered exactly
+    for dependence in (4.0, 8.0):
+        assert bias(every, dependence, "global") == pytest.approx(0.0, abs=1e-12)
+        assert bias(every, dependence, "local") > 0
