@@ -69,16 +69,21 @@ def reconstruct(
 Estimator = MarginalEstimator | GlobalEstimator
 
 
+def check_reconstruction(value: object) -> str:
+    """``value`` if it names a reconstruction (:data:`RECONSTRUCTIONS`), else a
+    :class:`CalmkitError` naming it (a string shown to 32 characters)."""
+    if not isinstance(value, str) or value not in RECONSTRUCTIONS:
+        shown = repr(value[:32] if isinstance(value, str) else value)
+        raise CalmkitError(f"reconstruction ({shown}) must be one of {list(RECONSTRUCTIONS)}")
+    return value
+
+
 def reconstruct_by(
     support: SupportCounts, reconstruction: str = "local", shrink: bool = True
 ) -> Estimator:
     """:func:`reconstruct` (``"local"``) or :func:`~.global_model.reconstruct_global`
     (``"global"``) of ``support``; ``shrink`` turns the interaction shrinkage (local) or
     prior (global) on or off."""
-    if reconstruction == "local":
+    if check_reconstruction(reconstruction) == "local":
         return reconstruct(support, shrink=shrink)
-    if reconstruction == "global":
-        return reconstruct_global(support, shrink=shrink)
-    raise CalmkitError(
-        f"reconstruction ({reconstruction!r}) must be one of {list(RECONSTRUCTIONS)}"
-    )
+    return reconstruct_global(support, shrink=shrink)

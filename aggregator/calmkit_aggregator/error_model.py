@@ -65,6 +65,7 @@ from scipy.sparse.csgraph import shortest_path
 
 from calmkit_client import CalmkitError, FrequencyOracle, choose_oracle, make_oracle
 
+from .calm import check_reconstruction
 from .consistency import norm_sub_rows
 from .profile import DataProfile, marginal_pair_weights
 
@@ -187,8 +188,7 @@ def predict_errors(
         reconstruction: how answers are reconstructed, "local" (per-query max-ent) or
             "global" (:mod:`.global_model`: step 7 of the module docstring).
     """
-    if reconstruction not in ("local", "global"):
-        raise CalmkitError(f"reconstruction ({reconstruction!r}) must be 'local' or 'global'")
+    check_reconstruction(reconstruction)
     sizes_arr = np.asarray(sizes, dtype=np.int64)
     d = sizes_arr.size
     if profile.sizes != tuple(int(s) for s in sizes_arr):

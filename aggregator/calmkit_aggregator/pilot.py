@@ -21,7 +21,7 @@ import numpy as np
 
 from calmkit_client import CalmkitError, Plan, PlanError, Schema
 
-from .calm import RECONSTRUCTIONS
+from .calm import check_reconstruction
 from .designs import pilot_views
 from .error_model import Workload
 from .estimate import estimate_views
@@ -144,10 +144,7 @@ class PhasedDesign:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise CalmkitError(f"{name} ({value!r}) must be an int >= 1")
-        how = self.reconstruction
-        if not isinstance(how, str) or how not in RECONSTRUCTIONS:
-            shown = repr(how[:32] if isinstance(how, str) else how)
-            raise CalmkitError(f"reconstruction ({shown}) must be one of {list(RECONSTRUCTIONS)}")
+        check_reconstruction(self.reconstruction)
 
     def next_plan(self, pilot: SupportCounts) -> MainPlan:
         """The second phase's plan from the pilot's support counts. When fewer users

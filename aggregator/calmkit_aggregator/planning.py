@@ -35,6 +35,7 @@ import numpy as np
 from calmkit_client import MAX_VIEW_CELLS, PlanError, validate_epsilon
 from calmkit_client.errors import CalmkitError
 
+from .calm import check_reconstruction
 from .choose import expected_cells
 from .covering import construct_cover, cover_lower_bound
 from .designs import DependentStream, SpreadStream, spread_views
@@ -168,8 +169,7 @@ def choose_plan(
     if bad is not None:
         raise PlanError(f"sizes ({list(sizes_t)}) must be category counts >= 1")
     eps = _epsilon(epsilon)
-    if reconstruction not in ("local", "global"):
-        raise PlanError(f"reconstruction ({reconstruction!r}) must be 'local' or 'global'")
+    check_reconstruction(reconstruction)
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise PlanError(f"n ({n!r}) must be an int >= 1")
     workload.check(d)

@@ -186,7 +186,7 @@ def _collection(args: argparse.Namespace) -> int:
                 collection_id=args.collection or "", theta=args.theta,
                 views=_parse_views(args.views),
                 m=args.m, l=args.l, seed=args.seed, planner=args.planner, pilot=args.pilot,
-                reconstruction=getattr(args, "reconstruct", "local"),
+                reconstruction=args.reconstruct,
             )  # fmt: skip
         elif args.action == "close":
             info = admin.close_collection(args.collection)

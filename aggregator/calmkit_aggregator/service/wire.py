@@ -19,7 +19,7 @@ from calmkit_client.wire import plan_to_proto, schema_from_proto
 from calmkit_proto.v1 import calmkit_pb2 as pb
 from calmkit_proto.v1 import calmkit_pb2_grpc as pb_grpc
 
-from ..calm import RECONSTRUCTIONS
+from ..calm import check_reconstruction
 from ..maxent import Answer
 from ..pilot import PILOT_FRACTION
 from ..planner import PLANNERS
@@ -118,10 +118,7 @@ def create_from_proto(msg: Any) -> CreateParams:
     if not (math.isfinite(pilot) and 0 <= pilot < 1):
         raise CalmkitError(f"pilot ({pilot!r}) must be a fraction in [0, 1)")
     reconstruction = str(msg.reconstruction) or "local"
-    if reconstruction not in RECONSTRUCTIONS:
-        raise CalmkitError(
-            f"reconstruction ({reconstruction[:32]!r}) must be one of {list(RECONSTRUCTIONS)}"
-        )
+    check_reconstruction(reconstruction)
     return CreateParams(
         collection_id=msg.collection_id,
         schema=schema,
@@ -264,8 +261,5 @@ def query_from_proto(msg: Any) -> tuple[str, list[str], int, str]:
     if not msg.attributes:
         raise CalmkitError("attributes (empty) must name at least one attribute")
     reconstruction = str(msg.reconstruction) or "local"
-    if reconstruction not in RECONSTRUCTIONS:
-        raise CalmkitError(
-            f"reconstruction ({reconstruction[:32]!r}) must be one of {list(RECONSTRUCTIONS)}"
-        )
+    check_reconstruction(reconstruction)
     return msg.collection_id, list(msg.attributes), int(msg.replicates), reconstruction

@@ -22,7 +22,8 @@ from typing import Literal
 
 import numpy as np
 
-from calmkit_aggregator import RECONSTRUCTIONS, Estimator, plan_collection, reconstruct_by
+from calmkit_aggregator import Estimator, plan_collection, reconstruct_by
+from calmkit_aggregator.calm import check_reconstruction
 from calmkit_aggregator.pilot import (
     PILOT_FRACTION,
     combine_phases,
@@ -91,10 +92,7 @@ class Calm(Mechanism):
         replan: bool = False,
         reconstruction: str = "local",
     ) -> None:
-        if reconstruction not in RECONSTRUCTIONS:
-            raise CalmkitError(
-                f"reconstruction ({reconstruction!r}) must be one of {list(RECONSTRUCTIONS)}"
-            )
+        check_reconstruction(reconstruction)
         if planner not in PLANNERS:
             raise CalmkitError(f"planner ({planner!r}) must be one of {list(PLANNERS)}")
         if not (isinstance(pilot, (int, float)) and 0 <= pilot < 1):
