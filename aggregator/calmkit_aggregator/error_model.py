@@ -287,9 +287,13 @@ class _Views:
                                             np.concatenate([old_table, table[part]]))  # fmt: skip
                     else:
                         self.shapes[key] = (idx[part], table[part])
-        gap = np.array([o.p - o.q for o in self.oracles]) ** 2
-        q = np.array([o.q for o in self.oracles])
-        power = np.array([o._contrast_power() for o in self.oracles])
+        # each distinct oracle's constants once, then per view by index
+        distinct = {id(o): i for i, o in enumerate(made.values())}
+        which = np.array([distinct[id(o)] for o in self.oracles], dtype=np.int64)
+        made_list = list(made.values())
+        gap = np.array([o.p - o.q for o in made_list])[which] ** 2
+        q = np.array([o.q for o in made_list])[which]
+        power = np.array([o._contrast_power() for o in made_list])[which]
         self.var = q * (1 - q) / (users * gap)
         self.nu = power / (self.cells * users * gap) + 1.0 / (self.cells * users)
 

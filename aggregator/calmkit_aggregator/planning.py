@@ -11,9 +11,12 @@ it has cells), plus a covering design for l >= k whenever its size fits
 (every k-set then lies in a view), then refines m by factors of 2 and sqrt(2) around
 the best. The search over m uses views spread evenly over the attributes and pairs
 (:func:`~.designs.spread_views`); when the profile expects some pairs to depend more
-than others (a pilot's profile does), views that hold those pairs
-(:func:`~.designs.dependent_views`) are scored too, at the two counts where the
-spread views of that size did best, and the refinement follows whichever kind won.
+than others (a pilot's profile does), views that hold those pairs are scored too,
+at the two counts where the spread views of that size did best: spread rounds that
+take the heaviest pairs first (:func:`~.designs.balanced_views`, every attribute
+kept at its share of the views) and views grown from the heaviest pairs whatever the
+balance (:func:`~.designs.dependent_views`); the refinement follows whichever kind
+won.
 Along m (and along l past k) the search stops after two steps that do not improve the
 prediction. Every design is predicted at the five quantiles of the profile's pair
 dependence (``DataProfile.dependence_quantiles``, equally likely values); the chosen
@@ -57,7 +60,8 @@ _COVER_MAX_D = 64
 @dataclass(frozen=True)
 class Candidate:
     """One design the planner scored: its view size, count, kind (``"spread"``:
-    :func:`~.designs.spread_views`; ``"dependent"``: :func:`~.designs.dependent_views`;
+    :func:`~.designs.spread_views`; ``"balanced"``: :func:`~.designs.balanced_views`;
+    ``"dependent"``: :func:`~.designs.dependent_views`;
     ``"cover"``: a covering design, every k-set in a view; ``"queries"``: the
     workload's own queries) and predicted SSE parts: their expectation over the
     profile's dependence quantiles (``range``: the SSE at each)."""
@@ -244,16 +248,32 @@ def choose_plan(
                                                     start=fixed)  # fmt: skip
         return score(lv, dependent_streams[lv].first(mv), "dependent")
 
+    balanced_streams: dict[int, SpreadStream] = {}
+
+    def balanced(lv: int, mv: int) -> float:
+        if lv not in balanced_streams:
+            balanced_streams[lv] = SpreadStream(collect, lv, rng=[rng, lv], start=fixed,
+                                                weights=relevance)  # fmt: skip
+        return score(lv, balanced_streams[lv].first(mv), "balanced")
+
     def dependent_near_best(lv: int) -> float:
-        """The dependent designs (when the profile knows which pairs depend most) at
-        the two view counts where the spread designs of size ``lv`` did best."""
+        """The designs that hold the pairs the profile expects to depend most (when it
+        knows which): dependent and balanced at the view count where the spread designs
+        of size ``lv`` did best, and the better of the two at the second best count."""
         if relevance is None or lv < 2:
             return math.inf
         tried = sorted((c.typical, c.m) for c, _, _ in scored
                        if c.l == lv and c.design == "spread")  # fmt: skip
-        return min((dependent(lv, mv) for _, mv in tried[:2]), default=math.inf)
+        if not tried:
+            return math.inf
+        values = {"dependent": dependent(lv, tried[0][1]), "balanced": balanced(lv, tried[0][1])}
+        better = min(values, key=values.__getitem__)
+        if len(tried) > 1:
+            values[better] = min(values[better], kinds[better](lv, tried[1][1]))
+        return min(values.values())
 
-    kinds: dict[str, Callable[[int, int], float]] = {"spread": spread, "dependent": dependent}
+    kinds: dict[str, Callable[[int, int], float]] = {
+        "spread": spread, "dependent": dependent, "balanced": balanced}  # fmt: skip
 
     def cells_of(lv: int) -> float:
         return expected_cells(arr[collect].tolist(), lv)

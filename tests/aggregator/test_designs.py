@@ -16,6 +16,7 @@ from calmkit_aggregator.designs import (
     SpreadStream,
     _least_used,
     _round,
+    balanced_views,
     dependent_views,
     pilot_views,
     spread_views,
@@ -166,7 +167,7 @@ class _Rounds:
     def __init__(self, script: list[list[list[int]]], rest: list[list[int]]) -> None:
         self.script, self.rest, self.given = list(script), rest, []  # type: ignore[var-annotated]
 
-    def __call__(self, d, l, pairs, gen):  # type: ignore[no-untyped-def]  # noqa: E741
+    def __call__(self, d, l, pairs, gen, gain=None, ranked=None):  # type: ignore[no-untyped-def]  # noqa: E741
         self.given.append(pairs.copy())
         return self.script.pop(0) if self.script else self.rest
 
@@ -233,8 +234,8 @@ def test_rounds_see_how_often_start_and_chosen_views_hold_each_pair(
     real = designs._round
     calls: list[tuple[np.ndarray, list[list[int]]]] = []
 
-    def recording(d, l, pairs, gen):  # type: ignore[no-untyped-def]  # noqa: E741
-        blocks = real(d, l, pairs, gen)
+    def recording(d, l, pairs, gen, gain=None, ranked=None):  # type: ignore[no-untyped-def]  # noqa: E741
+        blocks = real(d, l, pairs, gen, gain, ranked)
         calls.append((pairs.copy(), blocks))
         return blocks
 
@@ -389,6 +390,132 @@ def test_a_view_grows_by_the_most_unheld_dependence_then_the_least_used() -> Non
     w[0, 1] = w[1, 0] = 10.0
     for seed in range(100):  # random ties come after the uses, whatever they draw
         assert dependent_views(range(6), 3, 1, w, rng=seed, start=start) == ((0, 1, 2),)
+
+
+# -- balanced designs: spread rounds that hold the heaviest pairs -----------------------
+
+
+def _replay_weighted_round(
+    d: int,
+    l: int,  # noqa: E741
+    pairs: np.ndarray,
+    gain: np.ndarray,
+    blocks: list[list[int]],
+) -> None:
+    """The weighted round's rule: blocks deal every position once; a block starts from
+    the free pair of largest gain and grows by the largest gain with the block among
+    the positions not dealt yet (once all are dealt, those not in the block)."""
+    assert len(blocks) == math.ceil(d / l)
+    free = np.ones(d, dtype=bool)
+    for block in blocks:
+        assert len(block) == l == len(set(block)) and free[block[0]]
+        if free.sum() >= 2:  # gains are continuous and > 0 off the diagonal: no ties
+            top = np.where(np.outer(free, free), gain, 0.0).max()
+            assert gain[block[0], block[1]] == top, (block, top)
+        free[block[0]] = False
+        gained = gain[block[0]].copy()
+        for j, pick in enumerate(block[1:], start=1):
+            pool = free.copy() if free.any() else ~np.isin(np.arange(d), block[:j])
+            assert pool[pick] and gained[pick] == gained[pool].max(), (block, j)
+            free[pick] = False
+            gained += gain[pick]
+    assert not free.any()
+
+
+@pytest.mark.parametrize(("d", "l"), [(7, 2), (9, 3), (10, 4), (8, 2)])
+def test_a_weighted_round_deals_every_position_and_takes_the_heaviest_pairs(
+    d: int,
+    l: int,  # noqa: E741
+) -> None:
+    for seed in range(30):
+        gen = np.random.default_rng(seed)
+        raw = gen.integers(0, 4, (d, d))
+        pairs = np.triu(raw, 1) + np.triu(raw, 1).T
+        gain = _weights(d, gen, zero=0.0)
+        _replay_weighted_round(d, l, pairs, gain, _round(d, l, pairs, gen, gain))
+
+
+class _Recorded:
+    """Wraps ``_round``: records the blocks of every round it deals."""
+
+    def __init__(self) -> None:
+        self.rounds: list[list[list[int]]] = []
+
+    def __call__(self, d, l, pairs, gen, gain=None, ranked=None):  # type: ignore[no-untyped-def]  # noqa: E741
+        blocks = _round(d, l, pairs, gen, gain, ranked)
+        self.rounds.append(blocks)
+        return blocks
+
+
+@pytest.mark.parametrize(("d", "l", "m"), [(12, 2, 30), (12, 3, 28), (15, 3, 35)])
+def test_balanced_views_are_weighted_rounds_and_hold_heavier_pairs_than_spread(
+    monkeypatch: pytest.MonkeyPatch,
+    d: int,
+    l: int,  # noqa: E741
+    m: int,
+) -> None:
+    for seed in SEEDS:
+        w = _weights(d, np.random.default_rng(seed), zero=0.0)
+        recorded = _Recorded()
+        with monkeypatch.context() as patch:
+            patch.setattr(designs, "_round", recorded)
+            views = balanced_views(range(d), l, m, w, rng=seed)
+        _is_design(views, range(d), l, m)
+        # the views are the rounds' blocks in order, a block already held skipped; every
+        # round deals each attribute once (the replay test above checks how)
+        dealt, seen = [], set()
+        for blocks in recorded.rounds:
+            assert {a for b in blocks for a in b} == set(range(d))
+            for b in blocks:
+                v = tuple(sorted(b))
+                if v not in seen:
+                    seen.add(v)
+                    dealt.append(v)
+        assert tuple(dealt[:m]) == views
+        assert views[0] == tuple(sorted(np.unravel_index(np.argmax(w), w.shape))) or l > 2
+        held = {p for v in views for p in itertools.combinations(v, 2)}
+        spread = {p for v in spread_views(range(d), l, m, rng=seed)
+                  for p in itertools.combinations(v, 2)}  # fmt: skip
+        assert sum(w[p] for p in held) > sum(w[p] for p in spread)
+
+
+def test_balanced_views_hold_a_star_once_a_round() -> None:
+    # attribute 0 depends on every other (and nothing else does): the dependent design
+    # gives 0 a view with each; the balanced one holds one pair (0, x) a round, the
+    # heaviest left, and deals the others in between
+    w = np.zeros((8, 8))
+    w[0, 1:] = w[1:, 0] = np.arange(1.0, 8.0)
+    for seed in SEEDS:
+        views = balanced_views(range(8), 2, 8, w, rng=seed)
+        assert views[0] == (0, 7) and views[4] == (0, 6)
+        # (a round may skip its last block when the rest are already held: views[7])
+        assert sum(0 in v for v in views[1:4]) == sum(0 in v for v in views[5:7]) == 0
+        star = dependent_views(range(8), 2, 8, w, rng=seed)
+        assert sum(0 in v for v in star) > sum(0 in v for v in views)
+
+
+def test_balanced_views_without_weights_are_the_spread_views() -> None:
+    # zero weights: the same rounds from the same draws as spread_views
+    for seed in SEEDS:
+        for l, m in ((2, 20), (3, 30)):  # noqa: E741
+            start = [(0, 1)]
+            assert balanced_views(range(9), l, m, np.zeros((9, 9)), rng=seed,
+                                  start=start) == spread_views(range(9), l, m, rng=seed,
+                                                               start=start)  # fmt: skip
+
+
+def test_balanced_views_spend_the_pairs_start_holds() -> None:
+    # (0, 1) is the heaviest pair but start holds it: the first round takes the next
+    w = np.zeros((6, 6))
+    for (a, b), value in {(0, 1): 9.0, (2, 3): 5.0, (4, 5): 4.0, (0, 2): 1.0}.items():
+        w[a, b] = w[b, a] = value
+    for seed in SEEDS:
+        views = balanced_views(range(6), 2, 3, w, rng=seed, start=[(0, 1)])
+        assert views[:2] == ((2, 3), (4, 5))
+    for shape in ((6,), (6, 7), (5, 5)):
+        msg = rf"^weights \(shape {re_shape(shape)}\) must be square over every attribute$"
+        with pytest.raises(PlanError, match=msg):
+            balanced_views(range(6), 2, 1, np.zeros(shape))
 
 
 def re_shape(shape: tuple[int, ...]) -> str:
