@@ -55,6 +55,8 @@ __all__ = [
 RngLike = int | Sequence[int] | np.random.Generator | np.random.SeedSequence | None
 # Random rounds that add no new block before falling back to enumeration.
 _STALL_ROUNDS = 8
+# Pairs a weighted round checks at a time for the heaviest one still free.
+_CHUNK = 64
 
 
 def spread_views(
@@ -123,7 +125,7 @@ class SpreadStream:
         while len(self.out) < m and self.stall < _STALL_ROUNDS:
             before = len(self.out)
             for block in _round(d, self.l, self.pairs, self.gen, self.gain, self.ranked):
-                view = tuple(sorted(int(self.arr[i]) for i in block))
+                view = tuple(sorted(self.arr[block].tolist()))
                 if view not in self.used:
                     self.used.add(view)
                     self.out.append(view)
@@ -218,11 +220,13 @@ class DependentStream:
         self.next = 0
 
     def _hold(self, pos: Sequence[int]) -> None:
-        idx = np.array(pos, dtype=np.int64)
-        block = self.gain[idx[:, None], idx]
-        self.positive -= int(np.count_nonzero(np.triu(block, 1) > 0))
-        self.gain[idx[:, None], idx] = 0.0
-        self.uses[idx] += 1
+        gain = self.gain  # a view's few pairs one by one: cheaper than fancy indexing
+        for i, a in enumerate(pos):
+            self.uses[a] += 1
+            for b in pos[i + 1 :]:
+                if a != b and gain[a, b] > 0:
+                    self.positive -= 1
+                    gain[a, b] = gain[b, a] = 0.0
 
     def first(self, m: int) -> tuple[tuple[int, ...], ...]:
         if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not 0 <= m <= self.room:
@@ -235,7 +239,7 @@ class DependentStream:
                 self.spread_from = len(self.out)
                 break
             block = self._grow()
-            view = tuple(sorted(int(self.arr[i]) for i in block))
+            view = tuple(sorted(self.arr[block].tolist()))
             self.used.add(view)
             self.out.append(view)
             self._hold(block)
@@ -310,11 +314,15 @@ def _round(
         heavy = heavy[gain[heavy[:, 0], heavy[:, 1]] > 0]
     while left:
         start = -1
-        if heavy.size and left >= 2:  # the heaviest pair of two free positions
-            both = free[heavy[:, 0]] & free[heavy[:, 1]]
-            heavy = heavy[both]  # a position dealt stays dealt for the round
-            if heavy.size:
-                start = int(heavy[0, 0])
+        while heavy.size and left >= 2:  # the heaviest pair of two free positions
+            head = heavy[:_CHUNK]
+            both = free[head[:, 0]] & free[head[:, 1]]
+            if not both.any():  # pairs with a dealt position stay so for the round
+                heavy = heavy[head.shape[0]:]
+                continue
+            heavy = heavy[int(both.argmax()):]
+            start = int(heavy[0, 0])
+            break
         if start < 0:
             while not free[order[cursor]]:
                 cursor += 1

@@ -11,15 +11,19 @@ it has cells), plus a covering design for l >= k whenever its size fits
 (every k-set then lies in a view), then refines m by factors of 2 and sqrt(2) around
 the best. The search over m uses views spread evenly over the attributes and pairs
 (:func:`~.designs.spread_views`); when the profile expects some pairs to depend more
-than others (a pilot's profile does), views that hold those pairs are scored too,
-at the two counts where the spread views of that size did best: spread rounds that
-take the heaviest pairs first (:func:`~.designs.balanced_views`, every attribute
-kept at its share of the views) and views grown from the heaviest pairs whatever the
-balance (:func:`~.designs.dependent_views`); the refinement follows whichever kind
-won.
+than others (a pilot's profile does), views that hold those pairs are scored too:
+spread rounds that take the heaviest pairs first (:func:`~.designs.balanced_views`,
+every attribute kept at its share of the views) and views grown from the heaviest
+pairs whatever the balance (:func:`~.designs.dependent_views`), both at the count
+where the spread views of that size did best and the better of them at the second
+best; the refinement follows whichever kind won.
 Along m (and along l past k) the search stops after two steps that do not improve the
-prediction. Every design is predicted at the five quantiles of the profile's pair
-dependence (``DataProfile.dependence_quantiles``, equally likely values); the chosen
+prediction; along m also once a design's noise part alone (at the dependence quantile
+where it is least) is past the best prediction of its size: each pair a view holds
+keeps about the same share of the users whatever m, so more views add held
+components, and noise, without taking any away. Every design is predicted at the
+five quantiles of the profile's pair dependence (``DataProfile.dependence_quantiles``,
+equally likely values); the chosen
 design has the smallest mean log ratio to the best design at each quantile, so an
 uncertain profile gives a design that is good across what the data cannot rule out
 rather than at one guess.
@@ -210,6 +214,7 @@ def choose_plan(
     seen: set[tuple[int, int, str]] = set()
 
     deps = tuple(profile.dependence_quantiles or (profile.dependence,))
+    floors: dict[tuple[int, int, str], float] = {}  # a design's least noise part
 
     def score(lv: int, views: tuple[tuple[int, ...], ...], design: str) -> float:
         """Predict a design at every dependence quantile; returns the geometric mean
@@ -230,6 +235,7 @@ def choose_plan(
         cand = Candidate(lv, len(views), design, expected.sse, expected.noise, expected.bias,
                          tuple(p.sse for p in preds))  # fmt: skip
         scored.append((cand, views, expected))
+        floors[key] = min(p.noise for p in preds)
         return cand.typical
 
     streams: dict[int, SpreadStream] = {}
@@ -303,6 +309,8 @@ def choose_plan(
                 value = spread(lv, mv)
                 rises = rises + 1 if value > last else 0
                 best_l, last = min(best_l, value), value
+                if floors[lv, mv, "spread"] > best_l:
+                    break  # its noise alone is past the best: more views only add noise
             best_l = min(best_l, dependent_near_best(lv))
         if workload.k is not None and order <= lv <= order + 2 and dc <= _COVER_MAX_D:
             need = cover_lower_bound(dc, order, lv)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import planning
+from calmkit_aggregator.designs import balanced_views, dependent_views
 from calmkit_aggregator.error_model import ErrorPrediction, Workload
 from calmkit_aggregator.planning import Candidate, _pair_relevance, choose_plan
 from calmkit_aggregator.profile import DataProfile
@@ -18,17 +19,21 @@ from calmkit_client import PlanError
 
 
 def _model(
-    monkeypatch: pytest.MonkeyPatch, sse: Callable[[int, int], float]
+    monkeypatch: pytest.MonkeyPatch,
+    sse: Callable[[int, int], float],
+    noise: Callable[[int, int], float] = lambda size, m: 0.0,
 ) -> list[tuple[int, int]]:
     """Replace the error model by ``sse(l, m)`` of the new views (their size and
-    count); returns the list of (l, m) scored, in order."""
+    count), of which ``noise(l, m)`` is noise (default none); returns the list of
+    (l, m) scored, in order."""
     scored: list[tuple[int, int]] = []
 
     def fake(sizes, views, users, eps, workload, profile, deps, **kw):  # type: ignore[no-untyped-def]
         new = views[-1]
         value = sse(len(new), len(views))
+        part = noise(len(new), len(views))
         scored.append((len(new), len(views)))
-        return [ErrorPrediction(value, value, 0.0, ()) for _ in deps]
+        return [ErrorPrediction(value, part, value - part, ()) for _ in deps]
 
     monkeypatch.setattr(planning, "predict_errors", fake)
     return scored
@@ -55,6 +60,24 @@ def test_m_grows_fourfold_until_it_rises_twice_in_a_row(monkeypatch: pytest.Monk
     _model(monkeypatch, lambda size, m: values.get(m, 2.0))
     chosen = choose_plan([2] * 100, 1.0, 1 << 24, Workload(k=3), _flat(100), l=2)
     assert 3200 not in _ms(chosen, 2) and chosen.m == 50
+
+
+def test_m_stops_growing_once_its_noise_alone_is_past_the_best(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # l = 2 over 100 attributes: m = 50 is the best (1.0); at 200 the noise part alone
+    # (1.05) is past it, so more views (more noise) cannot win: 800 is never scored,
+    # though no two rises came in a row
+    values = {50: 1.0, 200: 1.2, 800: 0.1}
+    _model(monkeypatch, lambda size, m: values.get(m, 2.0),
+           lambda size, m: 1.05 if m == 200 else 0.0)  # fmt: skip
+    chosen = choose_plan([2] * 100, 1.0, 1 << 24, Workload(k=3), _flat(100), l=2)
+    assert 800 not in _ms(chosen, 2) and chosen.m == 50
+    # noise below the best: the patience rule goes on to 800
+    _model(monkeypatch, lambda size, m: values.get(m, 2.0),
+           lambda size, m: 0.95 if m == 200 else 0.0)  # fmt: skip
+    chosen = choose_plan([2] * 100, 1.0, 1 << 24, Workload(k=3), _flat(100), l=2)
+    assert chosen.m == 800
 
 
 def test_m_is_refined_by_halves_and_square_roots_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,16 +264,31 @@ def test_a_design_scored_twice_keeps_its_own_prediction(monkeypatch: pytest.Monk
     assert any(c.design == "cover" and c.l == 2 for c in chosen.candidates)
 
 
-def test_dependent_designs_are_tried_at_the_two_best_spread_counts(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("better", ["dependent", "balanced"])
+def test_weighted_designs_are_tried_at_the_best_spread_count_and_the_better_at_the_next(
+    monkeypatch: pytest.MonkeyPatch, better: str
 ) -> None:
-    _model(monkeypatch, lambda size, m: float(m))
     margs = [np.array([0.5, 0.5])] * 20
     weights = np.random.default_rng(3).exponential(size=(20, 20))
     uneven = DataProfile.from_marginals(margs, 0.01, pair_weights=weights + weights.T)
+    relevance = _pair_relevance(uneven, Workload(k=3))
+    make = balanced_views if better == "balanced" else dependent_views
+
+    def fake(sizes, views, users, eps, workload, profile, deps, **kw):  # type: ignore[no-untyped-def]
+        value = abs(len(views) - 160) + 1.0  # the best m is 160, then 190 (every pair)
+        if tuple(views) == make(range(20), 2, len(views), relevance, rng=[0, 2]):
+            value -= 0.5
+        return [ErrorPrediction(value, 0.0, value, ()) for _ in deps]
+
+    monkeypatch.setattr(planning, "predict_errors", fake)
     chosen = choose_plan([2] * 20, 1.0, 1 << 20, Workload(k=3), uneven, l=2)
-    # the m search scored 10, 40, 160 (then refined around 10): the two best, 10 and 40
-    assert {10, 40, 160} <= _ms(chosen, 2) and _ms(chosen, 2, "dependent") == {10, 40}
+    # the m search scored 10, 40, 160, 190: both kinds at 160, the better one at 190
+    # too, and the refinement around 160 follows it
+    assert _ms(chosen, 2) == {10, 40, 160, 190}
+    other = "balanced" if better == "dependent" else "dependent"
+    assert _ms(chosen, 2, other) == {160}
+    assert {160, 190} <= _ms(chosen, 2, better)
+    assert chosen.design == better and chosen.m == 160
 
 
 def test_sizes_without_room_are_skipped_not_the_end_of_the_search() -> None:
