@@ -153,9 +153,10 @@ def balanced_views(
     rng: RngLike = 0,
     start: Sequence[Sequence[int]] = (),
 ) -> tuple[tuple[int, ...], ...]:
-    """m new distinct sorted l-sets of ``attrs`` (none in ``start``), each attribute
-    in ``floor(m l / d)`` or ``ceil(m l / d)`` of them as :func:`spread_views`, that
-    hold the unheld pairs of largest ``weights`` first (module docstring)."""
+    """m new distinct sorted l-sets of ``attrs`` (none in ``start``), dealt in rounds
+    as :func:`spread_views` (every attribute once a round, a block already held
+    skipped), whose blocks hold the unheld pairs of largest ``weights`` ((D, D) over
+    all attribute positions, symmetric, >= 0) first (module docstring)."""
     return SpreadStream(attrs, l, rng, start, weights).first(m)
 
 
