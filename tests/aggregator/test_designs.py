@@ -373,6 +373,23 @@ def test_without_dependence_the_rest_is_the_spread_stream_from_the_views_so_far(
         assert stream.first(20) == views and stream.first(2) == views[:2]
 
 
+@pytest.mark.parametrize("l", [2, 3, 4, 5])
+def test_a_dependent_view_spends_every_pair_it_holds(l: int) -> None:  # noqa: E741
+    # every pair of the view (not only those next to each other in the order it grew)
+    # loses its weight, and the count of positive unheld pairs follows
+    gen = np.random.default_rng(l)
+    w = _weights(9, gen, zero=0.0)
+    stream = DependentStream(range(9), l, w, rng=l)
+    for m in range(1, 4):
+        views = stream.first(m)
+        held = {p for v in views for p in itertools.combinations(v, 2)}
+        for a, b in itertools.combinations(range(9), 2):
+            assert stream.gain[a, b] == stream.gain[b, a] == (0.0 if (a, b) in held else w[a, b])
+        assert stream.positive == 36 - len(held)
+        assert stream.uses.tolist() == np.bincount([a for v in views for a in v],
+                                                   minlength=9).tolist()  # fmt: skip
+
+
 def test_a_view_grows_by_the_most_unheld_dependence_then_the_least_used() -> None:
     # Every attribute is held by start; uses: 0, 1, 5: 1; 3, 4: 2; 2: 3. The best unheld
     # pair (0, 1) starts the view; 2 adds the most unheld dependence, with (0, 2) = 5,
