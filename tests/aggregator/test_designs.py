@@ -439,7 +439,7 @@ def _replay_weighted_round(
     assert not free.any()
 
 
-@pytest.mark.parametrize(("d", "l"), [(7, 2), (9, 3), (10, 4), (8, 2)])
+@pytest.mark.parametrize(("d", "l"), [(7, 2), (9, 3), (10, 4), (8, 2), (24, 2), (30, 3)])
 def test_a_weighted_round_deals_every_position_and_takes_the_heaviest_pairs(
     d: int,
     l: int,  # noqa: E741
