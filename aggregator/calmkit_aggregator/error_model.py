@@ -57,7 +57,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -388,7 +388,6 @@ def _norm_sub(model: _Views, comps: _Components, profile: DataProfile, seed: int
         if not active.any():
             continue
         oracle = model.oracles[int(idx[np.flatnonzero(active)[0]])]
-        project, segments = _component_operator(shape, tuple(patterns))
         for count in np.unique(np.rint(users[active])):
             group = np.flatnonzero(active & (np.rint(users) == count))
             picked = group
@@ -396,8 +395,8 @@ def _norm_sub(model: _Views, comps: _Components, profile: DataProfile, seed: int
                 order = group[np.argsort(truth[group].min(axis=1), kind="stable")]
                 at = np.unique(np.linspace(0, order.size - 1, _SIMULATED).astype(np.int64))
                 picked = order[at]  # in the order of their smallest true cell
-            bias2, var = _simulate_components(oracle, users[picked], truth[picked], project,
-                                              segments, gen)  # fmt: skip
+            bias2, var = _simulate_components(oracle, users[picked], truth[picked], shape,
+                                              patterns, gen)  # fmt: skip
             if picked.size < group.size:  # nearest simulated view by smallest true cell
                 near = _nearest(truth[picked].min(axis=1), truth[group].min(axis=1))
                 bias2, var = bias2[near], var[near]
@@ -421,45 +420,38 @@ def _simulate_components(
     oracle: FrequencyOracle,
     users: np.ndarray,
     truth: np.ndarray,
-    project: np.ndarray,
-    segments: np.ndarray,
+    shape: tuple[int, ...],
+    patterns: Sequence[tuple[int, ...]],
     gen: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Squared bias norm and variance (B, patterns) of each component after Norm-Sub."""
-    chunk = max(1, _BATCH_VALUES // (max(truth.shape[1], project.shape[1]) * _SAMPLES))
-    bias2 = np.empty((truth.shape[0], segments.size))
+    """Squared bias norm and variance (B, patterns) of each component after Norm-Sub:
+    the simulated errors (:func:`_simulate`) read in each pattern's marginal."""
+    chunk = max(1, _BATCH_VALUES // (truth.shape[1] * _SAMPLES))
+    bias2 = np.empty((truth.shape[0], len(patterns)))
     var = np.empty_like(bias2)
     for lo in range(0, truth.shape[0], chunk):
         part = slice(lo, lo + chunk)
-        comp = _simulate(oracle, users[part], truth[part], gen) @ project  # (B, R, cells)
-        mean = comp.mean(axis=1)
-        spread = ((comp - mean[:, None, :]) ** 2).mean(axis=1)
-        var[part] = np.add.reduceat(spread, segments, axis=1)
-        # |mean|^2 overstates |bias|^2 by var / R
-        raw = np.add.reduceat(mean**2, segments, axis=1)
-        bias2[part] = np.maximum(raw - var[part] / (_SAMPLES - 1), 0.0)
+        errors = _simulate(oracle, users[part], truth[part], gen)  # (B, R, L)
+        tables = errors.reshape(*errors.shape[:2], *shape)
+        for i, pos in enumerate(patterns):
+            comp = _component(tables, pos, len(shape))  # (B, R, L_S)
+            mean = comp.mean(axis=1)
+            var[part, i] = ((comp - mean[:, None, :]) ** 2).mean(axis=1).sum(axis=1)
+            # |mean|^2 overstates |bias|^2 by var / R
+            raw = (mean**2).sum(axis=1)
+            bias2[part, i] = np.maximum(raw - var[part, i] / (_SAMPLES - 1), 0.0)
     return bias2, var
 
 
-@lru_cache(maxsize=256)
-def _component_operator(
-    shape: tuple[int, ...], patterns: tuple[tuple[int, ...], ...]
-) -> tuple[np.ndarray, np.ndarray]:
-    """(L, sum of L_S) matrix taking a flat table (C order over ``shape``) to the
-    ANOVA components of ``patterns`` read in their marginals (sum over the other
-    axes, centre along the pattern's), and the column where each pattern starts."""
-    blocks, starts, at = [], [], 0
-    for pos in patterns:
-        op: np.ndarray = np.ones((1, 1))
-        for ax, size in enumerate(shape):
-            factor = (
-                np.eye(size) - 1.0 / size if ax in pos else np.ones((size, 1))
-            )
-            op = np.kron(op, factor)
-        blocks.append(op)
-        starts.append(at)
-        at += op.shape[1]
-    return np.concatenate(blocks, axis=1), np.array(starts, dtype=np.int64)
+def _component(tables: np.ndarray, pos: tuple[int, ...], axes: int) -> np.ndarray:
+    """The ANOVA component ``pos`` of (B, R, *shape) tables read in its marginal: the
+    sum over the other axes, centred along each of ``pos``'s; (B, R, L_S) flat."""
+    others = tuple(2 + ax for ax in range(axes) if ax not in pos)
+    comp = tables.sum(axis=others) if others else tables
+    for ax in range(len(pos)):
+        comp = comp - comp.mean(axis=2 + ax, keepdims=True)
+    flat: np.ndarray = comp.reshape(*comp.shape[:2], -1)
+    return flat
 
 
 def _simulate(

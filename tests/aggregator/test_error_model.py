@@ -568,21 +568,15 @@ def test_simulated_component_variances_match_the_analytic_ones_away_from_zero() 
     # a 2 x 3 view far from zero: the simulated variance of each component read in its
     # marginal (1-way, 1-way, pair) is the analytic (L / L_S) dim_S nu; 200 views of 32
     # samples, relative error sqrt(2 / (200 x 31)) each (4 SE)
-    from calmkit_aggregator.error_model import (
-        _SAMPLES,
-        _component_operator,
-        _simulate_components,
-        _Views,
-    )
+    from calmkit_aggregator.error_model import _SAMPLES, _simulate_components, _Views
 
     shape = (2, 3)
     patterns = ((0,), (1,), (0, 1))
     model = _Views(np.array(shape), [(0, 1)], np.array([20_000.0]), 1.0, None)
     oracle, nu = model.oracles[0], float(model.nu[0])
     truth = np.tile(np.array([0.2, 0.1, 0.2, 0.15, 0.15, 0.2]), (200, 1))
-    project, segments = _component_operator(shape, patterns)
-    bias2, var = _simulate_components(oracle, np.full(200, 20_000.0), truth, project,
-                                      segments, np.random.default_rng(4))  # fmt: skip
+    bias2, var = _simulate_components(oracle, np.full(200, 20_000.0), truth, shape, patterns,
+                                      np.random.default_rng(4))  # fmt: skip
     analytic = np.array([6 / 2 * 1, 6 / 3 * 2, 6 / 6 * 2]) * nu
     se = analytic * math.sqrt(2 / (200 * (_SAMPLES - 1)))
     assert np.all(np.abs(var.mean(axis=0) - analytic) <= MARGIN * se)
@@ -824,17 +818,16 @@ def test_simulated_norm_sub_bias_matches_a_direct_simulation_near_zero() -> None
     # read in the component's marginal: within 4 standard errors of both
     # (the standard errors: the views' spread, and the delta method for the direct mean)
     from calmkit_aggregator.consistency import norm_sub_rows
-    from calmkit_aggregator.error_model import _component_operator, _simulate_components, _Views
+    from calmkit_aggregator.error_model import _simulate_components, _Views
 
     shape, patterns = (2, 2), ((0,), (1,), (0, 1))
     truth = np.array([0.02, 0.18, 0.18, 0.62])
     model = _Views(np.array(shape), [(0, 1)], np.array([30.0]), 1.0, None)
     oracle = model.oracles[0]
     assert oracle.name == "GRR"
-    project, segments = _component_operator(shape, patterns)
     views = 400
     bias2, var = _simulate_components(oracle, np.full(views, 30.0), np.tile(truth, (views, 1)),
-                                    project, segments, np.random.default_rng(8))  # fmt: skip
+                                    shape, patterns, np.random.default_rng(8))  # fmt: skip
     got, got_se = bias2.mean(axis=0), bias2.std(axis=0, ddof=1) / math.sqrt(views)
 
     gen = np.random.default_rng(9)
