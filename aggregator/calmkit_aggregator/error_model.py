@@ -223,13 +223,14 @@ def predict_errors(
     spread = None if workload.k is None else _spreading(groups, profile, sizes_arr, workload.k)
     paths = _held_pairs(vs, sizes_arr) if reconstruction == "global" else None
     for dep in [profile.dependence] if dependences is None else dependences:
-        bias = _bias(groups, profile, dep)
+        bias = _bias(groups, profile, profile.pair_dependence(dep))
         err = _shrink(views_model, comps, groups, pooled, bias) if shrink else pooled
         weights = profile.weights if paths is None else _recovered(profile, dep, paths)
+        pair_dep = np.minimum(dep * weights, profile.pair_caps)  # what no view recovers
         if spread is not None:
-            noise, biased = spread.parts(err, bias, dep, weights)
+            noise, biased = spread.parts(err, bias, pair_dep)
         else:
-            noise, biased = _explicit(groups, err, profile, dep, sizes_arr, workload, weights)
+            noise, biased = _explicit(groups, err, profile, pair_dep, sizes_arr, workload)
         biased = max(0.0, biased)
         out.append(ErrorPrediction(noise + biased, noise, biased, uncollected))
     return out
@@ -537,16 +538,17 @@ def _pool(model: _Views, comps: _Components, n: float) -> tuple[np.ndarray, _Gro
     return err, groups
 
 
-def _bias(groups: _Groups, profile: DataProfile, dependence: float) -> np.ndarray:
+def _bias(groups: _Groups, profile: DataProfile, pair_dep: np.ndarray) -> np.ndarray:
     """Per group: the error it would have if no view held it (the profile's skew for
-    one attribute, dependence x the pair's weight x dim/L for a pair, 0 beyond)."""
+    one attribute, the pair's dependence ``pair_dep`` (d, d) x dim/L for a pair, 0
+    beyond)."""
     out = np.zeros(groups.order.size)
     one = groups.order == 1
     out[one] = profile.skew[groups.attrs[one, 0]]
     two = groups.order == 2
     if two.any():
-        weight = profile.weights[groups.attrs[two, 0], groups.attrs[two, 1]]
-        out[two] = dependence * weight * groups.dim[two] / groups.cells[two]
+        dep = pair_dep[groups.attrs[two, 0], groups.attrs[two, 1]]
+        out[two] = dep * groups.dim[two] / groups.cells[two]
     return out
 
 
@@ -697,8 +699,7 @@ class _Spreading:
 
     ``skew``: the sum over k-sets of the skews of their unheld attributes, spread;
     ``pair_spread`` (d, d): the same per pair for a unit of dependence, so that
-    ``sum_{a<b} weights_ab pair_spread_ab`` is the pairs' part per unit of
-    ``dependence``;
+    ``sum_{a<b} dependence_ab pair_spread_ab`` is the pairs' part;
     ``held`` / ``free`` (groups,): a group's weight as held (its error) and as the
     bias it would have had; ``count``: the number of k-sets."""
 
@@ -709,12 +710,12 @@ class _Spreading:
     count: int
 
     def parts(
-        self, err: np.ndarray, bias: np.ndarray, dependence: float, weights: np.ndarray
+        self, err: np.ndarray, bias: np.ndarray, pair_dep: np.ndarray
     ) -> tuple[float, float]:
-        """(noise, bias) parts of the mean SSE; ``weights``: the pairs' weights (the
-        profile's, or less where the reconstruction recovers part of a pair)."""
-        pairs = float(np.einsum("ij,ij->", weights, self.pair_spread)) / 2
-        base = self.skew + (dependence * pairs if dependence > 0 else 0.0)
+        """(noise, bias) parts of the mean SSE; ``pair_dep`` (d, d): each pair's
+        dependence no view recovers (all of it, or less where the reconstruction
+        recovers part of a pair)."""
+        base = self.skew + float(np.einsum("ij,ij->", pair_dep, self.pair_spread)) / 2
         # einsum, not a BLAS dot: a threaded dot of this size stalls on a busy machine
         noise = float(np.einsum("i,i->", err, self.held)) if self.held.size else 0.0
         correction = float(np.einsum("i,i->", bias, self.free)) if self.free.size else 0.0
@@ -774,10 +775,9 @@ def _explicit(
     groups: _Groups,
     err: np.ndarray,
     profile: DataProfile,
-    dependence: float,
+    pair_dep: np.ndarray,
     sizes: np.ndarray,
     workload: Workload,
-    weights: np.ndarray,
 ) -> tuple[float, float]:
     """(noise, bias) parts of the mean SSE over an explicit query list."""
     g_free = profile.concentration / sizes
@@ -797,9 +797,9 @@ def _explicit(
                 if gi is None:
                     ratio = float(np.prod((sizes[list(sub)] - 1) / sizes[list(sub)]))
                     if rsize == 2:
-                        ratio *= float(weights[sub[0], sub[1]])
+                        ratio *= float(pair_dep[sub[0], sub[1]])
                     value = (profile.skew[sub[0]] if rsize == 1
-                             else dependence * ratio if rsize == 2 else 0.0)  # fmt: skip
+                             else ratio if rsize == 2 else 0.0)  # fmt: skip
                     biased += value * float(np.prod(g_free[rest])) if rest else value
                     continue
                 spread = 1.0

@@ -22,7 +22,11 @@ formula"):
    mean-square contingency ``phi^2_ab`` (its chi-square per user) times what the
    margins allow, ``h_a h_b dim_ab`` with ``h_a = (1 - ||P_a||^2) / (L_a - 1)``
    (exact for binary pairs: ``||D||^2 = 4 cov^2 = phi^2 4 p_a q_a p_b q_b``; for
-   larger tables the average over the directions of the association). With
+   larger tables it takes the association along one direction: spread evenly over
+   all ``dim_ab`` directions it would be ``dim_ab`` times smaller, but on uncapped
+   Adult (2-41 categories) the one-direction form follows the pairs' dependence
+   better, log correlation 0.66 against 0.55). A pair never holds more than its
+   margins allow (:func:`pair_caps`). With
    ``phi^2`` the same for every pair, the quarter of pairs with the largest
    ``h_a h_b dim_ab`` holds 63% of the dependence on Kosarak d=16 (measured 73%),
    35% on NLTCS (41%), 47% on Adult (66%), 38% on plants (34%), 30% on dna (33%).
@@ -57,15 +61,17 @@ import numpy as np
 
 from calmkit_client import CalmkitError, FrequencyOracle, Schema
 
+from .dependence import QUANTILES, dependence_posterior, pair_evidence
 from .marginal import MarginalTable
 
 __all__ = [
     "CONTINGENCY_PRIOR",
-    "HETEROGENEITY_PRIOR",
     "DataProfile",
     "dependence_range",
     "estimate_profile",
+    "estimated_marginal",
     "marginal_pair_weights",
+    "pair_caps",
     "pair_dependence",
 ]
 
@@ -73,17 +79,8 @@ __all__ = [
 # a pair of balanced binary attributes; module docstring): real data measured span
 # 0.0028 (dna) to 0.18 (NLTCS); a binary pair allows up to 1.
 CONTINGENCY_PRIOR = (1e-3, 0.5)
-# Log-uniform prior range of alpha, the shape of the Gamma(alpha, 1/alpha) law of a
-# pair's dependence over what its weight predicts: on real data alpha is 0.04 (dna),
-# 0.15-0.35 (Kosarak, retail, Adult, ACS: a few pairs hold most of the dependence)
-# and 4 (NLTCS: every pair alike).
-HETEROGENEITY_PRIOR = (1 / 16, 4.0)
-_ALPHAS = 9  # quadrature points of the alpha prior (log-spaced)
-_RATIO_RANGE = (1e-6, 1e3)  # the pairs' mean over D beyond this is taken as 0 or inf
-_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
-_GRID = 4001  # quadrature points of the dependence posterior
-_DENSE = 1024  # pair tables up to this many cells estimate the dependence
-_BOOTSTRAP = 200  # simulated pilot tables per pair view
+# An estimated marginal goes at most this share of the way to a single category.
+_MOST_SKEW = 0.95
 
 
 @dataclass(frozen=True)
@@ -169,7 +166,7 @@ class DataProfile:
         mean = (hi - lo) / math.log(hi / lo)
         second = (hi * hi - lo * lo) / (2 * math.log(hi / lo))
         sd = math.sqrt(max(0.0, second - mean * mean))
-        quantiles = tuple(lo * (hi / lo) ** f for f in _QUANTILES)
+        quantiles = tuple(lo * (hi / lo) ** f for f in QUANTILES)
         return cls(margs, math.sqrt(lo * hi), "prior", 0, sd, quantiles)
 
     @classmethod
@@ -215,6 +212,18 @@ class DataProfile:
         live = self.pair_weights[np.triu_indices(self.d, 1)]
         live = live[live > 0]
         return bool(live.size and not np.allclose(live, live[0], rtol=1e-9))
+
+    @cached_property
+    def pair_caps(self) -> np.ndarray:
+        """(d, d): the most dependence (profile unit) each pair's margins allow
+        (:func:`pair_caps`)."""
+        return pair_caps(self.marginals)
+
+    def pair_dependence(self, dependence: float) -> np.ndarray:
+        """(d, d): each pair's dependence at mean ``dependence``: ``dependence x
+        weight``, at most what its margins allow."""
+        out: np.ndarray = np.minimum(dependence * self.weights, self.pair_caps)
+        return out
 
     @cached_property
     def skew(self) -> np.ndarray:
@@ -292,12 +301,111 @@ def marginal_pair_weights(marginals: Sequence[np.ndarray]) -> np.ndarray:
 def dependence_range(marginals: Sequence[np.ndarray]) -> tuple[float, float]:
     """The prior range of the mean pair dependence for these marginals:
     :data:`CONTINGENCY_PRIOR` times the mean of :func:`marginal_pair_weights` over the
-    pairs of attributes with >= 2 categories (times 1 when there is no such pair)."""
+    pairs of attributes with >= 2 categories (times 1 when there is no such pair), its
+    top at most the mean of :func:`pair_caps` (on large domains the contingency allows
+    far more than any table can hold: a 30 x 30 pair with uniform margins holds at most
+    0.035), its range at least 500x."""
     mask = _live_pairs([np.asarray(m).size for m in marginals])
     scale = float(marginal_pair_weights(marginals)[mask].mean()) if mask.any() else 1.0
     lo, hi = CONTINGENCY_PRIOR
     scale = max(scale, 1e-12)
-    return lo * scale, hi * scale
+    top = hi * scale
+    if mask.any():
+        top = min(top, max(float(pair_caps(marginals)[mask].mean()), 1e-12))
+    return min(lo * scale, top * lo / hi), top
+
+
+def pair_caps(marginals: Sequence[np.ndarray]) -> np.ndarray:
+    """(d, d): an upper bound of each pair's dependence (profile unit) given its
+    margins: ``||P_ab - P_a (x) P_b||^2 <= ||P_ab||^2 + ||P_a||^2 ||P_b||^2`` with
+    ``||P_ab||^2 <= min(||P_a||^2, ||P_b||^2)`` (a row of P_ab sums to P_a(i)), over
+    ``dim_ab / L_ab``; 0 for a one-category attribute."""
+    sizes = np.array([np.asarray(m).size for m in marginals], dtype=np.float64)
+    power = np.array([float(np.asarray(m, dtype=np.float64) @ np.asarray(m)) for m in marginals])
+    bound = np.minimum.outer(power, power) + np.outer(power, power)
+    dim = np.outer(sizes - 1, sizes - 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out: np.ndarray = np.where(dim > 0, bound * np.outer(sizes, sizes) / dim, 0.0)
+    np.fill_diagonal(out, 0.0)
+    return out
+
+
+def estimated_marginal(p_hat: np.ndarray, var: float, unbiased: bool = False) -> np.ndarray:
+    """The representative marginal (L,) of a noisy margin ``p_hat`` whose cells each
+    carry noise of variance ``var``.
+
+    Its squared distance from uniform ``s2`` is estimated from ``T = ||p_hat - u||^2``
+    (``p_hat`` first moved onto the plane of sum 1): by :func:`_skew_posterior`, or
+    with ``unbiased`` as ``T - (L - 1) var`` within [0, :data:`_MOST_SKEW` of a single
+    category's]. The second is what simulating a pilot table under independence
+    needs (the noise a table's statistic carries grows linearly with ``||P||^2``, so an
+    unbiased ``||P||^2`` gives an unbiased noise level; the posterior's pull towards
+    small skew would read the rest as dependence).
+    Its shape is the Norm-Sub of ``p_hat``: the categories that stand out of the
+    noise, the others 0. The shape is then moved towards uniform, or sharpened
+    (:func:`_sharpened`), until its distance is ``s2``. What the error model reads from
+    a marginal is mostly that distance (``||P||^2``: how much Norm-Sub clips, how
+    max-ent spreads noise) and where the small cells are; a prior that pulls every
+    margin towards uniform (Dirichlet(1)) reads a margin of 41 categories with one at
+    91% as nearly uniform.
+    """
+    from .consistency import norm_sub
+
+    size = p_hat.size
+    u = np.full(size, 1.0 / size)
+    plane = p_hat - (p_hat.sum() - 1.0) / size
+    observed = float(((plane - u) ** 2).sum())
+    if unbiased:
+        s2 = min(max(observed - (size - 1) * var, 0.0), _MOST_SKEW * (1.0 - 1.0 / size))
+    else:
+        s2 = _skew_posterior(observed, var, size)
+    shape = norm_sub(plane)
+    if s2 > float(((shape - u) ** 2).sum()):
+        return _sharpened(shape, s2)
+    return _representative(shape, s2)
+
+
+def _skew_posterior(observed: float, var: float, size: int) -> float:
+    """Posterior median of ``s2 = ||P - u||^2`` given ``T = ||p_hat - u||^2`` from a
+    margin whose L cells carry independent noise of variance ``var``:
+    ``T ~ N(s2 + (L - 1) var, 2 (L - 1) var^2 + 4 s2 var)`` (the noise's L - 1
+    dimensions in the plane of sum 1, and its part along the signal), and ``s2 / (1 -
+    1/L)``, the distance's share of a single category's, log-uniform on [1e-3,
+    :data:`_MOST_SKEW`]. Precise margins give ``T - (L - 1) var``; a margin the noise
+    swamps (a pilot pair table of 40 x 37 cells) gives the prior's median, 3% of the
+    way to a single category, not the unbiased estimate whose spread (and its
+    truncation at 0) makes flat attributes look skewed."""
+    top = 1.0 - 1.0 / size
+    share = np.geomspace(1e-3, _MOST_SKEW, 400)
+    s2 = share * top
+    noise = (size - 1) * var
+    spread = 2.0 * (size - 1) * var * var + 4.0 * s2 * var
+    log_post = -0.5 * (observed - s2 - noise) ** 2 / spread - 0.5 * np.log(spread)
+    post = np.exp(log_post - log_post.max())
+    cdf = np.cumsum(post) / post.sum()
+    return float(np.exp(np.interp(0.5, cdf, np.log(s2))))
+
+
+def _sharpened(shape: np.ndarray, skew: float) -> np.ndarray:
+    """``shape ** g`` normalised, with ``g >= 1`` such that its squared distance from
+    uniform is ``skew`` (as far as a one-hot on the largest cell allows; bisection
+    on ``log g``)."""
+    size = shape.size
+    u = 1.0 / size
+    top = shape == shape.max()
+    if skew >= (1.0 - 1.0 / size) * (1 - 1e-9) or top.all():
+        out = top / top.sum()
+        return np.asarray(out, dtype=np.float64)
+    logs = np.log(np.maximum(shape / shape.max(), 1e-300))
+    lo, hi = 0.0, 12.0  # log g
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        power = np.exp(np.exp(mid) * logs)
+        power /= power.sum()
+        lo, hi = (mid, hi) if float(((power - u) ** 2).sum()) < skew else (lo, mid)
+    out = np.exp(np.exp(lo) * logs)
+    normalised: np.ndarray = out / out.sum()
+    return normalised
 
 
 def _representative(mean: np.ndarray, skew: float) -> np.ndarray:
@@ -351,22 +459,22 @@ def estimate_profile(
         oracles: the frequency oracle of each view.
 
     Marginals: per attribute the pilot's margin ``p_hat`` (pooled over its views by
-    inverse variance) shrinks towards uniform by the prior's share of the variance,
-    ``k = v0 / (v0 + v)`` (Gaussian approximation of the Dirichlet(1) prior, per-cell
-    variance ``v0 = (L-1)/(L^2 (L+1))``); its expected squared distance from uniform
-    is ``k^2 ||p_hat - u||^2 + (1 - k) v0 L``.
+    inverse variance), read by :func:`estimated_marginal` (its unbiased form for the
+    pair statistics' simulation under independence).
 
     Pair weights: :func:`marginal_pair_weights` of the estimated marginals.
 
-    Dependence: each pair view gives an unbiased estimate (:func:`_pair_statistics`)
-    of its pair's dependence, which is ``dependence * w * r`` (``w`` its pair weight,
-    ``r`` how far the pair departs from it: Gamma(alpha, 1/alpha), mean 1). Their ratio
-    estimate ``sum x / sum w`` is that ``dependence`` times a Gamma-distributed mean
-    of the ``r`` plus normal noise; :func:`_dependence_posterior` gives the posterior
-    (log-uniform priors on :func:`dependence_range` and HETEROGENEITY_PRIOR), and the
-    profile keeps its median, standard deviation and quantiles. With heavy-tailed
-    pairs (small alpha) a few pilot pairs often miss the ones that hold most of the
-    dependence: the posterior then reaches well above their ratio estimate.
+    Dependence: each pair view's statistic and its law under independence
+    (:func:`~.dependence.pair_evidence`); the pairs' dependences are ``dependence * w
+    * r`` (``w`` the pair's weight, ``r`` how far the pair departs from it:
+    Gamma(alpha, 1/alpha), mean 1), and :func:`~.dependence.dependence_posterior`
+    gives the posterior of ``dependence`` from every pair's own likelihood (log-uniform
+    priors on :func:`dependence_range` and on alpha). The profile keeps its median,
+    standard deviation and quantiles, and each measured pair's posterior mean in its
+    weight. A pair whose noise swamps any plausible dependence (large domains, few
+    reports) moves nothing; with heavy-tailed pairs (small alpha) a few pilot pairs
+    may miss the ones that hold most of the dependence, and the posterior then reaches
+    above what they show.
     """
     prior = DataProfile.prior(schema) if prior is None else prior
     prior.check(schema)
@@ -388,180 +496,34 @@ def estimate_profile(
             previous = sums[a]
             sums[a] = margin * w if previous is None else previous + margin * w
             weights[a] += w
-    margs = []
+    margs, null_margs = [], []  # the error model's, and the independence simulation's
     for a, size in enumerate(sizes):
-        if size == 1 or sums[a] is None:
+        pooled = sums[a]
+        if size == 1 or pooled is None:
             margs.append(prior.marginals[a])
+            null_margs.append(prior.marginals[a])
             continue
-        p_hat = sums[a] / weights[a]
-        var = 1.0 / weights[a]
-        v0 = (size - 1) / (size * size * (size + 1))
-        k = v0 / (v0 + var)
-        u = np.full(size, 1.0 / size)
-        mean = u + k * (p_hat - u)
-        skew = k * k * float(((p_hat - u) ** 2).sum()) + (1 - k) * v0 * size
-        margs.append(_representative(mean, skew))
+        margs.append(estimated_marginal(pooled / weights[a], 1.0 / weights[a]))
+        null_margs.append(estimated_marginal(pooled / weights[a], 1.0 / weights[a], True))
 
     weights = _normalised_weights(marginal_pair_weights(margs), sizes)
-    pairs, values, variances = _pair_statistics(pilot, oracles, margs)
+    evidence = pair_evidence(pilot, oracles, null_margs)
     reports = int(sum(t.n for t in pilot))
-    if not values.size:
+    if not evidence.count:
         return DataProfile(tuple(margs), prior.dependence, "pilot", reports,
                            prior.dependence_sd, prior.dependence_quantiles,
                            weights)  # fmt: skip
-    # pair i's statistic has mean dependence * w_i: the ratio estimate sum x / sum w
+    pairs = evidence.pairs
     pw = weights[pairs[:, 0], pairs[:, 1]]
-    if not pw.sum() > 0:
-        pw = np.ones(values.size)
-    x = float(values.sum() / pw.sum())
-    noise = float(variances.sum() / pw.sum() ** 2)
-    count = float(pw.sum() ** 2 / (pw @ pw))  # the effective number of pairs
-    mean, sd, quantiles = _dependence_posterior(x, noise, count, dependence_range(margs))
-    # measured pairs: their weight times their own posterior ratio; the mean over all
-    # pairs moves with them, so that dependence x weight stays each measured pair's
-    # estimate once the weights are normalised again (with every pair measured, the
-    # dependence is theirs, whatever the unmeasured ones might have been)
-    measured = _pair_posterior(values, variances, mean * pw)
+    post = dependence_posterior(evidence, pw, dependence_range(margs))
+    # measured pairs: their weight times their posterior mean over what the median
+    # predicts; the mean over all pairs moves with them, so that dependence x weight
+    # stays each measured pair's posterior mean once the weights are normalised again
+    # (with every pair measured, the dependence is theirs)
+    measured = np.where(pw > 0, post.pair_means / np.maximum(post.median * pw, 1e-300), 0.0)
     weights = weights.copy()
     weights[pairs[:, 0], pairs[:, 1]] = weights[pairs[:, 1], pairs[:, 0]] = pw * measured
     factor = float(weights.sum() / max(int(_live_pairs(sizes).sum()), 1))
-    quantiles = tuple(q * factor for q in quantiles)
-    return DataProfile(tuple(margs), mean * factor, "pilot", reports, sd * factor, quantiles,
-                       weights)  # fmt: skip
-
-
-def _pair_posterior(values: np.ndarray, variances: np.ndarray, expected: np.ndarray) -> np.ndarray:
-    """Posterior mean (P,) of each measured pair's dependence relative to what its
-    weight predicts, ``r = dependence_ab / expected_ab``: a Gamma(alpha, 1/alpha)
-    prior on r (mean 1; real pairs are heavy-tailed around the marginal prediction)
-    and the pair's statistic ``x ~ N(expected r, variance)``. ``alpha`` by moments
-    over the pairs: ``1/alpha = var(x/expected) - mean(variance/expected^2)``,
-    within [1/16, 4]."""
-    mu = np.maximum(expected, 1e-12)
-    z = values / mu
-    if values.size > 1:
-        excess = float(np.var(z, ddof=1) - np.mean(variances / mu**2))
-    else:
-        excess = 1.0
-    alpha = 1.0 / min(16.0, max(0.25, excess))
-    grid = np.geomspace(1e-3, 1e3, _GRID // 10)  # log-spaced: prior density times r
-    log_prior = alpha * np.log(grid) - alpha * grid
-    log_like = -((values[:, None] - mu[:, None] * grid[None, :]) ** 2) / (
-        2 * np.maximum(variances, 1e-300)[:, None]
-    )
-    log_post = log_prior[None, :] + log_like
-    w = np.exp(log_post - log_post.max(axis=1, keepdims=True))
-    out: np.ndarray = (w @ grid) / w.sum(axis=1)
-    return out
-
-
-def _pair_statistics(
-    pilot: Sequence[MarginalTable],
-    oracles: Sequence[FrequencyOracle],
-    margs: Sequence[np.ndarray],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per pair view (with reports, at most :data:`_DENSE` cells): its attributes (a
-    row of the (P, 2) int64 array), an unbiased estimate of its dependence (the
-    profile's unit) and that estimate's variance.
-
-    The statistic is ``||D||^2`` (``D`` the table minus the outer product of its
-    margins). What noise alone adds to it, and its spread, are measured by simulating
-    the view: :data:`_BOOTSTRAP` estimates of a population with independent
-    attributes (the estimated marginals), drawn exactly as the oracle draws reports
-    (fixed seed). The estimate is ``||D||^2`` minus that mean; its variance is the
-    simulated one plus ``4 |D|^2 nu`` for the noise across the signal (``nu`` the
-    simulated noise per dimension)."""
-    gen = np.random.default_rng(_BOOTSTRAP)
-    pairs, values, variances = [], [], []
-    for table, oracle in zip(pilot, oracles):
-        if len(table.attrs) != 2 or table.n < 1 or table.cells > _DENSE:
-            continue
-        la, lb = table.values.shape
-        dim = (la - 1) * (lb - 1)
-        if dim == 0:
-            continue
-        unit = dim / (la * lb)
-        truth = np.outer(margs[table.attrs[0]], margs[table.attrs[1]]).reshape(-1)
-        noise = _dependence_stat(_draw_estimates(oracle, truth, int(table.n), gen), la, lb)
-        raw = float(_dependence_stat(table.values.reshape(1, -1), la, lb)[0])
-        mean, spread = float(noise.mean()), float(noise.var(ddof=1))
-        signal = max(0.0, raw - mean)
-        pairs.append(table.attrs)
-        values.append((raw - mean) / unit)
-        variances.append((spread + 4 * signal * mean / dim) / unit**2)
-    return np.array(pairs, dtype=np.int64).reshape(-1, 2), np.array(values), np.array(variances)
-
-
-def _draw_estimates(
-    oracle: FrequencyOracle, truth: np.ndarray, n: int, gen: np.random.Generator
-) -> np.ndarray:
-    """(_BOOTSTRAP, L) estimates of ``n`` reports from a population with view table
-    ``truth``, drawn as the oracle draws them."""
-    p, q = oracle.p, oracle.q
-    t = truth / truth.sum()
-    if oracle.name == "GRR":
-        counts = gen.multinomial(n, (p - q) * t + q, size=_BOOTSTRAP)
-    else:
-        cells = gen.multinomial(n, t, size=_BOOTSTRAP)
-        counts = gen.binomial(cells, p) + gen.binomial(n - cells, q)
-    return (counts / n - q) / (p - q)
-
-
-def _dependence_stat(flat: np.ndarray, la: int, lb: int) -> np.ndarray:
-    """``||T - T_a (x) T_b||^2`` of each row of ``flat`` (rows: (la, lb) tables)."""
-    tables = flat.reshape(-1, la, lb)
-    outer = tables.sum(axis=2)[:, :, None] * tables.sum(axis=1)[:, None, :]
-    out: np.ndarray = ((tables - outer) ** 2).sum(axis=(1, 2))
-    return out
-
-
-def _dependence_posterior(
-    x: float, noise: float, count: float, bounds: tuple[float, float]
-) -> tuple[float, float, tuple[float, ...]]:
-    """Posterior median, sd and quantiles (_QUANTILES) of the mean dependence ``D``
-    given the pilot's ratio estimate ``x`` (:func:`estimate_profile`).
-
-    Model: ``x = D u + e``, ``e ~ N(0, noise)`` and ``u`` the weighted mean of the
-    pairs' ``r ~ Gamma(alpha, 1/alpha)``, itself Gamma with shape ``alpha * count``
-    and mean 1 (``count`` the effective number of pairs, ``(sum w)^2 / sum w^2``:
-    exact for equal weights, matching the first two moments otherwise). Priors:
-    ``D`` log-uniform on ``bounds``, ``alpha`` log-uniform on HETEROGENEITY_PRIOR.
-
-    Computed on one log-spaced lattice (:data:`_GRID` points over ``bounds``) for
-    ``D`` and for ``D u``: for each alpha the likelihood is the correlation of the
-    noise's density along ``D u`` with the Gamma's exact mass per lattice bin of
-    ``log u`` (FFT); mass below :data:`_RATIO_RANGE` counts as ``D u = 0``, above it
-    as beyond any ``x``. Noise narrower than the lattice is widened to it."""
-    from scipy import signal, special
-
-    lo, hi = bounds
-    step = math.log(hi / lo) / (_GRID - 1)
-    grid = lo * np.exp(step * np.arange(_GRID))
-    u_lo, u_hi = _RATIO_RANGE
-    below, above = math.ceil(-math.log(u_lo) / step), math.ceil(math.log(u_hi) / step)
-    offsets = np.arange(-below, above + 1)  # lattice steps of log u
-    ys = lo * np.exp(step * np.arange(-below, _GRID + above))  # D u on the lattice
-    sd = math.sqrt(max(noise, 0.0) + (step * abs(x)) ** 2 + 1e-300)
-    density = np.exp(-0.5 * ((x - ys) / sd) ** 2)
-    at_zero = math.exp(-0.5 * (x / sd) ** 2)
-    edges = np.exp(step * np.append(offsets - 0.5, offsets[-1] + 0.5))
-    alphas = np.geomspace(*HETEROGENEITY_PRIOR, _ALPHAS)
-    like = np.zeros(_GRID)
-    for alpha in alphas:
-        shape = alpha * max(count, 1e-12)
-        cdf = special.gammainc(shape, shape * edges)
-        mass = np.diff(cdf)  # P(log u in each bin)
-        # sum_m mass[m] density[j + m + below]: density correlated with mass
-        like += signal.fftconvolve(density, mass[::-1], mode="valid") + cdf[0] * at_zero
-    # below 1e-10 of the noise density's peak is FFT round-off, not likelihood
-    w = np.where(like > 1e-10 * _ALPHAS * max(float(density.max()), at_zero), like, 0.0)
-    if not w.sum() > 0:  # x far outside what any D explains: the nearer end
-        w = np.zeros(_GRID)
-        w[0 if x < lo else -1] = 1.0
-    w /= w.sum()
-    cdf_d = np.cumsum(w)
-    quantiles = tuple(
-        float(grid[min(grid.size - 1, int(np.searchsorted(cdf_d, f)))]) for f in _QUANTILES
-    )
-    mean = float(w @ grid)
-    return quantiles[2], float(np.sqrt(max(0.0, w @ (grid - mean) ** 2))), quantiles
+    quantiles = tuple(q * factor for q in post.quantiles)
+    return DataProfile(tuple(margs), post.median * factor, "pilot", reports, post.sd * factor,
+                       quantiles, weights)  # fmt: skip

@@ -430,7 +430,7 @@ def _shrunk_triple(profile: DataProfile, dependence: float, users: float):  # ty
     model = _Views(np.array([2, 2, 2]), [(0, 1, 2)], np.array([users]), 1.0, None)
     comps = _components(model, 2)
     pooled, groups = _pool(model, comps, users)
-    bias = _bias(groups, profile, dependence)
+    bias = _bias(groups, profile, profile.pair_dependence(dependence))
     out = _shrink(model, comps, groups, pooled, bias)
     return model, comps, pooled, groups, bias, out, np.flatnonzero(groups.order == 2)
 
@@ -776,7 +776,7 @@ def test_a_pair_view_under_a_larger_workload_shrinks_one_dimension() -> None:
     comps = _components(model, 3)
     assert comps.high_dim[0] == 0 and comps.attrs.shape[1] == 3
     pooled, groups = _pool(model, comps, 700.0)
-    bias = _bias(groups, profile, 0.03)
+    bias = _bias(groups, profile, profile.pair_dependence(0.03))
     out = _shrink(model, comps, groups, pooled, bias)
     (pair,) = np.flatnonzero(groups.order == 2)
     assert groups.dim[pair] == 1 and groups.cells[pair] == 4

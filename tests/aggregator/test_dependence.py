@@ -1,0 +1,329 @@
+"""The pilot's evidence on pair dependence: the statistic's law under independence,
+the Gamma likelihood, and the pooled posterior (direct integration, calibration on
+data drawn from its model, noise that tells nothing)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import integrate, special, stats
+
+from calmkit_aggregator.dependence import (
+    _BOOTSTRAP,
+    _GRID,
+    HETEROGENEITY_PRIOR,
+    QUANTILES,
+    PairEvidence,
+    dependence_posterior,
+    dependence_statistic,
+    draw_estimates,
+    pair_evidence,
+)
+from calmkit_aggregator.marginal import MarginalTable
+from calmkit_aggregator.profile import pair_dependence
+from calmkit_client import choose_oracle
+
+from .pilot_tables import pair_tables
+
+MARGIN = 4.0  # standard errors
+
+
+def _evidence(raw, null_mean, null_var, unit, dim=4.0, seed=0) -> PairEvidence:  # type: ignore[no-untyped-def]
+    """Evidence of pairs whose null draws (_BOOTSTRAP each) come from the Gamma law
+    with the given mean and variance (seeded)."""
+    given = (raw, null_mean, null_var, unit, dim)
+    arrays = [np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in given]
+    count = max(a.size for a in arrays)
+    raw_, mean0, var0, unit_, dim_ = (np.broadcast_to(a, (count,)).copy() for a in arrays)
+    gen = np.random.default_rng(seed)
+    null = gen.gamma((mean0**2 / var0)[:, None], (var0 / mean0)[:, None], size=(count, _BOOTSTRAP))
+    return PairEvidence(np.zeros((count, 2), dtype=np.int64), raw_, null, unit_, dim_)
+
+
+def _kernel_logpdf(raw: float, null: np.ndarray, nu: float, signal: np.ndarray) -> np.ndarray:
+    """The documented likelihood by numerical integration: the density g of the noise's
+    square root (the null draws' square roots' normal kernel density, reflected at 0)
+    on 40,001 points v, and L(S) = integral of g(v) N(raw - S - v^2; 0, 4 nu S) dv
+    (at S = 0: g(sqrt(x)) / (2 sqrt(x)) at x = raw)."""
+    from calmkit_aggregator.dependence import _bandwidth
+
+    roots = np.sqrt(null)
+    h = float(_bandwidth(roots[None, :])[0])
+    v = np.linspace(0.0, max(roots.max(), math.sqrt(raw)) + 12 * h, 40_001)
+    g = (stats.norm.pdf(v[:, None], roots[None, :], h)
+         + stats.norm.pdf(v[:, None], -roots[None, :], h)).mean(axis=1)  # fmt: skip
+    out = []
+    for s in signal:
+        c = math.sqrt(4 * nu * s)
+        if c == 0:
+            x = raw - s
+            value = float(np.interp(math.sqrt(x), v, g)) / (2 * math.sqrt(x)) if x > 0 else 0.0
+        else:
+            value = float(integrate.trapezoid(g * stats.norm.pdf(raw - s - v * v, 0, c), v))
+        out.append(math.log(max(value, 1e-300)))
+    return np.array(out)
+
+
+# -- the statistic and its law ------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("truth", "n", "eps"),
+    [
+        (np.array([[0.6, 0.1], [0.1, 0.2]]), 70, 2.0),  # dependent, few users (GRR)
+        (np.array([[0.6, 0.1], [0.1, 0.2]]), 300, 1.0),
+        (np.full((2, 2), 0.25), 300, 1.0),  # independent
+        (np.array([[0.3, 0.05, 0.05], [0.05, 0.3, 0.25]]), 2000, 0.5),  # OUE (6 cells)
+    ],
+)
+def test_the_estimate_is_unbiased(truth: np.ndarray, n: int, eps: float) -> None:
+    tables, oracle = pair_tables(truth, n, eps, count=1500, seed=3)
+    evidence = pair_evidence(tables, [oracle] * len(tables), [truth.sum(axis=1),
+                                                                 truth.sum(axis=0)])  # fmt: skip
+    values = evidence.estimate
+    se = values.std(ddof=1) / math.sqrt(values.size)
+    assert abs(values.mean() - pair_dependence(truth)) <= MARGIN * se
+
+
+@pytest.mark.parametrize(("shape", "n", "eps"), [((2, 2), 300, 1.0), ((6, 41), 1100, 1.0),
+                                                 ((16, 7), 1100, 0.5)])  # fmt: skip
+def test_under_independence_the_likelihood_is_the_statistics_law(
+    shape: tuple[int, int], n: int, eps: float
+) -> None:
+    # independent attributes with skewed margins (one category of 41 at 90%, as a
+    # country of birth): 600 fresh pilots' statistics against the law the likelihood
+    # gives at S = 0 (its CDF: the mean over the null draws of the kernel's normal
+    # CDF). Their mean within 4 standard errors of the null's (both samples' noise),
+    # and the law's 10% and 90% quantiles leave 10% of them each below and above
+    # (4 standard errors: the 600 statistics' binomial noise and the 200 null draws'
+    # own, sqrt(0.09 / 600 + 0.09 / 200))
+    gen = np.random.default_rng(sum(shape))
+    pa = gen.dirichlet(np.full(shape[0], 0.5))
+    pb = np.full(shape[1], 0.1 / (shape[1] - 1))
+    pb[0] = 0.9
+    truth = np.outer(pa, pb)
+    tables, oracle = pair_tables(truth, n, eps, count=600, seed=5)
+    evidence = pair_evidence(tables[:1], [oracle], [pa, pb])
+    raw = np.array([dependence_statistic(t.values.reshape(1, -1), *shape)[0] for t in tables])
+    null = evidence.null[0]
+    se = math.sqrt(raw.var() / raw.size + null.var() / null.size)
+    assert abs(raw.mean() - null.mean()) <= MARGIN * se
+    from calmkit_aggregator.dependence import _bandwidth
+
+    # the kernel of the square roots reflected at 0: its CDF at x is
+    # Phi((sqrt(x) - a) / h) + Phi((sqrt(x) + a) / h) - 1 averaged over the roots a
+    roots = np.sqrt(null)
+    h = float(_bandwidth(roots[None, :])[0])
+    x = np.sqrt(raw)[:, None]
+    cdf = (stats.norm.cdf((x - roots[None, :]) / h)
+           + stats.norm.cdf((x + roots[None, :]) / h) - 1).mean(axis=1)  # fmt: skip
+    for tail in ((cdf < 0.1).mean(), (cdf > 0.9).mean()):
+        assert abs(tail - 0.1) <= MARGIN * math.sqrt(0.09 / raw.size + 0.09 / null.size)
+
+
+def test_a_skewed_large_domain_reads_as_independent() -> None:
+    # the symptom this module exists for: a 6 x 41 pilot table from 1,100 reports at
+    # epsilon 1, its attributes independent and one of them 90% in one category. With
+    # the margins' skew, the statistic's noise part is twice that of uniform margins
+    # (0.8 of dependence per unit read from noise alone); with the pilot's own margins
+    # the estimate is unbiased: over 300 pilots its mean is 0 within 4 standard errors
+    from calmkit_aggregator.profile import estimated_marginal
+
+    gen = np.random.default_rng(41)
+    pa = gen.dirichlet(np.full(6, 2.0))
+    pb = np.full(41, 0.1 / 40)
+    pb[0] = 0.9
+    tables, oracle = pair_tables(np.outer(pa, pb), 1100, 1.0, count=300, seed=6)
+    values = []
+    for table in tables:
+        var = (oracle.variance(1100) + 1 / (1100 * 246)) * 246
+        margs = [estimated_marginal(table.values.sum(axis=1), var / 6, unbiased=True),
+                 estimated_marginal(table.values.sum(axis=0), var / 41, unbiased=True)]  # fmt: skip
+        values.append(pair_evidence([table], [oracle], margs).estimate[0])
+    arr = np.array(values)
+    assert abs(arr.mean()) <= MARGIN * arr.std(ddof=1) / math.sqrt(arr.size)
+    # uniform margins in the null would read the skew's extra noise as dependence
+    uniform = [np.full(6, 1 / 6), np.full(41, 1 / 41)]
+    naive = np.array([pair_evidence([t], [oracle], uniform).estimate[0] for t in tables[:50]])
+    assert naive.mean() > 0.3
+
+
+def test_pair_evidence_replays_its_simulation_and_skips_what_tells_nothing() -> None:
+    # the null's mean and variance over _BOOTSTRAP draws of the independent table (the
+    # seed _BOOTSTRAP, drawn as the oracle draws); a one-category pair, a view without
+    # reports and a table above 1024 cells are skipped
+    truth = np.array([[0.4, 0.05, 0.05], [0.05, 0.2, 0.25]])
+    tables, oracle = pair_tables(truth, 900, 1.0, count=1, seed=4)
+    margs = [truth.sum(axis=1), truth.sum(axis=0), np.ones(1)]
+    flat = MarginalTable((1, 2), np.full((3, 1), 1 / 3), oracle.variance(900), 900)
+    empty = MarginalTable((0, 1), truth, np.inf, 0)
+    big_oracle = choose_oracle(25 * 41, 1.0)
+    big = MarginalTable((0, 1), np.full((25, 41), 1 / 1025), big_oracle.variance(5000), 5000)
+    evidence = pair_evidence([flat, empty, tables[0], big],
+                             [choose_oracle(3, 1.0), oracle, oracle, big_oracle],
+                             [*margs, np.full(25, 0.04), np.full(41, 1 / 41)])  # fmt: skip
+    assert evidence.pairs.tolist() == [[0, 1]]
+    gen = np.random.default_rng(_BOOTSTRAP)
+    noise = dependence_statistic(draw_estimates(oracle, np.outer(*margs[:2]).reshape(-1), 900,
+                                                gen), 2, 3)  # fmt: skip
+    raw = float(dependence_statistic(tables[0].values.reshape(1, -1), 2, 3)[0])
+    assert evidence.raw[0] == raw and evidence.unit[0] == pytest.approx(2 / 6)
+    np.testing.assert_array_equal(evidence.null[0], noise)
+    assert evidence.dim[0] == 2 and evidence.null_mean[0] == pytest.approx(noise.mean())
+    assert evidence.estimate[0] == pytest.approx((raw - noise.mean()) / (2 / 6), rel=1e-12)
+
+
+@pytest.mark.parametrize(("cells", "eps"), [(4, 1.0), (16, 1.0), (6, 3.0)])
+def test_the_bootstrap_draws_reports_as_the_oracle_does(cells: int, eps: float) -> None:
+    # unbiased, with the oracle's exact per-cell variance for a population drawn from
+    # the table, t (1 - t) / n on top (GRR for 4 and 6 cells, OUE for 16); 40 calls x
+    # _BOOTSTRAP draws, bounds 4 standard errors
+    oracle = choose_oracle(cells, eps)
+    truth = np.random.default_rng(cells).dirichlet(np.ones(cells))
+    gen = np.random.default_rng(7)
+    draws = np.concatenate([draw_estimates(oracle, truth, 300, gen) for _ in range(40)])
+    exact = np.asarray(oracle.variance(300, truth)) + truth * (1 - truth) / 300
+    assert np.all(np.abs(draws.mean(axis=0) - truth) <= MARGIN * np.sqrt(exact / len(draws)))
+    se_var = exact * math.sqrt(2 / (draws.shape[0] - 1))
+    assert np.all(np.abs(draws.var(axis=0, ddof=1) - exact) <= MARGIN * se_var)
+    assert oracle.name == ("OUE" if cells == 16 else "GRR")
+
+
+def test_the_likelihood_is_the_noise_density_shifted_and_widened_by_the_signal() -> None:
+    # against numerical integration on a 250x finer grid: the likelihood's 160 nodes
+    # (each cell's spread counted) are within 3% of it wherever the likelihood is
+    # within e^-8 of its peak (log difference 0.03)
+    evidence = _evidence([0.3, 2.0, 0.01], [0.2, 1.5, 0.02], [0.01, 0.4, 1e-4], [0.25, 0.8, 0.5],
+                         [8.0, 11.25, 8.0])  # fmt: skip
+    deps = np.array([[0.0, 0.1, 0.3, 1.0], [0.0, 0.3, 0.5, 1.0], [0.0, 0.005, 0.01, 0.05]])
+    got = evidence.log_likelihood(deps)
+    for i in range(3):
+        nu = evidence.null[i].mean() / evidence.dim[i]
+        want = _kernel_logpdf(float(evidence.raw[i]), evidence.null[i], nu,
+                              deps[i] * evidence.unit[i])  # fmt: skip
+        near = want > want.max() - 8
+        np.testing.assert_allclose(got[i][near], want[near], atol=0.03)
+        assert np.all(got[i][~near] < want.max() - 6)
+
+
+# -- the posterior ------------------------------------------------------------------------
+def _direct_quantiles(evidence: PairEvidence, weights: np.ndarray, bounds) -> list[float]:  # type: ignore[no-untyped-def]
+    """Posterior quantiles of D by direct integration: for each of 200 D, each alpha
+    and pair, the likelihood integrated against r's Gamma(alpha, 1/alpha) law by the
+    trapezoid rule in log r on 2,000 points over [1e-9, 1e3], plus the law's mass
+    below them at r = 0; the product over pairs, summed over alpha."""
+    lo, hi = bounds
+    ds = np.geomspace(lo, hi, 200)
+    logr = np.linspace(math.log(1e-9), math.log(1e3), 2_000)
+    r = np.exp(logr)
+    pair_like = []
+    for i in range(evidence.count):
+        one = PairEvidence(evidence.pairs[i : i + 1], evidence.raw[i : i + 1],
+                           evidence.null[i : i + 1], evidence.unit[i : i + 1],
+                           evidence.dim[i : i + 1])  # fmt: skip
+        deps = (ds[:, None] * weights[i] * r[None, :]).reshape(-1)
+        like = np.concatenate([np.exp(one.log_likelihood(deps[j : j + 20_000][None, :]))[0]
+                               for j in range(0, deps.size, 20_000)])  # fmt: skip
+        zero = float(np.exp(one.log_likelihood(np.zeros((1, 1))))[0, 0])
+        pair_like.append((like.reshape(ds.size, r.size), zero))
+    total = np.zeros(ds.size)
+    for alpha in np.geomspace(*HETEROGENEITY_PRIOR, 9):
+        density = np.exp(stats.gamma.logpdf(r, alpha, scale=1 / alpha) + logr)  # per log r
+        log_like = np.zeros(ds.size)
+        for like, zero in pair_like:
+            pair = integrate.trapezoid(like * density, logr, axis=1)
+            pair += special.gammainc(alpha, alpha * 1e-9) * zero
+            log_like += np.log(np.maximum(pair, 1e-300))
+        total += np.exp(log_like)
+    cdf = np.cumsum(total) / total.sum()
+    return [float(ds[min(ds.size - 1, int(np.searchsorted(cdf, f)))]) for f in QUANTILES]
+
+
+@pytest.mark.parametrize(
+    ("raw", "mean0", "var0", "unit", "weights"),
+    [
+        ([0.05], [0.01], [1e-4], [0.25], [1.0]),  # one clear pair
+        ([0.011], [0.01], [1e-4], [0.25], [1.0]),  # one pair, nothing seen
+        ([0.05, 0.3, 0.02], [0.01, 0.2, 0.02], [1e-4, 0.01, 4e-4], [0.25, 0.8, 0.5],
+         [1.0, 2.0, 0.5]),  # three pairs, unequal weights and noise
+        ([4.0, 0.02], [3.1, 0.01], [1.5, 1e-4], [0.8, 0.25], [1.3, 0.7]),  # a swamped pair
+    ],
+)  # fmt: skip
+def test_the_posterior_matches_direct_integration(raw, mean0, var0, unit, weights) -> None:  # type: ignore[no-untyped-def]
+    bounds = (1e-3, 0.5)
+    evidence = _evidence(raw, mean0, var0, unit)
+    w = np.array(weights, dtype=np.float64)
+    got = dependence_posterior(evidence, w, bounds).quantiles
+    want = _direct_quantiles(evidence, w, bounds)
+    # within the coarser of the two lattices' steps (3.2%)
+    step = max((0.5 / 1e-3) ** (1 / 199), (0.5 / 1e-3) ** (1 / (_GRID - 1)))
+    for g, x in zip(got, want):
+        assert x / step**1.01 <= g <= x * step**1.01, (got, want)
+
+
+def test_the_posterior_is_calibrated_on_data_drawn_from_its_model() -> None:
+    # D and alpha from their priors, 1-20 pairs with random weights, units and noise,
+    # each pair's r from Gamma(alpha, 1/alpha) and its statistic drawn as the
+    # likelihood says (a null draw of a Gamma noise law, plus the signal, plus the
+    # noise along it), the evidence holding 200 other draws of that noise law:
+    # each posterior quantile f lies above the true D with probability f (Bayesian
+    # calibration), within 4 binomial standard errors over 300 draws
+    gen = np.random.default_rng(11)
+    bounds = lo, hi = (1e-3, 0.5)
+    draws = 300
+    below = np.zeros(len(QUANTILES))
+    for _ in range(draws):
+        dep = lo * (hi / lo) ** gen.random()
+        alpha = math.exp(gen.uniform(*np.log(HETEROGENEITY_PRIOR)))
+        count = int(gen.integers(1, 21))
+        weights = gen.gamma(2.0, 0.5, size=count)
+        unit = gen.uniform(0.2, 0.95, size=count)
+        mean0 = dep * unit * 10 ** gen.uniform(-2, 2, size=count)  # precise to swamped
+        var0 = 2 * mean0**2 / gen.uniform(1, 300, size=count)  # 1 to 300 dimensions
+        dim = 2 * mean0**2 / var0
+        signal = dep * weights * gen.gamma(alpha, 1 / alpha, size=count) * unit
+        noise = gen.gamma(mean0**2 / var0, var0 / mean0)
+        raw = noise + signal + np.sqrt(4 * mean0 / dim * signal) * gen.standard_normal(count)
+        evidence = _evidence(raw, mean0, var0, unit, dim, seed=int(gen.integers(2**31)))
+        post = dependence_posterior(evidence, weights, bounds)
+        below += dep <= np.array(post.quantiles)
+    frac = below / draws
+    expected = np.array(QUANTILES)
+    se = np.sqrt(expected * (1 - expected) / draws)
+    assert np.all(np.abs(frac - expected) <= MARGIN * se), frac
+
+
+def test_pairs_swamped_by_noise_leave_the_prior() -> None:
+    # noise a thousand times a 6 x 41 pilot table's against dependences of at most
+    # 0.5: the likelihood is flat over the prior's range, the posterior its prior
+    bounds = lo, hi = (1e-3, 0.5)
+    evidence = _evidence([3.9e3, 1.2e3, 0.35e3], [3.1e3, 1.4e3, 0.3e3], [1.5e5, 0.3e5, 0.01e5],
+                         0.8, [200.0, 100.0, 20.0])  # fmt: skip
+    post = dependence_posterior(evidence, np.ones(3), bounds)
+    step = math.log(hi / lo) / (_GRID - 1)
+    prior = [lo * (hi / lo) ** f for f in QUANTILES]
+    for g, p in zip(post.quantiles, prior):
+        assert abs(math.log(g / p)) <= step + 1e-9
+
+
+def test_precise_pairs_take_their_values_and_pull_d() -> None:
+    # many precisely measured pairs of one dependence (weights 1): D is theirs and
+    # every pair's posterior mean its own value
+    # (null mean 0.01 over 2e5 dimensions: the noise along the signal is tiny too)
+    count, dep = 60, 0.04
+    evidence = _evidence(np.full(count, 0.01 + dep * 0.5), 0.01, 1e-9, 0.5, 2e5)
+    post = dependence_posterior(evidence, np.ones(count), (1e-3, 0.5))
+    assert post.quantiles[0] <= dep <= post.quantiles[-1]
+    assert abs(math.log(post.median / dep)) < 0.2
+    np.testing.assert_allclose(post.pair_means, dep, rtol=0.03)
+    # a pair with no dependence among them keeps its 0 (posterior mean well below D)
+    raw = np.append(evidence.raw, 0.01)
+    mixed = dependence_posterior(_evidence(raw, 0.01, 1e-9, 0.5, 2e5), np.ones(count + 1),
+                                 (1e-3, 0.5))  # fmt: skip
+    assert mixed.pair_means[-1] < 0.05 * dep
+
+
+def test_a_pair_of_zero_weight_carries_no_dependence() -> None:
+    evidence = _evidence([0.05, 0.05], 0.01, 1e-5, 0.25)
+    post = dependence_posterior(evidence, np.array([1.0, 0.0]), (1e-3, 0.5))
+    assert post.pair_means[1] == 0.0 and post.pair_means[0] > 0
