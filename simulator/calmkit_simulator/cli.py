@@ -23,6 +23,7 @@ from typing import Any
 # (tests/integration/test_cli_help.py) keeps them equal.
 DATASETS = {
     "synthetic": "random Bayesian network, d binary attributes (default, needs no files)",
+    "synthetic:LO-HI": "the same with LO to HI categories per attribute (drawn uniformly)",
     "adult": "UCI Adult, 15 attributes, numeric ones bucketized",
     "nltcs": "NLTCS, 16 binary attributes",
     "acs": "ACS (PrivBayes binarization), 23 binary attributes",

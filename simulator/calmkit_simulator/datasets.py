@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -307,6 +308,7 @@ def load_kosarak(data_dir: Path | str, d: int = 16) -> Population:
 # --- one entry point ------------------------------------------------------------------------
 DATASETS: dict[str, str] = {
     "synthetic": "random Bayesian network, d binary attributes (default, needs no files)",
+    "synthetic:LO-HI": "the same with LO to HI categories per attribute (drawn uniformly)",
     "adult": "UCI Adult, 15 attributes, numeric ones bucketized",
     "nltcs": "NLTCS, 16 binary attributes",
     "acs": "ACS (PrivBayes binarization), 23 binary attributes",
@@ -316,6 +318,20 @@ DATASETS: dict[str, str] = {
     "dna": "DNA splice-junction features, 180 binary attributes (wide: 3,186 users)",
     "csv:PATH": "your CSV of categorical columns (optional PATH.domains.json beside it)",
 }
+
+
+def _synthetic_sizes(name: str, d: int, rng: int | None) -> tuple[int, ...]:
+    """Category counts of ``synthetic`` (binary) or ``synthetic:LO-HI`` (each drawn
+    uniformly from LO..HI, seeded by ``rng``)."""
+    if name == "synthetic":
+        return (2,) * d
+    match = re.fullmatch(r"synthetic:(\d+)-(\d+)", name)
+    if match is None or not 2 <= int(match[1]) <= int(match[2]):
+        raise DatasetError(
+            f"dataset ({name!r}) must be synthetic or synthetic:LO-HI with 2 <= LO <= HI"
+        )
+    gen = np.random.default_rng([0 if rng is None else rng, 1])
+    return tuple(int(x) for x in gen.integers(int(match[1]), int(match[2]) + 1, size=d))
 
 
 def load_dataset(
@@ -340,8 +356,9 @@ def load_dataset(
         "plants": lambda p: load_wide(p, "plants"),
         "dna": lambda p: load_wide(p, "dna"),
     }
-    if name == "synthetic":
-        pop = synthetic_population(n=1 << 16, sizes=(2,) * (d or 8), rng=rng)
+    if name == "synthetic" or name.startswith("synthetic:"):
+        sizes = _synthetic_sizes(name, d or 8, rng)
+        pop = synthetic_population(n=1 << 16, sizes=sizes, rng=rng)
     elif name.startswith("csv:"):
         path = Path(name[4:])
         sidecar = path.with_suffix(".domains.json")
@@ -356,7 +373,7 @@ def load_dataset(
         pop = loaders[name](folder)
     else:
         raise DatasetError(f"dataset ({name!r}) must be one of {list(DATASETS)}")
-    if d is not None and name not in ("synthetic", "retail", "kosarak"):
+    if d is not None and name not in ("retail", "kosarak") and not name.startswith("synthetic"):
         if not 1 <= d <= pop.d:
             raise DatasetError(f"d ({d}) must be in [1, {pop.d}] for {name}")
         pop = pop.select(list(range(d)))

@@ -2,12 +2,14 @@
 side with a fixed grid of view sizes and counts, Algorithm 1 and Uniform, on the same
 queries and the same report seeds, written to ``DIR/planner.md`` (+ CSV, PNG).
 
-Grid per setting (valid points only: m <= C(d, l), every view >= 2 cells): l in
-{1, 2, 3, 4}; m in {ceil(d/l), 2x, 4x that, Algorithm 1's m, the covering size
-CoverDesign(d, k, l) when it is <= n/50}; each point is CALM with Algorithm 1's view
-selection at that fixed (l, m), as ``calmkit simulate --planner paper --l L --m M``,
-its views drawn afresh in every repetition. Every task of a setting shares the queries
-of each repetition and the mechanism seeds ``[seed, rep]`` (``Task.shared_seed``).
+Grid per setting (valid points only: m <= C(d, l), every view >= 2 cells and
+expecting at least as many users as an l-way view has cells on average): l in {1, 2,
+3, 4} (up to the setting's ``max_l``); m in {ceil(d/l), 2x, 4x that, Algorithm 1's m,
+the covering size CoverDesign(d, k, l) when it is <= n/50}; each point is CALM with
+Algorithm 1's view selection at that fixed (l, m), as ``calmkit simulate --planner
+paper --l L --m M``, its views drawn afresh in every repetition. Every task of a
+setting shares the queries of each repetition and the mechanism seeds
+(``Task.shared_seed``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from calmkit_aggregator.choose import choose_views
+from calmkit_aggregator.choose import choose_views, expected_cells
 from calmkit_aggregator.covering import construct_cover, cover_lower_bound
 
 from .datasets import DatasetError, load_dataset
@@ -52,6 +54,7 @@ class Setting:
     d: int | None = None
     n: int | None = None
     max_categories: int | None = None
+    max_l: int = 4
 
 
 SETTINGS = (
@@ -62,6 +65,14 @@ SETTINGS = (
     Setting("plants", "plants d=69, n=23,215", 3, (0.5, 1.0, 2.0)),
     Setting("dna", "dna d=180, n=3,186", 2, (1.0, 2.0)),
     Setting("synthetic", "synthetic d=64, n=10^5", 3, (1.0,), d=64, n=100_000),
+    # the shapes users bring: domains of 2-41 categories, and 23 binary attributes
+    Setting("adult", "Adult (uncapped), n=45,222", 2, (0.5, 1.0, 2.0), max_l=3),
+    Setting("adult", "Adult (uncapped), n=45,222", 3, (0.5, 1.0, 2.0), max_l=3),
+    Setting("acs", "ACS d=23, n=47,461", 3, (0.5, 1.0, 2.0)),
+    Setting(
+        "synthetic:8-40", "synthetic d=20, 8-40 categories, n=10^5", 3, (1.0,), d=20,
+        n=100_000, max_l=3,
+    ),
 )
 QUICK_SETTINGS = (Setting("synthetic", "synthetic d=8, n=2^12", 3, (0.5, 2.0), d=8, n=1 << 12),)
 
@@ -79,14 +90,14 @@ class PlannerTask:
     m: int | None = None
 
 
-def grid_points(sizes: tuple[int, ...], n: int, k: int, epsilon: float) -> list[tuple[int, int]]:
+def grid_points(
+    sizes: tuple[int, ...], n: int, k: int, epsilon: float, max_l: int = 4
+) -> list[tuple[int, int]]:
     """The fixed grid of the module docstring for one setting."""
     d = len(sizes)
     alg = choose_views(sizes, epsilon, n, k)
     points = set()
-    for lv in range(1, 5):
-        if lv > d:
-            break
+    for lv in range(1, min(d, max_l) + 1):
         base = math.ceil(d / lv)
         ms = {base, 2 * base, 4 * base, alg.m}
         if lv >= k and cover_lower_bound(d, k, lv) <= min(_COVER_LIMIT, n / 50):
@@ -96,7 +107,8 @@ def grid_points(sizes: tuple[int, ...], n: int, k: int, epsilon: float) -> list[
         # a view needs >= 2 cells: l = 1 only when every attribute has >= 2 categories
         if lv == 1 and min(sizes) < 2:
             continue
-        points |= {(lv, mv) for mv in ms if 1 <= mv <= math.comb(d, lv)}
+        cells = expected_cells(sizes, lv)
+        points |= {(lv, mv) for mv in ms if 1 <= mv <= math.comb(d, lv) and n / mv >= cells}
     return sorted(points)
 
 
@@ -138,7 +150,7 @@ def planner_tasks(
             out.append(PlannerTask(s, eps, "paper", task(paper)))
             if sizes is None or n is None:
                 continue
-            for lv, mv in grid_points(sizes, n, s.k, eps):
+            for lv, mv in grid_points(sizes, n, s.k, eps, s.max_l):
                 opts = (*paper, ("l", lv), ("m", mv))
                 out.append(PlannerTask(s, eps, "grid", task(opts), lv, mv))
     return out
@@ -488,17 +500,17 @@ def _markdown(
             f"{inside} of {ratio.size} within 2x, range {ratio.min():.2f} to {ratio.max():.2f}.",
         ]
     lines += ["", "## Every grid point", "",
-              "| setting | eps | (l, m) | SSE | / best | model | model / SSE |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| setting | k | eps | (l, m) | SSE | / best | model | model / SSE |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in summary:
-        group = [t for t in tasks if t.setting.label == r["setting"] and t.epsilon == r["epsilon"]
-                 and t.role == "grid"]  # fmt: skip
+        group = [t for t in tasks if t.setting.label == r["setting"] and t.setting.k == r["k"]
+                 and t.epsilon == r["epsilon"] and t.role == "grid"]  # fmt: skip
         for t in sorted(group, key=lambda t: (t.l or 0, t.m or 0)):
             mean, se = _stats(results.get(t.task.key()))
             if math.isfinite(mean):
                 ratio = mean / r["best_sse"]
                 model = checks.get(t.task.key(), math.nan)
-                lines.append(f"| {r['setting']} | {r['epsilon']:g} | ({t.l}, {t.m}) | "
+                lines.append(f"| {r['setting']} | {r['k']} | {r['epsilon']:g} | ({t.l}, {t.m}) | "
                              f"{_fmt(mean)} ± {_fmt(se)} | {ratio:.2f} | {_fmt(model)} | "
                              f"{model / mean:.2f} |")  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -228,8 +228,8 @@ def test_planner_experiment_writes_its_own_report(tmp_path: Path) -> None:
     # constant factor, or a broken check, fails)
     assert "## The error model with the data's own profile" in text
     rows = [line.split("|") for line in text.splitlines()
-            if line.startswith("| synthetic d=8, n=2^12 |") and line.count("|") == 8]  # fmt: skip
-    ratios = np.array([float(cells[7]) for cells in rows])
+            if line.startswith("| synthetic d=8, n=2^12 |") and line.count("|") == 9]  # fmt: skip
+    ratios = np.array([float(cells[8]) for cells in rows])
     assert ratios.size >= 10 and np.all(np.isfinite(ratios))
     assert 0.5 <= float(np.exp(np.log(ratios).mean())) <= 2.0
 
