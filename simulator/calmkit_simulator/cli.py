@@ -323,7 +323,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--reps", type=POSITIVE, default=20,
                      help="repetitions (fresh reports each); the SSE is their mean ± sd")
     sim.add_argument("--seed", type=NON_NEGATIVE, default=0,
-                     help="seed of the population sample, the reports and the queries")
+                     help="fixes the synthetic dataset, the resample to --n users, each "
+                     "repetition's queries and the method's randomness, as independent "
+                     "streams: runs that differ only in --mechanism, --planner, --l/--m or "
+                     "other method options answer the same queries on the same users "
+                     "(default: %(default)s)")  # fmt: skip
     sim.add_argument("--path", choices=PATHS, default="fast",
                      help="fast: sample each view's support counts directly; faithful: "
                      "every user through the client code (same distribution)")  # fmt: skip
