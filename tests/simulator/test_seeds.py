@@ -9,8 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calmkit_simulator import cli, synthetic_population
+from calmkit_simulator import classify as classify_module
+from calmkit_simulator import cli, grid, synthetic_population
+from calmkit_simulator.classify import ClassificationSetting
 from calmkit_simulator.experiment import run_calm, run_mechanism
+from calmkit_simulator.grid import Task, run_task
 from calmkit_simulator.mechanisms import Calm, FullContingency, Uniform
 
 POP = synthetic_population(n=6000, sizes=(2, 3, 2, 2, 2), strength=1.5, rng=4)
@@ -108,3 +111,37 @@ def test_simulate_runs_that_differ_in_the_method_share_queries_and_users(
     other = _simulate(["--seed", "1"], capsys)
     assert [r["queries"] for r in other["reps"]] != [r["queries"] for r in reps[0]]
     assert other["seed"] == 1
+
+
+def _toy_setting() -> ClassificationSetting:
+    pop = synthetic_population(n=3000, sizes=(2, 3, 2, 2), strength=2.0, rng=6)
+    return ClassificationSetting(pop, (0, 1, 2), 3, "toy", ())
+
+
+def test_grid_classification_splits_the_same_users_for_every_mechanism(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("sklearn")
+    monkeypatch.setitem(classify_module.SETTINGS, "toy", lambda data_dir: _toy_setting())
+    monkeypatch.setattr(grid, "_MEMO", grid._Memo())
+    results = []
+    for mechanism, options in (("uni", ()), ("calm", (("l", 2), ("m", 3))), ("fc", ())):
+        task = Task("toy", mechanism, 1.0, 4, 4, options=options, reps=3, kind="classify",
+                    classify="toy")  # fmt: skip
+        results.append(run_task(task))
+    assert all(r["status"] == "ok" for r in results)
+    for key in ("majority", "nonoise"):
+        assert all(r[key] == results[0][key] for r in results), key
+    assert len(set(results[0]["majority"])) > 1  # the repetitions' splits differ
+
+
+def test_only_classification_tasks_changed_their_cache_keys() -> None:
+    """Keys computed before the split got its own stream: SSE tasks (whose seeds mean
+    what they meant) keep theirs, so their cached results stay valid; classification
+    tasks get new ones, so results of the old splits are not reused."""
+    assert Task("nltcs", "calm", 1.0, 3, 3).key() == "a63fc8db916a39d729b9a304"
+    planner = Task("kosarak", "calm", 1.0, 3, 3, d=16, n=65536, shared_seed=True,
+                   options=(("planner", "pipeline"),))  # fmt: skip
+    assert planner.key() == "46c53ab6bbd6e85447047808"
+    fig6 = Task("adult", "calm", 1.0, 6, 6, kind="classify", classify="adult", reps=3)
+    assert fig6.key() != "d168d420fb302ae293686acd"
