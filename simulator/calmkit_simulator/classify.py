@@ -1,4 +1,4 @@
-"""The classification experiment of the CALM paper (papers/calm-ccs18.txt §5.4, Fig. 6).
+"""The classification experiment of the CALM paper (CALM, ACM CCS 2018, §5.4, Fig. 6).
 
 Protocol (§5.4): pick five features and a label; split the records 80% / 20% into a
 training and a test set (uniformly at random from ``rng``); each mechanism collects
@@ -418,11 +418,16 @@ def run_classification(
     duplicate: int = 1,
     test_fraction: float = 0.2,
     scope: str = "selected",
+    method_rng: RngLike = None,
 ) -> ClassificationRep:
     """One repetition of §5.4 on ``population`` with ``setting``'s features and label.
 
     ``population`` must have the attributes of ``setting.population`` (same names at
     the setting's positions), e.g. the setting's own population or a resample of it.
+    Randomness: ``rng`` seeds the split (and NoNoise's SVM); ``method_rng`` the
+    mechanism, the sampling of its synthetic records and their SVM (default: a child
+    spawned from ``rng``). The split never depends on the mechanism: calls that differ
+    only in it (or in ``method_rng``) test on the same records.
     Steps: ``round(test_fraction * n)`` records, drawn with ``rng``, form the test split;
     the rest are the training users, tiled ``duplicate`` times (``np.tile``); the
     mechanism runs on them (``scope``: see the module docstring) with k = setting.k and
@@ -460,6 +465,7 @@ def run_classification(
     mechanism.check(schema, n_train * duplicate, eps, k)  # before any work
 
     gen = np.random.default_rng(rng)
+    method = gen.spawn(1)[0] if method_rng is None else np.random.default_rng(method_rng)
     order = gen.permutation(population.n)
     test, train = order[:n_test], order[n_test:]
     codes = population.codes if scope == "all" else population.codes[:, list(attrs)]
@@ -477,10 +483,10 @@ def run_classification(
     test_y = population.codes[test, attrs[-1]]
 
     t0 = time.perf_counter()
-    release = mechanism.run(train_pop, eps, k, gen)
+    release = mechanism.run(train_pop, eps, k, method)
     table = np.transpose(np.asarray(release.answer(ordered), dtype=np.float64), axes)
-    synthetic = sample_records(table, train_pop.n, gen)
-    error = misclassification(synthetic[:, :-1], synthetic[:, -1], test_X, test_y, gen)
+    synthetic = sample_records(table, train_pop.n, method)
+    error = misclassification(synthetic[:, :-1], synthetic[:, -1], test_X, test_y, method)
     seconds = time.perf_counter() - t0
 
     real_X = train_codes[:, list(query[:-1])]

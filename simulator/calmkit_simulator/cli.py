@@ -324,7 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--reps", type=POSITIVE, default=20,
                      help="repetitions (fresh reports each); the SSE is their mean ± sd")
     sim.add_argument("--seed", type=NON_NEGATIVE, default=0,
-                     help="seed of the population sample, the reports and the queries")
+                     help="fixes the synthetic dataset, the resample to --n users, each "
+                     "repetition's queries and the method's randomness, as independent "
+                     "streams: runs that differ only in --mechanism, --planner, --l/--m or "
+                     "other method options answer the same queries on the same users "
+                     "(default: %(default)s)")  # fmt: skip
     sim.add_argument("--path", choices=PATHS, default="fast",
                      help="fast: sample each view's support counts directly; faithful: "
                      "every user through the client code (same distribution)")  # fmt: skip
@@ -359,7 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "a fixed grid of (l, m) (writes DIR/planner.md)")  # fmt: skip
     exp.add_argument("--quick", action="store_true", help="a reduced grid (seconds)")
     exp.add_argument("--out", default="results", metavar="DIR", help="output folder")
-    exp.add_argument("--seed", type=NON_NEGATIVE, default=0, help="seed of every task")
+    exp.add_argument("--seed", type=NON_NEGATIVE, default=0,
+                     help="seed of every task: fixes each population's resample, the queries "
+                     "of each repetition and the classification split, shared by every "
+                     "mechanism of a setting, and each task's own randomness "
+                     "(default: %(default)s)")  # fmt: skip
     exp.add_argument("--reps", type=POSITIVE, default=None,
                      help="repetitions per setting (default: the paper's 20; --quick: 2)")
     exp.add_argument("--queries", type=POSITIVE, default=50,

@@ -148,6 +148,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _simulate(args: argparse.Namespace) -> int:
     from .experiment import run_mechanism
     from .mechanisms import make_mechanism
+    from .seeds import POPULATION, stream
 
     t0 = time.perf_counter()
     mechanism = make_mechanism(args.mechanism, theta=args.theta, m=args.m, l=args.l,
@@ -157,9 +158,11 @@ def _simulate(args: argparse.Namespace) -> int:
                                rounds=args.rounds, strategy=args.strategy,
                                budgets=args.budgets, noise=args.noise, delta=args.delta,
                                workload=args.workload)  # fmt: skip
+    # the seed's streams (see calmkit_simulator.seeds): the synthetic dataset from the
+    # root, the resample from its own, the queries and reports per repetition from theirs
     pop = load_dataset(args.dataset, args.data_dir, args.d, args.max_categories, rng=args.seed)
     if args.n is not None and args.n != pop.n:
-        pop = pop.resample(args.n, rng=args.seed)
+        pop = pop.resample(args.n, rng=stream(args.seed, POPULATION))
     mechanism.check(pop.schema, pop.n, args.epsilon, args.k)  # fail before any work
     warnings = shape_warnings(pop)
     if not args.json:
@@ -181,6 +184,7 @@ def _simulate(args: argparse.Namespace) -> int:
         "d": pop.d,
         "k": args.k,
         "epsilon": args.epsilon,
+        "seed": args.seed,
         "m": chosen.get("m"),
         "l": chosen.get("l"),
         "sse_mean": float(errors.mean()),
@@ -192,9 +196,11 @@ def _simulate(args: argparse.Namespace) -> int:
         "reconstruct": args.reconstruct,
         "planner": getattr(mechanism, "planner", None),
         "chosen": chosen,
+        "reps": [{"sse": r.sse, "uniform_sse": r.uniform_sse,
+                  "queries": [list(q) for q in r.queries]} for r in results],
         "warnings": warnings,
         "seconds": round(time.perf_counter() - t0, 3),
-    }
+    }  # fmt: skip
     if args.json:
         print(json.dumps(out))
         return 0

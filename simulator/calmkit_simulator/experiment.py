@@ -1,6 +1,10 @@
-"""The paper's evaluation protocol (papers/calm-ccs18.txt §5): SSE between the true and
+"""The paper's evaluation protocol (CALM, ACM CCS 2018, §5): SSE between the true and
 the reconstructed k-way marginals (fractions), averaged over random k-way queries,
-repeated with fresh reports and queries; mean and standard deviation over repeats."""
+repeated with fresh reports and queries; mean and standard deviation over repeats.
+
+The seed (``rng``) fixes each repetition's queries and the method's randomness as
+independent streams (:mod:`.seeds`): runs that differ only in the method, the plan or
+(l, m) answer the same queries in every repetition."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from calmkit_client.randomness import RngLike
 from .collect import collect_support
 from .mechanisms import Mechanism
 from .population import Population
+from .seeds import METHOD, QUERIES, root, stream
 
 __all__ = ["MechanismRep", "RepResult", "random_queries", "run_calm", "run_mechanism", "sse"]
 
@@ -67,14 +72,19 @@ def run_calm(
     """``reps`` repetitions of: every user reports under ``plan``; CALM reconstructs
     (``shrink=False``: without interaction shrinkage, the paper's pipeline exactly);
     ``queries`` random k-way marginals are compared with the truth (and with Uniform).
-    The same ``rng`` gives the same reports and queries whatever ``shrink`` is."""
-    gen = np.random.default_rng(rng)
+
+    ``rng`` is the root seed (:func:`.seeds.root`): repetition r's reports are drawn
+    from ``stream(rng, METHOD, r)`` and its queries from ``stream(rng, QUERIES, r)``, so
+    the same ``rng`` gives the same reports whatever ``shrink`` is, and the same queries
+    whatever the plan is."""
+    base = root(rng)
     results = []
-    for _ in range(reps):
-        support = collect_support(population, plan, gen, path=path)  # type: ignore[arg-type]
+    for rep in range(reps):
+        reports = np.random.default_rng(stream(base, METHOD, rep))
+        support = collect_support(population, plan, reports, path=path)  # type: ignore[arg-type]
         estimator = reconstruct(support, shrink=shrink)
         calm, uniform = [], []
-        for q in random_queries(population.d, k, queries, gen):
+        for q in random_queries(population.d, k, queries, stream(base, QUERIES, rep)):
             truth = population.marginal(q)
             calm.append(sse(truth, estimator.answer(q).values))
             uniform.append(sse(truth, np.full(truth.shape, 1.0 / truth.size)))
@@ -87,13 +97,14 @@ def run_calm(
 @dataclass(frozen=True)
 class MechanismRep:
     """One repetition of a mechanism: mean SSE over its queries, Uniform's on the
-    same queries, the wall time of collection + release + answers, and what the
-    mechanism chose (``describe()``)."""
+    same queries, the wall time of collection + release + answers, what the
+    mechanism chose (``describe()``) and the queries (sorted attribute positions)."""
 
     sse: float
     uniform_sse: float
     seconds: float
     chosen: dict[str, object]
+    queries: tuple[tuple[int, ...], ...] = ()
 
 
 def run_mechanism(
@@ -108,24 +119,28 @@ def run_mechanism(
 ) -> list[MechanismRep]:
     """The evaluation protocol (§5) for any :class:`Mechanism`: ``reps`` times, run it
     on the population and compare ``queries`` random k-way answers with the truth.
-    :meth:`Mechanism.check` runs first, so an infeasible setting fails before work."""
+    :meth:`Mechanism.check` runs first, so an infeasible setting fails before work.
+
+    ``rng`` is the root seed (:func:`.seeds.root`): repetition r's queries are drawn
+    from ``stream(rng, QUERIES, r)`` and the mechanism runs on ``stream(rng, METHOD,
+    r)``. Neither depends on the mechanism, so two calls that differ only in it answer
+    the same queries in every repetition (``MechanismRep.queries``)."""
     mechanism.check(population.schema, population.n, epsilon, k)
-    gen = np.random.default_rng(rng)
+    base = root(rng)
     results = []
-    for _ in range(reps):
+    for rep in range(reps):
+        qs = random_queries(population.d, k, queries, stream(base, QUERIES, rep))
         t0 = time.perf_counter()
-        release = mechanism.run(population, epsilon, k, gen)
+        release = mechanism.run(population, epsilon, k,
+                                np.random.default_rng(stream(base, METHOD, rep)))  # fmt: skip
         errors, uniform = [], []
-        qs = random_queries(population.d, k, queries, gen)
         for q, answer in zip(qs, release.answer_many(qs)):
             truth = population.marginal(q)
             errors.append(sse(truth, answer))
             uniform.append(sse(truth, np.full(truth.shape, 1.0 / truth.size)))
         seconds = time.perf_counter() - t0
-        rep = MechanismRep(
-            float(np.mean(errors)), float(np.mean(uniform)), seconds, release.describe()
-        )
-        results.append(rep)
+        results.append(MechanismRep(float(np.mean(errors)), float(np.mean(uniform)), seconds,
+                                    release.describe(), tuple(qs)))  # fmt: skip
         if progress is not None:
             progress(1)
     return results

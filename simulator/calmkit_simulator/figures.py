@@ -245,8 +245,9 @@ def _fig6(o: _Opts) -> Figure:
             )
     notes = (
         "Linear SVM on records sampled from each mechanism's 6-way marginal (5 features + "
-        "label); 80/20 split; NoNoise trains on the real training records, Majority "
-        "predicts the training majority label.",
+        "label); 80/20 split, the same records for every mechanism in each repetition; "
+        "NoNoise trains on the real training records, Majority predicts the training "
+        "majority label.",
         "Each mechanism collects only the six attributes (so FC holds 2^6 or 3^6 cells); "
         "Adult uses the paper's features; ACS columns are unnamed, so its label is the most "
         "balanced column and its features the five with the highest mutual information "

@@ -1,7 +1,7 @@
 """Experiment grids: tasks, the on-disk result cache, and the runner.
 
 A :class:`Task` is one point of a figure: one mechanism at one setting, run for
-``reps`` repetitions of the evaluation protocol (papers/calm-ccs18.txt §5.1: 50 random
+``reps`` repetitions of the evaluation protocol (CALM, ACM CCS 2018, §5.1: 50 random
 k-way queries, SSE against the truth). Its result depends only on the task itself:
 
 * the population: ``load_dataset(dataset, d, max_categories)`` resampled to ``n`` users
@@ -9,7 +9,14 @@ k-way queries, SSE against the truth). Its result depends only on the task itsel
 * the queries of repetition r: :func:`random_queries` seeded ``[seed, d, query_k, r]``,
   shared by every mechanism and epsilon of the same population (paired comparisons;
   the truth is computed once per repetition);
-* the mechanism's randomness in repetition r: seeded ``[seed, task hash, r]``.
+* the test/training split of classification repetition r: ``stream(seed, SPLIT, r)``
+  (:mod:`.seeds`), shared by every mechanism, as are NoNoise and Majority;
+* the mechanism's randomness in repetition r: seeded ``[seed, task hash, r]`` (with
+  ``shared_seed``: ``[seed, r]``); for classification it also samples the synthetic
+  records and seeds their SVM.
+
+(``calmkit simulate`` derives its queries from :mod:`.seeds` instead; the grid keeps
+its scheme for the SSE tasks so that their cached results stay valid.)
 
 So results are reproducible whatever the order, the number of worker processes or an
 interruption: the :class:`ResultCache` (SQLite, one row per finished task, committed at
@@ -37,6 +44,7 @@ from .datasets import DatasetError, load_dataset
 from .experiment import random_queries, sse
 from .mechanisms import NotScalable, make_mechanism
 from .population import Population
+from .seeds import SPLIT, stream
 
 __all__ = ["ResultCache", "Task", "load_population", "run_task", "run_tasks"]
 
@@ -74,11 +82,15 @@ class Task:
 
     def key(self) -> str:
         """Stable identity: the SHA-256 of the task's fields (hex, 24 chars). Fields
-        added later count only when set, so earlier caches keep their keys."""
+        added later count only when set, so earlier caches keep their keys; a kind
+        whose seeds changed meaning counts its seeding version (:data:`_SEEDING`), so
+        results cached under the old meaning are not reused."""
         fields = asdict(self)
         for name, default in _LATER_FIELDS.items():
             if fields[name] == default:
                 del fields[name]
+        if _SEEDING.get(self.kind, 1) > 1:
+            fields["seeding"] = _SEEDING[self.kind]
         blob = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -96,6 +108,10 @@ class Task:
 
 # Task fields added after results were cached, with the default they are left out at.
 _LATER_FIELDS: dict[str, Any] = {"shared_seed": False}
+# What a task's seed means, per kind, counted in the key from version 2 on. classify 2:
+# the split of repetition r is drawn from its own stream, no longer from the mechanism's
+# (which made every mechanism test on other records).
+_SEEDING: dict[str, int] = {"classify": 2}
 
 
 class ResultCache:
@@ -275,7 +291,9 @@ def _run_classify(task: Task, data_dir: str | None, mechanism: Any) -> dict[str,
     for rep in range(task.reps):
         rng = np.random.default_rng(task.rep_seed(rep))
         try:
-            r = run_classification(pop, setting, mechanism, task.epsilon, rng, task.duplicate)
+            r = run_classification(pop, setting, mechanism, task.epsilon,
+                                   stream(task.seed, SPLIT, rep), task.duplicate,
+                                   method_rng=rng)  # fmt: skip
         except NotScalable as exc:
             return {"status": "not_scalable", "message": str(exc), "mechanism": mechanism.name}
         out["error"].append(r.error)

@@ -120,6 +120,7 @@ def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
         "d",
         "k",
         "epsilon",
+        "seed",
         "m",
         "l",
         "sse_mean",
@@ -131,10 +132,13 @@ def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
         "reconstruct",
         "planner",
         "chosen",
+        "reps",
         "warnings",
         "seconds",
     }
     assert out["planner"] == "pipeline" and out["chosen"]["pilot_m"] == 3
+    assert [set(r) for r in out["reps"]] == [{"sse", "uniform_sse", "queries"}] * 2
+    assert out["sse_mean"] == pytest.approx(sum(r["sse"] for r in out["reps"]) / 2)
     assert out["n"] == 20000 and out["d"] == 6 and out["sse_mean"] < out["uniform_sse_mean"]
     assert out["reconstruct"] == "local"
 
