@@ -13,20 +13,21 @@ sample), and an order no view reaches (a 3-way interaction over pair views) is n
 stronger per degree of freedom than the highest order observed (the hierarchy
 principle of log-linear models).
 
-Strength is measured in the chi-square metric. For an attribute set ``T`` inside a
-view, ``chi2_T = sum_c (P_c - M_c)^2 / M_c`` with ``P`` the view's projection onto
-``T`` and ``M`` the maximum-entropy table given ``T``'s subsets one smaller; the
-oracle noise adds ``c_T dof_T mean_c(1 / M_c)`` in expectation (``c_T`` the noise
-power per contrast dimension of ``T``'s marginal, ``dof_T = prod(L_a - 1)``), which
-is subtracted. Pooled over the observed sets of one order ``t``,
-``r_t = max(0, sum(chi2_T - noise_T)) / sum(dof_T)`` is the signal per degree of
-freedom. For a query cell ``c`` of the max-ent answer ``M`` and a missing set ``S``,
-the expected squared gap is ``r_|S| M_c prod_{a in S} (1 - M_a(c_a))``: the
-chi-square-isotropic deviation, whose per-cell share is the diagonal of the
-projector onto ``S``'s interaction in the ``1/M`` metric (the variance of a
-contingency table's adjusted residual); summed over the cells it is
-``r_|S| dof_S``. The squared gaps of the missing sets add up (their components are
-orthogonal).
+Strength is the chi-square-isotropic model's: an interaction of set ``S`` with
+strength ``r`` per degree of freedom moves cell ``c`` of a table ``M`` by a squared
+amount ``r M_c prod_{a in S} (1 - M_a(c_a))`` on average (the variance of a
+contingency table's adjusted residual, scaled), which sums to ``r dof_S`` in the
+chi-square metric, ``dof_S = prod(L_a - 1)``. It is measured in L2, where the oracle
+noise is exact: for an attribute set ``T`` inside a view, the top-order ANOVA part of
+(raw estimate minus its maximum-entropy table given ``T``'s subsets one smaller) has
+squared norm ``signal + c_T dof_T`` in expectation (``c_T``: the view's noise power
+per contrast dimension times the view's cells summed per cell of ``T``'s marginal).
+Dividing ``||gap_T||^2 - c_T dof_T`` by ``T``'s spread ``sum_c M_c prod (1 - M_a)``
+estimates ``r_T``, with noise variance about ``2 c_T^2 dof_T / spread^2``; the sets of
+one order are pooled by inverse noise variance into ``r_t`` (clipped at 0). For a
+query cell ``c`` of the max-ent answer ``M`` and a missing set ``S``, the expected
+squared gap is ``r_|S| M_c prod_{a in S} (1 - M_a(c_a))``. The squared gaps of the
+missing sets add up (their components are orthogonal).
 """
 
 from __future__ import annotations
