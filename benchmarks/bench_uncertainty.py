@@ -12,8 +12,9 @@ bases):
 - *before*: what the service served until now: for a projection, the covering
   view's f-independent variance times the cells summed (eqs. 1, 2); nothing
   (NaN) for a max-ent answer;
-- *bootstrap B*: the parametric bootstrap of the whole reconstruction with B
-  replicates (:mod:`calmkit_aggregator.uncertainty`; the service's default is 32).
+- *bootstrap B*: the noise-only parametric bootstrap of the whole reconstruction
+  with B replicates (``plug_in="served"``, :mod:`calmkit_aggregator.uncertainty`);
+  the total error the service serves is measured by ``bench_coverage.py``.
 
 A second table checks the closed form for one view's raw estimate: the frequent
 cell's variance from the f-independent formula and from the exact plug-in one
@@ -96,7 +97,10 @@ def main() -> None:
         supports = [perturbed(plan, n, truth, gen) for _ in range(args.reps)]
         runs = [reconstruct(s) for s in supports]
         bases = list(range(args.bases))
-        boots = {b: [bootstrap(supports[i], runs[i], b, rng=i) for i in bases] for b in (32, 200)}
+        boots = {
+            b: [bootstrap(supports[i], runs[i], b, rng=i, plug_in="served") for i in bases]
+            for b in (32, 200)
+        }
         for label, q in QUERIES.items():
             emp = np.stack([r.answer(q).values for r in runs]).var(axis=0, ddof=1).sum()
             old = [before(estimate_views(supports[i]), q) / emp for i in bases]

@@ -21,9 +21,18 @@ from calmkit_client import CalmkitError, Plan
 from calmkit_client.schema import AttrRef
 
 from .calm import Estimator, reconstruct_by
+from .estimate import estimate_views
 from .support import SupportCounts
+from .unseen import InteractionScale, missing_sets, unseen_squared_bias
 
-__all__ = ["Bootstrap", "bootstrap", "plug_in_counts", "sample_support"]
+__all__ = [
+    "PLUG_INS",
+    "Bootstrap",
+    "bootstrap",
+    "interaction_scale",
+    "plug_in_counts",
+    "sample_support",
+]
 
 MAX_REPLICATES = 1000
 
@@ -71,17 +80,70 @@ def plug_in_counts(estimator: Estimator, n: np.ndarray) -> list[np.ndarray]:
 
 @dataclass(frozen=True)
 class Bootstrap:
-    """Replicate reconstructions of one collection (see module docstring)."""
+    """Replicate reconstructions of one collection (see module docstring).
+
+    ``plug_in``: the reconstruction the replicates' population was taken from (the
+    truth they are measured against); ``scale``: the views' interaction strength, for
+    what a max-ent answer cannot see (:mod:`.unseen`). Both None: noise only."""
 
     replicates: tuple[Estimator, ...]
+    plug_in: Estimator | None = None
+    scale: InteractionScale | None = None
 
     def answers(self, attrs: Sequence[AttrRef]) -> np.ndarray:
         """The answer of every replicate, shape (B, *query shape)."""
         return np.stack([r.answer(attrs).values for r in self.replicates])
 
     def variance(self, attrs: Sequence[AttrRef]) -> np.ndarray:
-        """Per-cell variance of the answer over the replicates (ddof 1), query shape."""
+        """Per-cell variance of the answer over the replicates (ddof 1), query shape:
+        the noise only."""
         return np.asarray(self.answers(attrs).var(axis=0, ddof=1))
+
+    def bias(self, attrs: Sequence[AttrRef]) -> np.ndarray:
+        """Per-cell bias of the pipeline at the plug-in truth: the replicates' mean
+        answer minus the plug-in's own answer (zeros without a plug-in)."""
+        answers = self.answers(attrs)
+        if self.plug_in is None:
+            return np.zeros(answers.shape[1:])
+        return np.asarray(answers.mean(axis=0) - self.plug_in.answer(attrs).values)
+
+    def unseen(self, attrs: Sequence[AttrRef], estimator: Estimator) -> np.ndarray:
+        """Expected squared gap of ``estimator``'s answer in the interactions no view
+        holds (zeros for a projection, or without a scale; :mod:`.unseen`)."""
+        answer = estimator.answer(attrs)
+        if self.scale is None or answer.method == "projection":
+            return np.zeros(answer.values.shape)
+        missing = missing_sets(estimator.views.tables, answer.attrs)
+        return unseen_squared_bias(answer.values, missing, self.scale)
+
+    def mean_squared_error(self, attrs: Sequence[AttrRef], estimator: Estimator) -> np.ndarray:
+        """Per-cell expected squared total error of ``estimator``'s answer, bounded by
+        four terms (module docstring): the plug-in pipeline's noise (variance over the
+        replicates) and bias (the replicates' mean minus the plug-in's answer, squared,
+        less the noise of that mean, ``variance / B``, clipped at 0), how far the served
+        answer is from the plug-in's (the shrinkage's displacement, known exactly), and
+        what the views cannot show (:meth:`unseen`)."""
+        answers = self.answers(attrs)
+        variance = answers.var(axis=0, ddof=1)
+        served = estimator.answer(attrs).values
+        if self.plug_in is None:
+            return np.asarray(variance + self.unseen(attrs, estimator))
+        plug_in = self.plug_in.answer(attrs).values
+        gap = answers.mean(axis=0) - plug_in
+        squared_bias = np.clip(gap**2 - variance / len(self.replicates), 0.0, None)
+        displacement = (served - plug_in) ** 2
+        return np.asarray(variance + squared_bias + displacement + self.unseen(attrs, estimator))
+
+
+PLUG_INS = ("unshrunk", "served")
+
+
+def _check_replicates(replicates: object) -> int:
+    if isinstance(replicates, bool) or not isinstance(replicates, (int, np.integer)):
+        raise CalmkitError(f"replicates ({replicates!r}) must be an int in [2, {MAX_REPLICATES}]")
+    if not 2 <= replicates <= MAX_REPLICATES:
+        raise CalmkitError(f"replicates ({replicates}) must be in [2, {MAX_REPLICATES}]")
+    return int(replicates)
 
 
 def bootstrap(
@@ -91,25 +153,47 @@ def bootstrap(
     rng: np.random.Generator | int | None = None,
     shrink: bool = True,
     reconstruction: str = "local",
+    plug_in: str = "unshrunk",
 ) -> Bootstrap:
     """A parametric bootstrap of ``reconstruct_by(support, reconstruction, shrink)``.
 
-    ``estimator`` is that reconstruction if already computed. The relative standard
-    error of a variance from ``B`` replicates is about ``sqrt(2 / (B - 1))`` (25% at
-    the default 32, 10% at 200).
+    ``estimator`` is that reconstruction if already computed. ``plug_in``: the
+    population the replicates are drawn from: ``"unshrunk"`` (the default) the
+    reconstruction without shrinkage, nearly unbiased, so that the replicates show the
+    bias of Norm-Sub and shrinkage too, and the views' interaction strength is
+    measured for max-ent answers (:meth:`Bootstrap.mean_squared_error`);
+    ``"served"``: ``estimator`` itself, noise only (the variance around what the
+    pipeline gives without noise). The relative standard error of a variance from
+    ``B`` replicates is about ``sqrt(2 / (B - 1))`` (25% at the default 32, 10% at 200).
     """
-    if isinstance(replicates, bool) or not isinstance(replicates, (int, np.integer)):
-        raise CalmkitError(f"replicates ({replicates!r}) must be an int in [2, {MAX_REPLICATES}]")
-    if not 2 <= replicates <= MAX_REPLICATES:
-        raise CalmkitError(f"replicates ({replicates}) must be in [2, {MAX_REPLICATES}]")
+    replicates = _check_replicates(replicates)
+    if plug_in not in PLUG_INS:
+        raise CalmkitError(f"plug_in ({plug_in!r}) must be one of {list(PLUG_INS)}")
     if int(support.n.sum()) == 0:
         raise CalmkitError("support (no reports) has nothing to bootstrap")
     gen = np.random.default_rng(rng)
     base = estimator if estimator is not None else reconstruct_by(support, reconstruction, shrink)
-    truth = plug_in_counts(base, support.n)
+    truth_of, shrink_runs = base, shrink
+    if plug_in == "unshrunk":
+        shrink_runs = False
+        if shrink:
+            truth_of = reconstruct_by(support, reconstruction, shrink=False)
+    truth = plug_in_counts(truth_of, support.n)
     runs = tuple(
         reconstruct_by(sample_support(support.plan, support.n, truth, gen), reconstruction,
-                       shrink)
-        for _ in range(int(replicates))
-    )
-    return Bootstrap(runs)
+                       shrink_runs)
+        for _ in range(replicates)
+    )  # fmt: skip
+    if plug_in == "served":
+        return Bootstrap(runs)
+    return Bootstrap(runs, truth_of, interaction_scale(support))
+
+
+def interaction_scale(support: SupportCounts) -> InteractionScale:
+    """The views' interaction strength (:class:`~.unseen.InteractionScale`) from each
+    view's unbiased estimate and oracle noise."""
+    contrast = [
+        oracle.contrast_variance(int(n)) if n > 0 else np.inf
+        for oracle, n in zip(support.plan.view_oracles, support.n)
+    ]
+    return InteractionScale(estimate_views(support), contrast)

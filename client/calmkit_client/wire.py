@@ -241,8 +241,9 @@ def create_request(
 @dataclass(frozen=True)
 class MarginalAnswer:
     """A reconstructed marginal from the server: ``values`` shaped over ``attributes``
-    (schema order), per-cell ``variance`` of those values (``variance_method`` says
-    how it was computed, ``replicates`` how many bootstrap replicates it rests on),
+    (schema order), per-cell ``variance``: the mean squared total error of those
+    values, noise and estimated bias (``variance_method`` says how it was computed,
+    ``replicates`` how many bootstrap replicates it rests on),
     the ``method``, and the collection ``state`` (answers from an open collection are
     provisional)."""
 

@@ -260,8 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--format", choices=["table", "csv", "json"], default="table",
                        help="output format")
     query.add_argument("--replicates", type=NON_NEGATIVE, default=0,
-                       help="bootstrap replicates behind the standard errors (0: the "
-                       "server's default, 32; at most 1000)")  # fmt: skip
+                       help="bootstrap replicates behind the total errors (noise + "
+                       "estimated bias; 0: the server's default, 32; at most 1000)")  # fmt: skip
     query.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
                        help="local: maximum entropy per query over the views' projections; "
                        "global: also one model fitted to all views at once, which answers the "

@@ -77,7 +77,7 @@ def _demo(args: argparse.Namespace) -> int:
         cells = [
             {"labels": [labels[i][c] for i, c in enumerate(index)],
              "true": float(truth[index]), "estimate": float(answer.values[index]),
-             "std_error": float(np.sqrt(answer.variance[index]))}
+             "total_error": float(np.sqrt(answer.variance[index]))}
             for index in np.ndindex(truth.shape)
         ]  # fmt: skip
         rows.append({
@@ -134,11 +134,15 @@ def _print_demo(out: dict[str, Any], pop: Any, info: Any, closed: Any, address: 
         width = [max(len(n), *(len(c["labels"][i]) for c in r["cells"]))
                  for i, n in enumerate(names)]  # fmt: skip
         head = "  ".join(n.ljust(w) for n, w in zip(names, width))
-        print(f"    {head}    true  estimate  std.err")
+        print(f"    {head}    true  estimate  total.err")
         for c in r["cells"][:DEMO_CELLS]:
             cell = "  ".join(lab.ljust(w) for lab, w in zip(c["labels"], width))
-            print(f"    {cell}  {c['true']:6.3f}  {c['estimate']:8.3f}  {c['std_error']:7.3f}")
+            print(f"    {cell}  {c['true']:6.3f}  {c['estimate']:8.3f}  {c['total_error']:9.3f}")
         if len(r["cells"]) > DEMO_CELLS:
             print(f"    ... {len(r['cells']) - DEMO_CELLS} more cells (--json has every cell)")
-    print("\n  std.err: the estimate's standard error (parametric bootstrap, 32 replicates)")
+    print("\n  total.err: the estimate's root-mean-square total error, noise + estimated bias:")
+    print("  a parametric bootstrap of the unshrunk reconstruction (32 replicates: its noise")
+    print("  and bias), the shrinkage's displacement, and for max-ent answers the interactions")
+    print("  no view holds, sized from those the views show. estimate +- 1.96 total.err is a")
+    print("  ~95% interval (measured coverage: docs/uncertainty.md)")
     print(f"  done in {seconds:.1f} s")

@@ -136,7 +136,8 @@ def test_bootstrap_variance_of_served_answers_matches_repeated_collection(
     # no more than one variance's: sqrt(2 / (R - 1)) is conservative here
     empirical = answers.var(axis=0, ddof=1).sum()
     support = _perturbed_support(plan, n, truth, np.random.default_rng(99))
-    boot = bootstrap(support, replicates=replicates, rng=1)
+    # the noise-only bootstrap (around the served reconstruction) measures this spread
+    boot = bootstrap(support, replicates=replicates, rng=1, plug_in="served")
     served = boot.variance(query).sum()
     assert runs[0].answer(query).method == ("projection" if len(query) == 2 else "maxent")
     bound = _bound(reps, replicates, z=3.5)

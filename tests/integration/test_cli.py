@@ -35,7 +35,7 @@ def test_demo_json_counts_every_acknowledged_report(capsys: pytest.CaptureFixtur
         assert first["labels"] == ["0"] * len(q) and first["true"] == pytest.approx(truth.flat[0])
         assert last["true"] == pytest.approx(truth.flat[-1])
         est = np.array([c["estimate"] for c in query["cells"]])
-        assert est.sum() == pytest.approx(1.0) and all(c["std_error"] > 0 for c in query["cells"])
+        assert est.sum() == pytest.approx(1.0) and all(c["total_error"] > 0 for c in query["cells"])
 
 
 def test_demo_is_repeatable_with_seed(capsys: pytest.CaptureFixture[str]) -> None:
@@ -51,7 +51,7 @@ def test_demo_text_labels_its_tables(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["demo", "--users", "6000"]) == 0
     text = capsys.readouterr().out
     assert "'projection' sums down a view" in text and "'maxent' (no view holds them all)" in text
-    assert "a0 x a1:" in text and "a0  a1    true  estimate  std.err" in text
+    assert "a0 x a1:" in text and "a0  a1    true  estimate  total.err" in text
     assert "Uniform" in text
 
 

@@ -89,9 +89,11 @@ def test_counts_and_answers_equal_the_in_process_pipeline(
             assert answer.method == mine.method and answer.state == "closed"
             np.testing.assert_allclose(answer.values, mine.values, rtol=0, atol=1e-12)
             assert answer.values.sum() == pytest.approx(1.0)
-            # every answer carries the bootstrap variance of its values, also max-ent
+            # every answer carries the mean squared total error of its values (noise and
+            # estimated bias, from a bootstrap), also max-ent, and says so
             assert np.all(np.isfinite(answer.variance)) and np.all(answer.variance > 0)
             assert answer.replicates == 32 and "bootstrap" in answer.variance_method
+            assert "total error (noise + estimated bias)" in answer.variance_method
         # the global reconstruction on request, equal to the in-process one
         in_model = reconstruct_global(expected)
         methods = set()
@@ -312,7 +314,7 @@ def test_cli_collection_and_query_commands(
     assert main(["query", *base, "--collection", "cli", "--attrs", "a0,a1", "--format",
                  "csv"]) == 0  # fmt: skip
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0] == "a0,a1,fraction,std_error" and len(lines) == 1 + 2 * 3
+    assert lines[0] == "a0,a1,fraction,total_error" and len(lines) == 1 + 2 * 3
     assert main(["query", *base, "--collection", "nope", "--attrs", "a0"]) == 2
     assert "collection_id ('nope')" in capsys.readouterr().err
 

@@ -65,8 +65,11 @@ class AdminClient:
         self, collection_id: str, attributes: Sequence[str], replicates: int = 0,
         reconstruction: str = "",
     ) -> MarginalAnswer:  # fmt: skip
-        """A marginal; its variance from ``replicates`` bootstrap replicates (0: the
-        server's default); ``reconstruction`` "local" (the default) or "global"."""
+        """A marginal; ``reconstruction`` "local" (the default) or "global". Its
+        per-cell ``variance`` is the mean squared **total** error of the values, noise
+        and estimated bias (not noise alone; ``variance_method`` says how), from
+        ``replicates`` bootstrap replicates (0: the server's default):
+        ``values +- 1.96 sqrt(variance)`` is a ~95% interval (docs/uncertainty.md)."""
         req = client_wire.query_request(collection_id, attributes, replicates, reconstruction)
         return client_wire.marginal_from_proto(self._call("Query", req))
 

@@ -230,20 +230,21 @@ def _format_table(answer: Any, fmt: str) -> str:
             "variance_method": answer.variance_method, "replicates": answer.replicates,
         })  # fmt: skip
     if fmt == "csv":
-        lines = [",".join([*answer.attributes, "fraction", "std_error"])]
+        lines = [",".join([*answer.attributes, "fraction", "total_error"])]
         for c in cells:
             se = "" if np.isnan(variance[c]) else f"{np.sqrt(variance[c]):.6g}"
             lines.append(",".join([*map(str, c), f"{values[c]:.6g}", se]))
         return "\n".join(lines)
-    header = "  ".join(f"{a:>10s}" for a in answer.attributes) + "    fraction   std.err"
+    header = "  ".join(f"{a:>10s}" for a in answer.attributes) + "    fraction  total.err"
     lines = [header]
     for c in cells:
-        se = "       n/a" if np.isnan(variance[c]) else f"{np.sqrt(variance[c]):10.4f}"
+        se = "        n/a" if np.isnan(variance[c]) else f"{np.sqrt(variance[c]):11.4f}"
         lines.append("  ".join(f"{x:>10d}" for x in c) + f"  {values[c]:10.4f}{se}")
     note = "" if answer.state == "closed" else " (collection open: provisional)"
     lines.append(f"{answer.method}, {answer.reports} reports{note}")
     if answer.variance_method:
-        lines.append(f"std.err: {answer.variance_method}")
+        lines.append(f"total.err: root of the {answer.variance_method}; fraction +- 1.96 "
+                     "total.err is a ~95% interval")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -320,15 +320,24 @@ class AggregatorService(wire.AggregatorServicer):
         schema = record.plan.schema
         attrs = tuple(sorted(schema.resolve(names)))
         answer = estimator.answer(attrs)
-        variance = self._bootstrap(collection_id, support, estimator, total, replicates,
-                                   reconstruction)  # fmt: skip
+        boot = self._bootstrap(collection_id, support, estimator, total, replicates,
+                               reconstruction)  # fmt: skip
         ordered = [schema.attributes[a].name for a in attrs]
         log_json("query", collection=collection_id, attrs=ordered, method=answer.method,
                  reconstruction=reconstruction)  # fmt: skip
-        method = (
-            f"parametric bootstrap of the whole reconstruction, {replicates} replicates "
-            f"(relative standard error of each variance ~{np.sqrt(2 / (replicates - 1)):.0%})"
-        )
         return wire.marginal_to_proto(
-            answer, ordered, variance.variance(attrs), total, record.state, method, replicates
-        )
+            answer, ordered, boot.mean_squared_error(attrs, estimator), total, record.state,
+            total_error_method(answer.method, replicates), replicates,
+        )  # fmt: skip
+
+
+def total_error_method(answer_method: str, replicates: int) -> str:
+    """What the served per-cell ``variance`` is (the answer's ``variance_method``)."""
+    unseen = "" if answer_method == "projection" else (
+        " + the interactions no view holds (max-ent), sized from those the views show"
+    )  # fmt: skip
+    return (
+        "mean squared total error (noise + estimated bias), not noise alone: parametric "
+        f"bootstrap of the unshrunk reconstruction, {replicates} replicates (its noise "
+        "and bias) + the shrinkage's displacement" + unseen
+    )

@@ -1,0 +1,64 @@
+"""The size of what a max-ent answer cannot see (calmkit_aggregator.unseen)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from calmkit_aggregator.marginal import MarginalTable
+from calmkit_aggregator.unseen import (
+    NO_EVIDENCE,
+    InteractionScale,
+    lower_order_base,
+    missing_sets,
+    spread_weights,
+    top_interaction,
+    unseen_squared_bias,
+)
+
+PAIR = np.array([[0.30, 0.10, 0.05], [0.05, 0.20, 0.30]])  # dependent 2 x 3
+
+
+def _views() -> list[MarginalTable]:
+    single = np.array([0.4, 0.6])
+    return [MarginalTable((0, 1), PAIR, 0.0, 1000), MarginalTable((2,), single, 0.0, 1000)]
+
+
+def test_missing_sets_are_the_interactions_no_constraint_holds() -> None:
+    views = _views()
+    assert missing_sets(views, (0, 1)) == []  # a view covers it
+    assert missing_sets(views, (0, 2)) == [(0, 1)]
+    assert missing_sets(views, (0, 1, 2)) == [(0, 2), (1, 2), (0, 1, 2)]
+
+
+def test_exact_views_measure_the_pair_strength_and_lower_orders_fill_higher() -> None:
+    scale = InteractionScale(_views(), [1e-12, 1e-12])
+    base = lower_order_base(PAIR)
+    gap = top_interaction(PAIR - base)
+    expected = float((gap**2).sum()) / float(spread_weights(base, (0, 1)).sum())
+    assert scale.per_dof(2) == pytest.approx(expected, rel=1e-6)
+    assert scale.per_dof(3) == scale.per_dof(2)  # no view holds a triple
+    assert InteractionScale(_views()[1:], [1e-12]).per_dof(2) == NO_EVIDENCE
+
+
+def test_unseen_squared_bias_sums_to_strength_times_dof_in_chi_square() -> None:
+    scale = InteractionScale(_views(), [1e-12, 1e-12])
+    answer = np.outer([0.45, 0.55], [0.4, 0.6])  # independent 2 x 2
+    gap = unseen_squared_bias(answer, [(0, 1)], scale)
+    assert (gap / answer).sum() == pytest.approx(scale.per_dof(2) * 1)
+    assert np.all(gap > 0)
+
+
+def test_noise_alone_measures_no_interaction() -> None:
+    """Views of independent attributes with their noise power: r is about 0."""
+    c = 1e-4  # noise power per contrast dimension (iid cells: c on every subspace)
+    truth = np.outer([0.3, 0.3, 0.4], [0.5, 0.5])
+    estimates = []
+    for seed in range(200):
+        noise = np.random.default_rng(seed).normal(0, np.sqrt(c), truth.shape)
+        tables = [MarginalTable((0, 1), truth + noise, 0.0, 100)]
+        estimates.append(InteractionScale(tables, [c]).measured(2))
+    # the noise subtracted, the estimate is ~0 (clipped at 0: about half the runs);
+    # the noise's own size, unsubtracted, would be c * dof / spread ~ 1e-4 / 0.33
+    strong = InteractionScale(_views(), [1e-12, 1e-12]).per_dof(2)
+    assert np.median(estimates) < 1e-5 < strong
