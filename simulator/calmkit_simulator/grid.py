@@ -44,7 +44,7 @@ from .datasets import DatasetError, load_dataset
 from .experiment import random_queries, sse
 from .mechanisms import NotScalable, make_mechanism
 from .population import Population
-from .seeds import SPLIT, stream
+from .seeds import METHOD, SPLIT, stream
 
 __all__ = ["ResultCache", "Task", "load_population", "run_task", "run_tasks"]
 
@@ -59,9 +59,9 @@ class Task:
     ``classify`` names the :data:`~calmkit_simulator.classify` preset and
     ``duplicate`` how many copies of the training records report).
 
-    ``shared_seed``: the mechanism's randomness in repetition r is seeded
-    ``[seed, r]`` instead of by the task, so every mechanism and plan of a setting
-    draws from the same seeds (the planner benchmark's paired comparison)."""
+    ``shared_seed``: the mechanism's randomness in repetition r is the method stream
+    of ``seed`` (:mod:`.seeds`) instead of a task's own, so every mechanism and plan of
+    a setting draws from the same seeds (the planner benchmark's paired comparison)."""
 
     dataset: str
     mechanism: str
@@ -89,8 +89,9 @@ class Task:
         for name, default in _LATER_FIELDS.items():
             if fields[name] == default:
                 del fields[name]
-        if _SEEDING.get(self.kind, 1) > 1:
-            fields["seeding"] = _SEEDING[self.kind]
+        version = max(_SEEDING.get(self.kind, 1), _SHARED_SEEDING if self.shared_seed else 1)
+        if version > 1:
+            fields["seeding"] = version
         blob = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -101,9 +102,14 @@ class Task:
         """The task's own seed for the mechanism's randomness (recorded in results)."""
         return int(self.key()[:15], 16)
 
-    def rep_seed(self, rep: int) -> list[int]:
-        """The seed of the mechanism's randomness in repetition ``rep``."""
-        return [self.seed, rep] if self.shared_seed else [self.seed, self.mechanism_seed(), rep]
+    def rep_seed(self, rep: int) -> list[int] | np.random.SeedSequence:
+        """The seed of the mechanism's randomness in repetition ``rep``: with
+        ``shared_seed`` the method stream ``stream(seed, METHOD, rep)``
+        (:mod:`.seeds`; the earlier ``[seed, rep]`` was, at rep 0, the very sequence
+        of the population's resample, ``numpy`` dropping trailing zero words)."""
+        if self.shared_seed:
+            return stream(self.seed, METHOD, rep)
+        return [self.seed, self.mechanism_seed(), rep]
 
 
 # Task fields added after results were cached, with the default they are left out at.
@@ -112,6 +118,8 @@ _LATER_FIELDS: dict[str, Any] = {"shared_seed": False}
 # the split of repetition r is drawn from its own stream, no longer from the mechanism's
 # (which made every mechanism test on other records).
 _SEEDING: dict[str, int] = {"classify": 2}
+# Shared-seed tasks (the planner benchmark) from version 2: the method stream per rep.
+_SHARED_SEEDING = 2
 
 
 class ResultCache:

@@ -135,13 +135,20 @@ def test_grid_classification_splits_the_same_users_for_every_mechanism(
     assert len(set(results[0]["majority"])) > 1  # the repetitions' splits differ
 
 
-def test_only_classification_tasks_changed_their_cache_keys() -> None:
+def test_only_classification_and_shared_seed_tasks_changed_their_cache_keys() -> None:
     """Keys computed before the split got its own stream: SSE tasks (whose seeds mean
     what they meant) keep theirs, so their cached results stay valid; classification
-    tasks get new ones, so results of the old splits are not reused."""
+    tasks get new ones, so results of the old splits are not reused; so do shared-seed
+    tasks, whose repetition 0 drew from the population's own stream."""
     assert Task("nltcs", "calm", 1.0, 3, 3).key() == "a63fc8db916a39d729b9a304"
     planner = Task("kosarak", "calm", 1.0, 3, 3, d=16, n=65536, shared_seed=True,
                    options=(("planner", "pipeline"),))  # fmt: skip
-    assert planner.key() == "46c53ab6bbd6e85447047808"
+    assert planner.key() != "46c53ab6bbd6e85447047808"
+    from calmkit_simulator.seeds import METHOD, POPULATION, stream
+
+    first = np.random.default_rng(planner.rep_seed(0)).random()
+    assert first == np.random.default_rng(stream(0, METHOD, 0)).random()
+    assert first != np.random.default_rng(stream(0, POPULATION)).random()
+    assert first != np.random.default_rng(0).random()  # the resample's seed
     fig6 = Task("adult", "calm", 1.0, 6, 6, kind="classify", classify="adult", reps=3)
     assert fig6.key() != "d168d420fb302ae293686acd"
