@@ -7,12 +7,12 @@ eps) and repetition: the pilot of the default planner (20% of the users on a ran
 perfect matching of the attributes, the repetition's seed), its estimated views, and the
 posterior of the mean pair dependence from them, two ways on the same reports:
 
-- **current**: ``estimate_profile`` (calmkit_aggregator/profile.py): prior on the shared
-  contingency phi^2 scaled by what the estimated margins allow, and each pair's
-  dependence a Gamma-distributed multiple of its weight (alpha marginalised);
-- **baseline** (the rule up to commit 97e5837): dependence log-uniform on [1e-3, 0.3],
-  and the ratio estimate taken as normal with the larger of its noise and the pairs'
-  spread around their weights.
+- **current**: ``estimate_profile`` (calmkit_aggregator/profile.py and dependence.py):
+  every pilot pair's own likelihood (its noise simulated under independence with
+  margins read without a prior's pull), pooled over the pairs with their heterogeneity;
+- **baseline**: the rule up to commit f78fe53 (the pairs' ratio estimate sum x / sum w
+  taken as normal, margins shrunk by a Dirichlet(1) prior), loaded from the
+  repository's history (``git show``; the script needs the git checkout).
 
 Printed per setting: the true mean dependence, how often the true value lies inside the
 posterior's 10-90% range (a calibrated posterior: 80%), below its 10% quantile, above
@@ -25,47 +25,42 @@ median and 10-90% range; exact data, no noise). Writes ``docs/profile.md``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import math
+import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from calmkit_aggregator.estimate import estimate_views
 from calmkit_aggregator.pilot import pilot_plan, pilot_size
-from calmkit_aggregator.profile import (
-    _normalised_weights,
-    _pair_statistics,
-    estimate_profile,
-    marginal_pair_weights,
-    pair_dependence,
-)
+from calmkit_aggregator.profile import estimate_profile, marginal_pair_weights, pair_dependence
 from calmkit_simulator import collect_support
 from calmkit_simulator.datasets import DatasetError, load_dataset
 from calmkit_simulator.planner_bench import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
-_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
+BASELINE = "f78fe53"  # the last commit of the previous rule
 
 
-def baseline_quantiles(profile_margs, pilot, oracles, sizes) -> tuple[float, ...]:  # type: ignore[no-untyped-def]
-    """The posterior quantiles of the rule up to 97e5837 (kept here as the baseline)."""
-    lo, hi = 1e-3, 0.3
-    weights = _normalised_weights(marginal_pair_weights(profile_margs), sizes)
-    pairs, values, variances = _pair_statistics(pilot, oracles, profile_margs)
-    pw = weights[pairs[:, 0], pairs[:, 1]]
-    scale = float(np.mean(pw))
-    x = float(values.sum() / pw.sum())
-    residual = (values - x * pw) / scale
-    spread = float(residual @ residual / (values.size - 1)) if values.size > 1 else 0.0
-    sigma2 = max(float(np.mean(variances)) / scale**2, spread) / values.size
-    grid = np.geomspace(lo, hi, 4001)
-    log_like = -((x - grid) ** 2) / (2 * max(sigma2, 1e-300))
-    w = np.exp(log_like - log_like.max())
-    cdf = np.cumsum(w / w.sum())
-    return tuple(float(grid[min(grid.size - 1, int(np.searchsorted(cdf, f)))])
-                 for f in _QUANTILES)  # fmt: skip
+def baseline_module() -> ModuleType:
+    """``calmkit_aggregator/profile.py`` as of :data:`BASELINE`, loaded as a module of
+    the installed package (its relative imports resolve there)."""
+    path = f"{BASELINE}:aggregator/calmkit_aggregator/profile.py"
+    source = subprocess.run(["git", "show", path], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout  # fmt: skip
+    name = "calmkit_aggregator._profile_baseline"
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = "calmkit_aggregator"
+    sys.modules[name] = module
+    exec(compile(source, f"{BASELINE}:profile.py", "exec"), module.__dict__)
+    return module
 
 
 def true_pairs(pop) -> tuple[float, np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
@@ -88,6 +83,7 @@ def main() -> int:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--out", default=str(ROOT / "docs" / "profile.md"))
     args = parser.parse_args()
+    old_rule = baseline_module()
     rows, shapes = [], {}
     for s in SETTINGS:
         try:
@@ -110,8 +106,8 @@ def main() -> int:
                 views = estimate_views(support)
                 profile = estimate_profile(pop.schema, views, plan.view_oracles)
                 current = profile.dependence_quantiles or (profile.dependence,)
-                old = baseline_quantiles(profile.marginals, views, plan.view_oracles,
-                                         pop.schema.sizes)  # fmt: skip
+                before = old_rule.estimate_profile(pop.schema, views, plan.view_oracles)
+                old = before.dependence_quantiles or (before.dependence,)
                 for name, q in (("current", current), ("baseline", old)):
                     inside = q[0] <= truth <= q[-1]
                     stats.setdefault(name, []).append(

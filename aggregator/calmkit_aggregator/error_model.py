@@ -88,6 +88,8 @@ _EXACT_BELOW = 40
 # James-Stein risk table: dimensions above this use the table of this many.
 _JS_MAX_DIM = 256
 _JS_DRAWS = 8000
+# What the shrinker may take the noise to be, over what it is (rows of its risk table).
+_JS_RHOS = 2.0 ** np.arange(-3.0, 3.25, 0.5)
 
 
 @dataclass(frozen=True)
@@ -224,7 +226,7 @@ def predict_errors(
     paths = _held_pairs(vs, sizes_arr) if reconstruction == "global" else None
     for dep in [profile.dependence] if dependences is None else dependences:
         bias = _bias(groups, profile, profile.pair_dependence(dep))
-        err = _shrink(views_model, comps, groups, pooled, bias) if shrink else pooled
+        err = _shrink(views_model, comps, groups, pooled, bias, profile) if shrink else pooled
         weights = profile.weights if paths is None else _recovered(profile, dep, paths)
         pair_dep = np.minimum(dep * weights, profile.pair_caps)  # what no view recovers
         if spread is not None:
@@ -593,53 +595,120 @@ def _recovered(profile: DataProfile, dependence: float, held: np.ndarray) -> np.
 
 # -- shrinkage ------------------------------------------------------------------------------
 @cache
-def _js_table(dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """Risk of the positive-part James-Stein factor ``(1 - D nu / |x|^2)_+`` per
-    noise dimension, as a function of ``tau = |theta|^2 / (D nu)``: x = theta + z,
-    z ~ N(0, nu I_D); only ``z``'s component along theta and the chi-square of the
-    rest matter, so each draw is two numbers (fixed seed)."""
+def _js_tables(dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Risk of the positive-part James-Stein factor ``(1 - rho D nu / |x|^2)_+`` per
+    noise dimension, as a function of ``tau = |theta|^2 / (D nu)`` (columns) and of
+    ``rho`` (rows, :data:`_JS_RHOS`; returned as logs): x = theta + z, z ~ N(0, nu
+    I_D), and the shrinker takes the noise to be ``rho`` times what it is (the
+    pipeline takes it from the oracle, ``c`` per dimension, while Norm-Sub has moved
+    the view's noise away from that). Only ``z``'s component along theta and the
+    chi-square of the rest matter, so each draw is two numbers (fixed seed)."""
     gen = np.random.default_rng(20181015 + dim)
     along = gen.standard_normal(_JS_DRAWS)
     rest = gen.chisquare(dim - 1, _JS_DRAWS) if dim > 1 else np.zeros(_JS_DRAWS)
     taus = np.concatenate([[0.0], np.geomspace(1e-3, 1e3, 61)])
     theta = np.sqrt(taus * dim)[:, None]
     norm2 = (theta + along) ** 2 + rest
-    lam = np.clip(1.0 - dim / norm2, 0.0, None)
-    risk = (lam**2 * norm2).mean(axis=1) - 2 * theta[:, 0] * (lam * (theta + along)).mean(
-        axis=1
-    ) + theta[:, 0] ** 2
-    return taus, risk / dim
+    risks = []
+    for rho in _JS_RHOS:
+        lam = np.clip(1.0 - rho * dim / norm2, 0.0, None)
+        risk = (lam**2 * norm2).mean(axis=1) - 2 * theta[:, 0] * (lam * (theta + along)).mean(
+            axis=1
+        ) + theta[:, 0] ** 2
+        risks.append(risk / dim)
+    return taus, np.log(_JS_RHOS), np.array(risks)
+
+
+def _js_table(dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_js_tables` when the shrinker knows the noise (``rho = 1``)."""
+    taus, _, risks = _js_tables(dim)
+    return taus, risks[_JS_RHOS.tolist().index(1.0)]
+
+
+def _js_risk(dim: int, tau: np.ndarray, rho: np.ndarray) -> np.ndarray:
+    """The risk ratio of :func:`_js_tables` at each ``(tau, rho)``: linear in ``tau``
+    along each row, then in ``log rho`` between rows (``rho`` kept inside the table)."""
+    taus, log_rhos, risks = _js_tables(dim)
+    rows = np.array([np.interp(tau, taus, row, right=float(row[-1])) for row in risks])
+    pos = (np.clip(np.log(rho), log_rhos[0], log_rhos[-1]) - log_rhos[0]) / (
+        log_rhos[1] - log_rhos[0]
+    )
+    low = np.minimum(np.floor(pos).astype(np.int64), log_rhos.size - 2)
+    frac = pos - low
+    cols = np.arange(tau.size)
+    out: np.ndarray = rows[low, cols] * (1 - frac) + rows[low + 1, cols] * frac
+    return out
 
 
 def _shrink(
-    model: _Views, comps: _Components, groups: _Groups, err: np.ndarray, bias: np.ndarray
+    model: _Views,
+    comps: _Components,
+    groups: _Groups,
+    err: np.ndarray,
+    bias: np.ndarray,
+    profile: DataProfile,
 ) -> np.ndarray:
     """Components held by one view only (and of >= 2 attributes) after the view's
-    shrinkage towards max-ent (module docstring, step 4)."""
+    shrinkage towards max-ent (module docstring, step 4).
+
+    The max-ent base a view shrinks towards is built from its noisy shared marginals:
+    for a component ``S`` it carries their noise along the other attributes' skew,
+    ``sum_c e_(S - c) ||P_c - u||^2`` (:func:`_base_noise`; the base of a pair is the
+    product of its two noisy margins), which shrinking moves into ``S`` as it removes
+    ``S``'s own noise; the shrinker reads it as signal, beside the component's true
+    interaction."""
     err = err.copy()
     rows = np.flatnonzero((groups.members[groups.index] == 1) & (comps.order >= 2))
     m = len(model.views)
     view = comps.view[rows]
     g = groups.index[rows]
+    target = bias[g] + _base_noise(groups, err, profile, model.sizes, g)
     to_view = groups.cells[g] / model.cells[view]  # S-marginal units -> view units
     high_noise = model.nu * comps.high_dim
     noise = np.bincount(view, err[g] * to_view, minlength=m) + high_noise
-    signal = np.bincount(view, bias[g] * to_view, minlength=m)
+    signal = np.bincount(view, target * to_view, minlength=m)
     dims = np.bincount(view, groups.dim[g], minlength=m) + comps.high_dim
     live = noise > 0
     tau = np.where(live, signal / np.where(live, noise, 1.0), 0.0)
+    # the pipeline takes a view's noise to be the oracle's c per dimension (no users'
+    # sampling, no Norm-Sub): rho of what the components carry
+    pipeline = (model.nu - 1.0 / (model.cells * model.users)) * dims
+    rho = np.where(live, pipeline / np.where(live, noise, 1.0), 1.0)
     lam = tau / (1 + tau)
-    split = lam[view] ** 2 * err[g] + (1 - lam[view]) ** 2 * bias[g]
+    split = lam[view] ** 2 * err[g] + (1 - lam[view]) ** 2 * target
     base = np.bincount(view, split * to_view, minlength=m) + lam**2 * high_noise
     ratio = np.ones(m)
     rounded = np.clip(np.rint(dims), 1, _JS_MAX_DIM).astype(np.int64)
     for dim in np.unique(rounded[live]):
         sel = live & (rounded == dim)
-        taus, table = _js_table(int(dim))
-        ratio[sel] = np.interp(tau[sel], taus, table, right=float(table[-1]))
+        ratio[sel] = _js_risk(int(dim), tau[sel], rho[sel])
     scale = np.where(live & (base > 0), ratio * noise / np.where(base > 0, base, 1.0), 1.0)
     err[g] = split * scale[view]
     return err
+
+
+def _base_noise(
+    groups: _Groups, err: np.ndarray, profile: DataProfile, sizes: np.ndarray, g: np.ndarray
+) -> np.ndarray:
+    """For each group in ``g`` (attribute set ``S``, >= 2 attributes): ``sum over c in
+    S of err(S - c) ||P_c - u||^2``, the noise of the lower marginals carried into
+    ``S`` by a product with the others' deviation from uniform (0 where ``S - c`` is
+    no group)."""
+    d, width = sizes.size, groups.attrs.shape[1]
+    keys = _keys(groups.attrs, d + 1)
+    order = np.argsort(keys)
+    sorted_keys = keys[order]
+    excess = (profile.concentration - 1.0) / sizes  # ||P_c - u||^2
+    attrs = groups.attrs[g]
+    out = np.zeros(g.size)
+    for col in range(width):
+        present = attrs[:, col] >= 0
+        sub = np.full_like(attrs, -1)
+        sub[:, : width - 1] = np.delete(attrs, col, axis=1)
+        pos = np.minimum(np.searchsorted(sorted_keys, _keys(sub, d + 1)), sorted_keys.size - 1)
+        hit = present & (sorted_keys[pos] == _keys(sub, d + 1))
+        out[hit] += err[order[pos[hit]]] * excess[attrs[hit, col]]
+    return out
 
 
 # -- answers over the workload ---------------------------------------------------------------

@@ -431,8 +431,20 @@ def _shrunk_triple(profile: DataProfile, dependence: float, users: float):  # ty
     comps = _components(model, 2)
     pooled, groups = _pool(model, comps, users)
     bias = _bias(groups, profile, profile.pair_dependence(dependence))
-    out = _shrink(model, comps, groups, pooled, bias)
+    out = _shrink(model, comps, groups, pooled, bias, profile)
     return model, comps, pooled, groups, bias, out, np.flatnonzero(groups.order == 2)
+
+
+def _targets(groups, pooled, bias, profile, pairs):  # type: ignore[no-untyped-def]
+    """What the shrinker reads as a pair's signal: its bias plus its base's noise, each
+    single attribute's error times the other's ||P_c - u||^2 (binary attributes)."""
+    single = {int(groups.attrs[i, 0]): i for i in np.flatnonzero(groups.order == 1)}
+    excess = (profile.concentration - 1) / 2
+    out = []
+    for i in pairs:
+        a, b = (int(x) for x in groups.attrs[i, :2])
+        out.append(bias[i] + pooled[single[a]] * excess[b] + pooled[single[b]] * excess[a])
+    return np.array(out)
 
 
 def test_the_shrinkage_step_follows_its_documented_rule() -> None:
@@ -440,22 +452,29 @@ def test_the_shrinkage_step_follows_its_documented_rule() -> None:
     # are held by it alone (shrunk), the triple is above the workload (its noise counts
     # in the view's noise and dimensions). Per view: noise = sum of the components'
     # errors in view units + nu x high dims, signal likewise from their biases, tau =
-    # signal / noise, the James-Stein risk ratio(dim, tau) x noise split over the
-    # components as lam^2 err + (1 - lam)^2 bias (lam = tau / (1 + tau)).
+    # signal / noise, the James-Stein risk ratio(dim, tau, rho) x noise split over the
+    # components as lam^2 err + (1 - lam)^2 target (lam = tau / (1 + tau)). The signal
+    # and target: each pair's bias plus its max-ent base's noise (the two margins'
+    # errors times the other's ||P - u||^2); rho: the oracle's c x dims (what the
+    # pipeline takes the noise to be) over the noise.
+    from calmkit_aggregator.error_model import _js_risk
+
     weights = np.array([[0, 3.0, 1.0], [3.0, 0, 0.5], [1.0, 0.5, 0]])
-    profile = DataProfile.from_marginals([np.array([0.6, 0.4])] * 3, 0.02, pair_weights=weights)
+    profile = DataProfile.from_marginals([np.array([0.7, 0.3])] * 3, 0.02, pair_weights=weights)
     model, comps, pooled, groups, bias, out, pairs = _shrunk_triple(profile, 0.02, 800.0)
     assert pairs.size == 3 and comps.high_dim[0] == 1
     to_view = groups.cells[pairs] / model.cells[0]
     nu = model.nu[0]
+    target = _targets(groups, pooled, bias, profile, pairs)
+    assert np.all(target > 1.05 * bias[pairs])  # the base's noise counts
     noise = float((pooled[pairs] * to_view).sum()) + nu * 1
-    signal = float((bias[pairs] * to_view).sum())
+    signal = float((target * to_view).sum())
     tau = signal / noise
+    rho = (nu - 1 / (8 * 800.0)) * 4 / noise
     lam = tau / (1 + tau)
-    split = lam**2 * pooled[pairs] + (1 - lam) ** 2 * bias[pairs]
+    split = lam**2 * pooled[pairs] + (1 - lam) ** 2 * target
     base = float((split * to_view).sum()) + lam**2 * nu * 1
-    taus, ratio = _js_table(4)
-    risk = float(np.interp(tau, taus, ratio)) * noise
+    risk = float(_js_risk(4, np.array([tau]), np.array([rho]))[0]) * noise
     np.testing.assert_allclose(out[pairs], split * risk / base, rtol=1e-12)
     singles = np.flatnonzero(groups.order == 1)
     np.testing.assert_array_equal(out[singles], pooled[singles])
@@ -639,9 +658,36 @@ def test_small_inputs_at_their_boundaries() -> None:
     assert np.all(np.isclose(tables.max(axis=2), 1.0))
 
 
+def test_the_risk_table_of_a_shrinker_that_misjudges_the_noise_is_its_exact_risk() -> None:
+    # pure noise (tau = 0) in D dimensions, the shrinker taking the noise to be rho
+    # times what it is: lam = (1 - rho D / X)+ with X ~ chi-square(D), risk per
+    # dimension E[lam^2 X] / D, by quadrature; the table's 8,000 draws are within 4 of
+    # their standard errors of it (rho = 1 is the table without rho)
+    from scipy import integrate, stats
+
+    from calmkit_aggregator.error_model import _JS_DRAWS, _JS_RHOS, _js_tables
+
+    def moment(power: int, dim: int, cut: float) -> float:
+        def f(x: float) -> float:
+            return float(((1 - cut / x) ** 2 * x / dim) ** power * stats.chi2.pdf(x, dim))
+
+        return float(integrate.quad(f, cut, np.inf, limit=200)[0])
+
+    for dim in (1, 4, 60):
+        _, log_rhos, risks = _js_tables(dim)
+        np.testing.assert_array_equal(risks[_JS_RHOS.tolist().index(1.0)], _js_table(dim)[1])
+        for row, rho in enumerate(_JS_RHOS):
+            want, second = moment(1, dim, rho * dim), moment(2, dim, rho * dim)
+            se = math.sqrt(max(second - want**2, 0.0) / _JS_DRAWS)
+            assert abs(risks[row, 0] - want) <= MARGIN * se + 1e-12, (dim, rho)
+    assert np.allclose(np.exp(log_rhos), _JS_RHOS)
+
+
 def test_a_signal_beyond_the_risk_tables_range_is_left_unshrunk() -> None:
     # tau above the table's last point (1e3): the risk ratio of the last point (no
     # shrinkage left: about 1), not of another point
+    # (uniform margins: the base carries no noise into the pairs; rho is about 1 this
+    # far from the oracle's noise floor, within the table's row spacing of it)
     profile = DataProfile.from_marginals([np.array([0.5, 0.5])] * 3, 0.3)
     model, _, pooled, groups, bias, out, pairs = _shrunk_triple(profile, 0.3, 1e9)
     taus, ratio = _js_table(4)
@@ -656,7 +702,7 @@ def test_a_signal_beyond_the_risk_tables_range_is_left_unshrunk() -> None:
     lam = tau / (1 + tau)
     split = lam**2 * pooled[pairs] + (1 - lam) ** 2 * bias[pairs]
     base = float((split * to_view).sum()) + lam**2 * model.nu[0]
-    np.testing.assert_allclose(out[pairs], split * ratio[-1] * noise / base, rtol=1e-12)
+    np.testing.assert_allclose(out[pairs], split * ratio[-1] * noise / base, rtol=1e-4)
     assert abs(ratio[-1] / ratio[-2] - 1) > 1e-5
 
 
@@ -777,15 +823,19 @@ def test_a_pair_view_under_a_larger_workload_shrinks_one_dimension() -> None:
     assert comps.high_dim[0] == 0 and comps.attrs.shape[1] == 3
     pooled, groups = _pool(model, comps, 700.0)
     bias = _bias(groups, profile, profile.pair_dependence(0.03))
-    out = _shrink(model, comps, groups, pooled, bias)
+    out = _shrink(model, comps, groups, pooled, bias, profile)
+    from calmkit_aggregator.error_model import _js_risk
+
     (pair,) = np.flatnonzero(groups.order == 2)
     assert groups.dim[pair] == 1 and groups.cells[pair] == 4
-    noise, signal = float(pooled[pair]), float(bias[pair])  # view units: the pair is the view
+    noise = float(pooled[pair])  # view units: the pair is the view
+    signal = float(_targets(groups, pooled, bias, profile, np.array([pair]))[0])
     tau = signal / noise
+    rho = (model.nu[0] - 1 / (4 * 700.0)) * 1 / noise
     lam = tau / (1 + tau)
     split = lam**2 * noise + (1 - lam) ** 2 * signal
-    taus, ratio = _js_table(1)
-    assert out[pair] == pytest.approx(float(np.interp(tau, taus, ratio)) * noise, rel=1e-12)
+    ratio = float(_js_risk(1, np.array([tau]), np.array([rho]))[0])
+    assert out[pair] == pytest.approx(ratio * noise, rel=1e-12)
     assert 0.05 < lam < 0.95 and split > 0  # both terms matter
 
 
