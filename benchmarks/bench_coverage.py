@@ -61,8 +61,8 @@ def populations(data_dir: str | None) -> dict[str, Callable[[int], Population]]:
 
 def collect(pop: Population, seed: int) -> SupportCounts:
     """The service's two phases: a pilot on pairs, then the planner's views."""
-    first = pilot_plan(pop.schema, EPSILON, seed=seed)
     pilot_n = pilot_size(pop.n)
+    first = pilot_plan(pop.schema, EPSILON, seed=seed, users=pilot_n)
     order = np.random.default_rng(seed + 1000).permutation(pop.n)
     pilot = collect_support(pop, first, rng=seed, rows=order[:pilot_n])
     main = PhasedDesign(pop.n, pilot_n, K, seed).next_plan(pilot)

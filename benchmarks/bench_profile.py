@@ -100,7 +100,7 @@ def main() -> int:
             for rep in range(args.reps):
                 gen = np.random.default_rng([0, rep])
                 seed = int(gen.integers(2**31))
-                plan = pilot_plan(pop.schema, eps, seed=seed)
+                plan = pilot_plan(pop.schema, eps, seed=seed, users=pilot_size(pop.n))
                 rows_ = np.sort(gen.permutation(pop.n)[: pilot_size(pop.n)])
                 support = collect_support(pop, plan, gen, path="fast", rows=rows_)
                 views = estimate_views(support)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -386,10 +386,16 @@ def _least_used(
     return free[:count]
 
 
-def pilot_views(attrs: Sequence[int], rng: RngLike = 0) -> tuple[tuple[int, ...], ...]:
+def pilot_views(
+    attrs: Sequence[int],
+    rng: RngLike = 0,
+    pairable: Callable[[int, int], bool] | None = None,
+) -> tuple[tuple[int, ...], ...]:
     """Disjoint pairs holding every attribute once (a random perfect matching; with an
     odd count the last attribute pairs with a random other one). One attribute alone
-    is its own view."""
+    is its own view. With ``pairable``, an attribute pairs only with one it says it may
+    (the first such in the random order) and is otherwise a view of its own; the odd
+    one left then stays alone too."""
     pool = sorted({int(a) for a in attrs})
     if not pool:
         raise PlanError("attrs ([]) must hold at least one attribute with >= 2 categories")
@@ -397,9 +403,29 @@ def pilot_views(attrs: Sequence[int], rng: RngLike = 0) -> tuple[tuple[int, ...]
         return ((pool[0],),)
     gen = np.random.default_rng(rng)
     perm = [int(a) for a in gen.permutation(pool)]
+    if pairable is not None:
+        return _matched(perm, pairable)
     views = [tuple(sorted(perm[i : i + 2])) for i in range(0, len(perm) - 1, 2)]
     if len(perm) % 2:
         last = perm[-1]
         partner = int(gen.choice([a for a in pool if a != last]))
         views.append(tuple(sorted((last, partner))))
+    return tuple(views)
+
+
+def _matched(order: list[int], pairable: Callable[[int, int], bool]) -> tuple[tuple[int, ...], ...]:
+    """Greedy matching along ``order``: each attribute not yet placed pairs with the
+    next unplaced one ``pairable`` allows, else stands alone."""
+    placed: set[int] = set()
+    views: list[tuple[int, ...]] = []
+    for i, a in enumerate(order):
+        if a in placed:
+            continue
+        partner = next((b for b in order[i + 1 :] if b not in placed and pairable(a, b)), None)
+        placed.add(a)
+        if partner is None:
+            views.append((a,))
+        else:
+            placed.add(partner)
+            views.append(tuple(sorted((a, partner))))
     return tuple(views)

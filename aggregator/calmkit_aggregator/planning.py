@@ -251,6 +251,9 @@ def choose_plan(
     relevance = _pair_relevance(profile, workload) if profile.uneven else None
 
     def spread(lv: int, mv: int) -> float:
+        if lv == 1 and any(len(v) == 1 for v in fixed):
+            # a pilot that measured attributes alone: the main phase measures them again
+            return score(1, tuple((a,) for a in collect[:mv]), "spread")
         if lv not in streams:
             streams[lv] = SpreadStream(collect, lv, rng=[rng, lv], start=fixed)
         return score(lv, streams[lv].first(mv), "spread")
@@ -300,7 +303,7 @@ def choose_plan(
     for lv in range(lmin, lmax + 1):
         if _smallest_cells(arr[collect], lv) > MAX_VIEW_CELLS:
             break
-        room = math.comb(dc, lv) - sum(1 for v in fixed if len(v) == lv)
+        room = math.comb(dc, lv) - sum(1 for v in fixed if len(v) == lv) if lv > 1 else dc
         hi = _most_views(room, n, cells_of(lv))
         if hi < 1:
             continue
@@ -349,7 +352,7 @@ def choose_plan(
         top = min(streamed, key=_regret(scored)) if streamed else None
         if top is not None:
             room = math.comb(dc, top.l) - sum(1 for v in fixed if len(v) == top.l)
-            hi = _most_views(room, n, cells_of(top.l))
+            hi = _most_views(room if top.l > 1 else dc, n, cells_of(top.l))
             for factor in (0.5, 2**-0.5, 2**0.5, 2.0):
                 mv = round(top.m * factor)
                 if lows.get(top.l, 1) <= mv <= hi:
@@ -406,20 +409,30 @@ def _safe_choice(
     scored: Sequence[tuple[Candidate, tuple[tuple[int, ...], ...], ErrorPrediction]],
     restricted: bool = False,
 ) -> tuple[Candidate, tuple[tuple[int, ...], ...], ErrorPrediction]:
-    """The design the planner returns: the smallest regret (:func:`_regret`) among the
-    safe designs (one attribute per view; Algorithm 1's plan) and the designs that beat
-    every safe one by more than the prediction's uncertainty (:func:`convincing`). With
-    ``l`` or ``m`` fixed (``restricted``), simply the smallest regret."""
+    """The design the planner returns. The safe designs are one attribute per view (the
+    best one when nothing depends; its error never exceeds the dependence) and
+    Algorithm 1's plan. Any other design is chosen only if it beats both by more than
+    the prediction's uncertainty (:func:`convincing`), the smallest regret
+    (:func:`_regret`) among those that do; else Algorithm 1's plan if it so beats one
+    attribute per view, else one attribute per view. With ``l`` or ``m`` fixed
+    (``restricted``), or without safe designs, simply the smallest regret."""
     regret = _regret(scored)
-    safe = [c for c, _, _ in scored if c.l == 1 or c.design == "paper"]
-    if not restricted and safe:
-        ones = [c for c in safe if c.l == 1]
-        safe = [c for c in safe if c.design == "paper"] + ([min(ones, key=regret)] if ones else [])
-        allowed = [x for x in scored
-                   if x[0] in safe or all(convincing(x[0], c) for c in safe)]  # fmt: skip
-    else:
-        allowed = list(scored)
-    return min(allowed, key=lambda x: (regret(x[0]), x[0].sse, x[0].m))
+
+    def key(x: tuple[Candidate, object, object]) -> tuple[float, float, int]:
+        return (regret(x[0]), x[0].sse, x[0].m)
+
+    ones = [x for x in scored if x[0].l == 1 and x[0].design != "paper"]
+    paper = [x for x in scored if x[0].design == "paper"]
+    safe = ([min(ones, key=key)] if ones else []) + paper
+    if restricted or not safe:
+        return min(scored, key=key)
+    others = [x for x in scored if x[0].design != "paper" and x[0].l > 1]
+    beating = [x for x in others if all(convincing(x[0], s[0]) for s in safe)]
+    if beating:
+        return min(beating, key=key)
+    if len(safe) == 2 and convincing(safe[1][0], safe[0][0]):
+        return safe[1]
+    return safe[0]
 
 
 def convincing(candidate: Candidate, safe: Candidate) -> bool:

@@ -91,8 +91,8 @@ def _plan(args: argparse.Namespace) -> int:
     users: list[float] = []
     n_main = args.n
     if pilot > 0:
-        first = pilot_plan(schema, args.epsilon)
         cut = pilot_size(args.n, pilot)
+        first = pilot_plan(schema, args.epsilon, users=cut)
         fixed, n_main = first.views, args.n - cut
         users = [cut / first.m] * first.m
     chosen = choose_plan(schema.sizes, args.epsilon, n_main, workload_of(schema, args.k, None),

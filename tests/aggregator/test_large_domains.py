@@ -122,20 +122,27 @@ def test_the_error_model_predicts_the_measured_sse_on_large_domains(
         assert pred.bias < 0.2 * pred.sse
 
 
-def test_a_pilot_on_independent_large_domains_reads_independence_and_plans_for_it() -> None:
-    # independent skewed attributes of 8-14 categories: the pilot (6,000 users on two
-    # pairs) puts the mean dependence in the lower half of its prior, and the plan holds
-    # one attribute per view, the best design when nothing depends (a view of two
-    # attributes splits their users and adds its cells' noise, and holds nothing)
+@pytest.mark.parametrize("pilot_users", [3_000, 16_000])
+def test_a_pilot_on_independent_large_domains_plans_one_attribute_per_view(
+    pilot_users: int,
+) -> None:
+    # independent skewed attributes of 8-14 categories. A pilot of 3,000 users cannot
+    # tell a typical dependence from none on pairs of 80-168 cells: it measures every
+    # attribute alone. One of 16,000 pairs them, and puts the mean dependence in the
+    # lower half of its prior. Either way the plan holds one attribute per view, the
+    # best design when nothing depends (a view of two attributes splits their users
+    # and adds its cells' noise, and holds nothing)
     codes = _population(_joint(False, seed=7), seed=8)
     schema = Schema.from_sizes(SIZES)
     gen = np.random.default_rng(9)
-    pilot = pilot_plan(schema, 1.0, seed=1)
-    sample = gen.choice(codes.size, size=6_000, replace=False)
+    pilot = pilot_plan(schema, 1.0, seed=1, users=pilot_users)
+    sample = gen.choice(codes.size, size=pilot_users, replace=False)
     n, counts = _view_counts(pilot, codes[sample], gen)
     support = sample_support(pilot, n, counts, gen)
-    profile = profile_from_pilot(support)
-    prior = DataProfile.prior(schema)
-    assert profile.dependence < prior.dependence
-    main = plan_after_pilot(support, USERS - 6_000, Workload(k=3), seed=2)
+    if pilot_users == 3_000:
+        assert sorted(pilot.views) == [(0,), (1,), (2,), (3,)]
+    else:
+        assert all(len(v) == 2 for v in pilot.views)
+        assert profile_from_pilot(support).dependence < DataProfile.prior(schema).dependence
+    main = plan_after_pilot(support, USERS - pilot_users, Workload(k=3), seed=2)
     assert main.choice.l == 1 and sorted(main.plan.views) == [(0,), (1,), (2,), (3,)]

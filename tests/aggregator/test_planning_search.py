@@ -292,11 +292,19 @@ def test_weighted_designs_are_tried_at_the_best_spread_count_and_the_better_at_t
 
 
 def test_sizes_without_room_are_skipped_not_the_end_of_the_search() -> None:
-    # every single attribute already has its view (a first phase): l = 1 has no room
-    fixed = [(a,) for a in range(6)]
-    chosen = choose_plan([2] * 6, 1.0, 20_000, Workload(k=2), _flat(6), fixed_views=fixed,
-                         fixed_users=[1000.0] * 6)  # fmt: skip
-    assert chosen.l >= 2 and all(c.l >= 2 for c in chosen.candidates)
+    # every pair already has its view (a first phase): l = 2 has no room, the search
+    # goes on to l = 3
+    fixed = list(itertools.combinations(range(5), 2))
+    chosen = choose_plan([2] * 5, 1.0, 20_000, Workload(k=3), _flat(5), fixed_views=fixed,
+                         fixed_users=[1000.0] * 10)  # fmt: skip
+    assert all(c.l != 2 or c.design == "paper" for c in chosen.candidates)
+    assert any(c.l == 3 for c in chosen.candidates)
+    # a first phase of single attributes: the next phase may measure them alone again
+    singles = [(a,) for a in range(6)]
+    again = choose_plan([2] * 6, 1.0, 20_000, Workload(k=2), _flat(6), fixed_views=singles,
+                        fixed_users=[1000.0] * 6)  # fmt: skip
+    ones = [c for c in again.candidates if c.l == 1]
+    assert ones and ones[0].m == 6
     # m may be every new view there is
     every = choose_plan([2] * 4, 1.0, 20_000, Workload(k=2), _flat(4), l=2, m=6)
     assert len(every.views) == 6

@@ -178,8 +178,8 @@ def test_plan_accounts_for_the_chosen_reconstruction(capsys: pytest.CaptureFixtu
     base = ["plan", "--domain", ",".join(["2"] * 10), "--n", "20000", "--k", "3",
             "--epsilon", "1", "--json"]  # fmt: skip
     schema = Schema.from_sizes([2] * 10)
-    first = pilot_plan(schema, 1.0)
     cut = pilot_size(20000, 0.2)
+    first = pilot_plan(schema, 1.0, users=cut)
     for reconstruction in ("local", "global"):
         assert main([*base, "--reconstruct", reconstruction]) == 0
         out = json.loads(capsys.readouterr().out)

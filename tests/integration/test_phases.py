@@ -17,6 +17,7 @@ import pytest
 from calmkit_aggregator import plan_collection, reconstruct
 from calmkit_aggregator.error_model import Workload
 from calmkit_aggregator.pilot import pilot_size, plan_after_pilot
+from calmkit_aggregator.planning import choose_plan
 from calmkit_aggregator.service.admin import AdminClient
 from calmkit_aggregator.service.server import create_server, graceful_stop
 from calmkit_aggregator.service.storage import Storage
@@ -109,7 +110,10 @@ def test_the_phases_are_planned_for_the_reconstruction_asked_for(
         want_one = plan_collection(WIDE.schema, 1.0, WIDE.n, 3, rng=5, seed=5,
                                    reconstruction="global")  # fmt: skip
         assert one.plan == want_one and one.pilot_target == 0
-        assert want_one.views != plan_collection(WIDE.schema, 1.0, WIDE.n, 3, rng=5, seed=5).views
+        # (predicted for global: the same search scores its designs otherwise)
+        sizes, work = WIDE.schema.sizes, Workload(k=3)
+        glob = choose_plan(sizes, 1.0, WIDE.n, work, rng=5, reconstruction="global")
+        assert glob.candidates != choose_plan(sizes, 1.0, WIDE.n, work, rng=5).candidates
         # a pilot, then the second phase planned for global from the pilot's reports
         target = pilot_size(WIDE.n)
         assert info.phase == 0 and info.pilot_target == target
@@ -124,7 +128,8 @@ def test_the_phases_are_planned_for_the_reconstruction_asked_for(
         want = plan_after_pilot(pilot, remaining, Workload(k=3), seed=6, reconstruction="global")
         local = plan_after_pilot(pilot, remaining, Workload(k=3), seed=6)
         assert served == want.plan and storage.get_collection("g").plans == (info.plan, want.plan)
-        assert want.plan.views != local.plan.views  # the same pilot, other views for local
+        # the same pilot, its designs predicted for local otherwise
+        assert want.choice.candidates != local.choice.candidates
     with Storage(tmp_path / "agg.db") as reopened:  # restart: the design keeps it
         design = reopened.get_collection("g").design
         assert design is not None and design.reconstruction == "global"

@@ -175,8 +175,9 @@ class AggregatorService(wire.AggregatorServicer):
             plan = Plan(params.schema, params.epsilon, params.views, seed=params.seed)
         elif (params.planner == "pipeline" and params.pilot > 0 and params.expected_n >= 2
               and (params.l is None or params.m is None)):  # fmt: skip
-            plan = pilot_plan(params.schema, params.epsilon, seed=params.seed)
-            design = PhasedDesign(params.expected_n, pilot_size(params.expected_n, params.pilot),
+            reports = pilot_size(params.expected_n, params.pilot)
+            plan = pilot_plan(params.schema, params.epsilon, seed=params.seed, users=reports)
+            design = PhasedDesign(params.expected_n, reports,
                                   params.k, params.seed, params.l, params.m,
                                   reconstruction=params.reconstruction)  # fmt: skip
         else:

@@ -121,8 +121,8 @@ class Calm(Mechanism):
             chosen: dict[str, object] = {"m": plan.m, "l": max(len(v) for v in plan.views)}
             estimator = reconstruct_by(support, self.reconstruction, self.shrink)
             return _CalmRelease(estimator, chosen)
-        first = pilot_plan(population.schema, epsilon, seed=seed)
         cut = pilot_size(population.n, self.pilot)
+        first = pilot_plan(population.schema, epsilon, seed=seed, users=cut)
         pilot_users = np.sort(gen.permutation(population.n)[:cut])
         rest = np.ones(population.n, dtype=bool)  # a mask: no copy of the codes
         rest[pilot_users] = False
