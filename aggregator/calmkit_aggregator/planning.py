@@ -411,28 +411,23 @@ def _safe_choice(
 ) -> tuple[Candidate, tuple[tuple[int, ...], ...], ErrorPrediction]:
     """The design the planner returns. The safe designs are one attribute per view (the
     best one when nothing depends; its error never exceeds the dependence) and
-    Algorithm 1's plan. Any other design is chosen only if it beats both by more than
-    the prediction's uncertainty (:func:`convincing`), the smallest regret
-    (:func:`_regret`) among those that do; else Algorithm 1's plan if it so beats one
-    attribute per view, else one attribute per view. With ``l`` or ``m`` fixed
-    (``restricted``), or without safe designs, simply the smallest regret."""
+    Algorithm 1's plan. Another design is chosen only if it beats both by more than
+    the prediction's own uncertainty (:func:`convincing`): the smallest regret
+    (:func:`_regret`) among those that do, else the safe design of smaller regret.
+    With ``l`` or ``m`` fixed (``restricted``), or without safe designs, simply the
+    smallest regret."""
     regret = _regret(scored)
 
     def key(x: tuple[Candidate, object, object]) -> tuple[float, float, int]:
         return (regret(x[0]), x[0].sse, x[0].m)
 
     ones = [x for x in scored if x[0].l == 1 and x[0].design != "paper"]
-    paper = [x for x in scored if x[0].design == "paper"]
-    safe = ([min(ones, key=key)] if ones else []) + paper
+    safe = ([min(ones, key=key)] if ones else []) + [x for x in scored if x[0].design == "paper"]
     if restricted or not safe:
         return min(scored, key=key)
     others = [x for x in scored if x[0].design != "paper" and x[0].l > 1]
     beating = [x for x in others if all(convincing(x[0], s[0]) for s in safe)]
-    if beating:
-        return min(beating, key=key)
-    if len(safe) == 2 and convincing(safe[1][0], safe[0][0]):
-        return safe[1]
-    return safe[0]
+    return min(beating or safe, key=key)
 
 
 def convincing(candidate: Candidate, safe: Candidate) -> bool:

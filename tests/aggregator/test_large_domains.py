@@ -122,27 +122,27 @@ def test_the_error_model_predicts_the_measured_sse_on_large_domains(
         assert pred.bias < 0.2 * pred.sse
 
 
-@pytest.mark.parametrize("pilot_users", [3_000, 16_000])
-def test_a_pilot_on_independent_large_domains_plans_one_attribute_per_view(
-    pilot_users: int,
-) -> None:
-    # independent skewed attributes of 8-14 categories. A pilot of 3,000 users cannot
-    # tell a typical dependence from none on pairs of 80-168 cells: it measures every
-    # attribute alone. One of 16,000 pairs them, and puts the mean dependence in the
-    # lower half of its prior. Either way the plan holds one attribute per view, the
-    # best design when nothing depends (a view of two attributes splits their users
+def test_a_pilot_on_independent_large_domains_reads_independence_and_plans_for_it() -> None:
+    # independent skewed attributes of 8-14 categories: a pilot of 16,000 users pairs
+    # them (its pair views can tell a typical dependence from none), puts the mean
+    # dependence below the prior's median, and the plan holds one attribute per view,
+    # the best design when nothing depends (a view of two attributes splits their users
     # and adds its cells' noise, and holds nothing)
     codes = _population(_joint(False, seed=7), seed=8)
     schema = Schema.from_sizes(SIZES)
     gen = np.random.default_rng(9)
-    pilot = pilot_plan(schema, 1.0, seed=1, users=pilot_users)
-    sample = gen.choice(codes.size, size=pilot_users, replace=False)
+    pilot = pilot_plan(schema, 1.0, seed=1, users=16_000)
+    assert all(len(v) == 2 for v in pilot.views)
+    sample = gen.choice(codes.size, size=16_000, replace=False)
     n, counts = _view_counts(pilot, codes[sample], gen)
     support = sample_support(pilot, n, counts, gen)
-    if pilot_users == 3_000:
-        assert sorted(pilot.views) == [(0,), (1,), (2,), (3,)]
-    else:
-        assert all(len(v) == 2 for v in pilot.views)
-        assert profile_from_pilot(support).dependence < DataProfile.prior(schema).dependence
-    main = plan_after_pilot(support, USERS - pilot_users, Workload(k=3), seed=2)
+    assert profile_from_pilot(support).dependence < DataProfile.prior(schema).dependence
+    main = plan_after_pilot(support, USERS - 16_000, Workload(k=3), seed=2)
     assert main.choice.l == 1 and sorted(main.plan.views) == [(0,), (1,), (2,), (3,)]
+
+
+def test_a_pilot_too_small_to_see_pairs_measures_every_attribute_alone() -> None:
+    # 3,000 users: pair views of 80-168 cells from 1,500 reports each cannot tell the
+    # prior's median dependence from none, so each attribute reports alone
+    pilot = pilot_plan(Schema.from_sizes(SIZES), 1.0, seed=1, users=3_000)
+    assert sorted(pilot.views) == [(0,), (1,), (2,), (3,)]

@@ -346,3 +346,34 @@ def test_the_workload_and_the_plans_defaults() -> None:
     plan = plan_collection(wide, 1.0, 20_000, 2)  # rng 0 and hash seed 0 by default
     assert plan == plan_collection(wide, 1.0, 20_000, 2, rng=0, seed=0) and plan.seed == 0
     assert plan.views != plan_collection(wide, 1.0, 20_000, 2, rng=1).views
+
+
+def test_a_design_replaces_the_safe_ones_only_when_it_beats_them_beyond_its_uncertainty() -> None:
+    # candidates with SSE at five dependence quantiles: one attribute per view (safe),
+    # Algorithm 1's plan (safe) and two others. A design must beat both safe ones by
+    # more than the spread of its log ratio over the quantiles (over 0.876, a normal
+    # law's quantile spread) plus the model's error on both designs (MODEL_SD each)
+    from calmkit_aggregator.planning import MODEL_SD, Candidate, _safe_choice, convincing
+
+    def cand(l: int, design: str, sses: list[float]) -> Candidate:  # noqa: E741
+        return Candidate(l, 10, design, float(np.mean(sses)), 0.0, 0.0, tuple(sses))
+
+    ones = cand(1, "spread", [1.0, 1.0, 1.0, 1.0, 1.0])
+    paper = cand(2, "paper", [1.2, 1.2, 1.2, 1.2, 1.2])
+    clear = cand(2, "spread", [0.7, 0.7, 0.7, 0.7, 0.7])  # log 0.7 = -0.36 < -0.11
+    close = cand(3, "spread", [0.92, 0.92, 0.92, 0.92, 0.92])  # -0.08: within the model's
+    unsure = cand(3, "dependent", [1.3, 1.0, 0.6, 0.4, 0.3])  # better on average, unsure
+    assert convincing(clear, ones) and convincing(clear, paper)
+    assert not convincing(close, ones) and convincing(close, paper)
+    assert not convincing(unsure, ones)
+    assert math.sqrt(2) * MODEL_SD == pytest.approx(0.113, abs=1e-3)
+
+    def pick(*cands: Candidate, restricted: bool = False) -> Candidate:
+        return _safe_choice([(c, (), None) for c in cands], restricted)[0]  # type: ignore[misc]
+
+    assert pick(ones, paper, clear, close, unsure) is clear
+    assert pick(ones, paper, close, unsure) is ones  # no design beats both: the safer
+    assert pick(ones, paper, close, unsure, restricted=True) is unsure  # smallest regret
+    # among the safe ones, the smaller regret: Algorithm 1's plan where it is better
+    near_paper = cand(3, "spread", [1.1] * 5)  # -0.09 from Algorithm 1's: not enough
+    assert pick(cand(1, "spread", [2.0] * 5), paper, near_paper) is paper
