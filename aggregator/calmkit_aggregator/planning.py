@@ -358,11 +358,7 @@ def choose_plan(
                 if lows.get(top.l, 1) <= mv <= hi:
                     kinds[top.design](top.l, mv)
     if l is None and m is None and workload.k is not None and workload.k <= dc:
-        # Algorithm 1's plan over the collected attributes: a safe candidate
-        chosen = choose_views(arr[collect].tolist(), eps, int(n), workload.k, rng=rng,
-                              covering_dir=covering_dir).views  # fmt: skip
-        paper = tuple(tuple(collect[i] for i in v) for v in chosen)
-        paper = tuple(v for v in paper if v not in set(fixed))
+        paper = _paper_views(arr, collect, eps, int(n), workload.k, rng, covering_dir, fixed)
         if paper:
             score(max(len(v) for v in paper), paper, "paper")
     cand, views, pred = _safe_choice(scored, restricted=l is not None or m is not None)
@@ -370,6 +366,24 @@ def choose_plan(
         views, cand.l, cand.m, cand.design, pred, tuple(c for c, _, _ in scored), fixed,
         profile, single,
     )  # fmt: skip
+
+
+def _paper_views(
+    sizes: np.ndarray,
+    collect: list[int],
+    epsilon: float,
+    n: int,
+    k: int,
+    rng: int,
+    covering_dir: Path | str | None,
+    fixed: tuple[tuple[int, ...], ...],
+) -> tuple[tuple[int, ...], ...]:
+    """Algorithm 1's views over the collected attributes (a safe candidate), those not
+    already in the design."""
+    chosen = choose_views(sizes[collect].tolist(), epsilon, n, k, rng=rng,
+                          covering_dir=covering_dir).views  # fmt: skip
+    views = tuple(tuple(collect[i] for i in v) for v in chosen)
+    return tuple(v for v in views if v not in set(fixed))
 
 
 def fewest_users(sizes: Sequence[int], l: int = 1) -> int:  # noqa: E741
