@@ -123,6 +123,15 @@ class PlannedViews:
     profile: DataProfile
     single: tuple[int, ...] = field(default=())
 
+    @property
+    def median_sse(self) -> float:
+        """The predicted SSE at the profile's median dependence: a point prediction
+        (``predicted`` is its expectation over what the profile leaves uncertain, which
+        an uninformed profile's upper quantiles dominate)."""
+        chosen = next(c for c in self.candidates
+                      if (c.l, c.m, c.design) == (self.l, self.m, self.design))  # fmt: skip
+        return chosen.range[len(chosen.range) // 2] if chosen.range else chosen.sse
+
     def notes(self, names: Sequence[str]) -> list[str]:
         """Plain-language notes: skipped and uncollected attributes."""
         out = []

@@ -273,6 +273,8 @@ def run_task(
         out["chosen"] = release.describe()
         if "predicted_sse" in out["chosen"]:  # the planner's own prediction, per rep
             out.setdefault("predicted", []).append(float(out["chosen"]["predicted_sse"]))
+        if "median_sse" in out["chosen"]:  # the same at the profile's median dependence
+            out.setdefault("median", []).append(float(out["chosen"]["median_sse"]))
     out["chosen"] = json.loads(json.dumps(out["chosen"], default=str))
     return out
 

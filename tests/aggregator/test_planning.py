@@ -328,6 +328,10 @@ def test_the_prediction_is_the_expectation_over_the_uncertain_dependence() -> No
     assert chosen.predicted.sse == pytest.approx(
         next(c.sse for c in chosen.candidates if (c.l, c.m, c.design) ==
              (chosen.l, chosen.m, chosen.design)), rel=1e-12)  # fmt: skip
+    # the point prediction at the median dependence (the middle of five quantiles)
+    mine = next(c for c in chosen.candidates
+                if (c.l, c.m, c.design) == (chosen.l, chosen.m, chosen.design))  # fmt: skip
+    assert chosen.median_sse == mine.range[2] < chosen.predicted.sse
     # the expectation lies above the prediction at the median dependence: the SSE grows
     # with the dependence and the upper quantiles are far from the median
     assert chosen.predicted.sse > sorted(

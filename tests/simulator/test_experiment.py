@@ -210,7 +210,7 @@ def test_planner_experiment_writes_its_own_report(tmp_path: Path) -> None:
     summary = [
         line
         for line in text.splitlines()
-        if line.startswith("| synthetic d=8, n=2^12 | 3 |") and line.count("|") == 15
+        if line.startswith("| synthetic d=8, n=2^12 | 3 |") and line.count("|") == 16
     ]
     assert len(summary) == 2  # eps 0.5 and 2
     for line in summary:

@@ -141,6 +141,7 @@ class Calm(Mechanism):
             "pilot_m": first.m,
             "pilot_users": int(cut),
             "predicted_sse": float(main.choice.predicted.sse),
+            "median_sse": float(main.choice.median_sse),
         }
         skipped = (*main.choice.single, *main.choice.predicted.uncollected)
         if skipped:  # attributes in no view: one category, or too few users
