@@ -8,8 +8,9 @@ drawn from the views. What the views do show is how strong the interactions of e
 order are where they are observed, so this module serves the size of the unseen ones
 under one stated assumption: **an interaction no view holds is, on average, as strong
 per degree of freedom as the observed interactions of its order** (the pilot's pairs
-are a random matching of the attributes, so for pairs the observed ones are a fair
-sample), and an order no view reaches (a 3-way interaction over pair views) is no
+are drawn at random from the attributes, so for pairs the observed ones are a fair
+sample; a pilot that measured every attribute alone, and views of one attribute,
+observe no pair, and the size falls back to its most), and an order no view reaches (a 3-way interaction over pair views) is no
 stronger per degree of freedom than the highest order observed (the hierarchy
 principle of log-linear models).
 
