@@ -10,9 +10,9 @@ under one stated assumption: **an interaction no view holds is, on average, as s
 per degree of freedom as the observed interactions of its order** (the pilot's pairs
 are drawn at random from the attributes, so for pairs the observed ones are a fair
 sample; a pilot that measured every attribute alone, and views of one attribute,
-observe no pair, and the size falls back to its most), and an order no view reaches (a 3-way interaction over pair views) is no
-stronger per degree of freedom than the highest order observed (the hierarchy
-principle of log-linear models).
+observe no pair, and the size falls back to its most), and an order no view reaches
+(a 3-way interaction over pair views) is no stronger per degree of freedom than the
+highest order observed (the hierarchy principle of log-linear models).
 
 Strength is the chi-square-isotropic model's: an interaction of set ``S`` with
 strength ``r`` per degree of freedom moves cell ``c`` of a table ``M`` by a squared
