@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from calmkit_aggregator.service.cli import _progress
+from calmkit_aggregator.service.cli import progress_bar
 
 # -- demo ---------------------------------------------------------------------------------
 DEMO_SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
@@ -45,7 +45,7 @@ def _demo(args: argparse.Namespace) -> int:
                 info = admin.create_collection(
                     pop.schema, args.epsilon, pop.n, 3, collection_id="demo", seed=args.seed
                 )
-                bar = _progress(pop.n, "reports", sys.stderr.isatty() and not args.json)
+                bar = progress_bar(pop.n, "reports", sys.stderr.isatty() and not args.json)
                 # simulated devices: seeded, so the same --seed prints the same tables
                 state = SimulatedDevices.seeded(args.seed)
                 ids = np.arange(pop.n, dtype=np.uint64)

@@ -571,9 +571,9 @@ def _label(row: dict[str, Any]) -> str:
 
 
 def _plot(summary: list[dict[str, Any]], path: Path) -> Path:
-    from .plots import _pyplot
+    from .plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     ok = [r for r in summary if r["status"] == "ok" and math.isfinite(r["default_over_best"])]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(ok) + 2), 4.2))
     x = np.arange(len(ok))

@@ -19,10 +19,10 @@ from calmkit_client import CalmkitError
 
 from .figures import Figure, Panel
 
-__all__ = ["plot_figure"]
+__all__ = ["plot_figure", "pyplot"]
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
@@ -35,7 +35,7 @@ def _pyplot() -> Any:
 
 def plot_figure(figure: Figure, results: dict[str, dict[str, Any]], path: Path | str) -> Path:
     """Draw every panel of ``figure`` into one PNG at ``path``; returns the path."""
-    plt = _pyplot()
+    plt = pyplot()
     panels = figure.panels
     cols = min(3, len(panels)) or 1
     rows = math.ceil(len(panels) / cols) or 1

@@ -69,7 +69,7 @@ def _admin(args: argparse.Namespace) -> Any:
                        root_certificates=_read_ca(args.tls_ca))  # fmt: skip
 
 
-def _progress(total: int, desc: str, enabled: bool) -> Any:
+def progress_bar(total: int, desc: str, enabled: bool) -> Any:
     if not enabled:
         return None
     try:
