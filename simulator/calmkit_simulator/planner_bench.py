@@ -440,53 +440,9 @@ def _markdown(
                      f"{run['at']}")  # fmt: skip
     if runs:
         lines.append("")
-    lines += [
-        "| setting | k | eps | default (l, m) | default SSE | best grid (l, m) | best SSE | "
-        "default / best | Algorithm 1 (l, m) | Alg. 1 SSE | Alg. 1 / best | Uniform | "
-        "predicted | predicted / measured | expected / measured |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in summary:
-        if r["status"] != "ok":
-            lines.append(f"| {r['setting']} | {r['k']} | {r['epsilon']:g} | {r['status']} |"
-                         + " |" * 11)  # fmt: skip
-            continue
-        pilot = f" + pilot {r['pilot_m']}" if r["pilot_m"] else ""
-        lines.append(
-            f"| {r['setting']} | {r['k']} | {r['epsilon']:g} | "
-            f"({r['default_l']}, {r['default_m']}){pilot} | "
-            f"{_fmt(r['default_sse'])} ± {_fmt(r['default_se'])} | "
-            f"({r['best_l']}, {r['best_m']}) | {_fmt(r['best_sse'])} ± {_fmt(r['best_se'])} | "
-            f"**{r['default_over_best']:.2f}**{_interval(r)} | ({r['paper_l']}, {r['paper_m']}) | "
-            f"{_fmt(r['paper_sse'])} | {r['paper_over_best']:.2f} | {_fmt(r['uniform_sse'])} | "
-            f"{_fmt(r['median_sse'])} | {r['median_over_measured']:.2f} | "
-            f"{r['predicted_over_measured']:.2f} |"
-        )
+    lines += _summary_table(summary)
     ok = [r for r in summary if r["status"] == "ok" and math.isfinite(r["default_over_best"])]
-    if ok:
-        ratios = np.array([r["default_over_best"] for r in ok])
-        paper = np.array([r["paper_over_best"] for r in ok])
-        pred = np.array([r["median_over_measured"] for r in ok])
-        expected = np.array([r["predicted_over_measured"] for r in ok])
-        lines += [
-            "",
-            f"default / best grid: geometric mean {np.exp(np.log(ratios).mean()):.2f}, worst "
-            f"{ratios.max():.2f}; Algorithm 1 / best grid: geometric mean "
-            f"{np.exp(np.log(paper).mean()):.2f}, worst {paper.max():.2f}; predicted / "
-            f"measured between {pred.min():.2f} and {pred.max():.2f} (expected / measured "
-            f"{expected.min():.2f} to {expected.max():.2f}).",
-        ]
-        above = [r for r in ok if r["default_over_best_lo"] > _TARGET]
-        near = [r for r in ok if r["default_over_best"] > _TARGET
-                and not r["default_over_best_lo"] > _TARGET]  # fmt: skip
-        lines += [
-            "",
-            f"Above the target of {_TARGET} x the best grid point: "
-            + (", ".join(_label(r) for r in above) or "none")
-            + " with the whole interval above it; "
-            + (", ".join(_label(r) for r in near) or "none")
-            + " above it in the mean only (the interval reaches below).",
-        ]
+    lines += _verdict(ok)
     lines += _time_table(ok)
     if timings:
         lines += [
@@ -520,9 +476,80 @@ def _markdown(
             f"{ratio.size} grid points: geometric mean {np.exp(np.log(ratio).mean()):.2f}, "
             f"{inside} of {ratio.size} within 2x, range {ratio.min():.2f} to {ratio.max():.2f}.",
         ]
-    lines += ["", "## Every grid point", "",
-              "| setting | k | eps | (l, m) | SSE | / best | model | model / SSE |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += _grid_table(tasks, results, summary, checks)
+    return "\n".join(lines) + "\n"
+
+
+def _verdict(ok: list[dict[str, Any]]) -> list[str]:
+    """The ratios' summary and the settings above the target."""
+    if not ok:
+        return []
+    lines: list[str] = []
+    ratios = np.array([r["default_over_best"] for r in ok])
+    paper = np.array([r["paper_over_best"] for r in ok])
+    pred = np.array([r["median_over_measured"] for r in ok])
+    expected = np.array([r["predicted_over_measured"] for r in ok])
+    lines += [
+        "",
+        f"default / best grid: geometric mean {np.exp(np.log(ratios).mean()):.2f}, worst "
+        f"{ratios.max():.2f}; Algorithm 1 / best grid: geometric mean "
+        f"{np.exp(np.log(paper).mean()):.2f}, worst {paper.max():.2f}; predicted / "
+        f"measured between {pred.min():.2f} and {pred.max():.2f} (expected / measured "
+        f"{expected.min():.2f} to {expected.max():.2f}).",
+    ]
+    above = [r for r in ok if r["default_over_best_lo"] > _TARGET]
+    near = [r for r in ok if r["default_over_best"] > _TARGET
+            and not r["default_over_best_lo"] > _TARGET]  # fmt: skip
+    lines += [
+        "",
+        f"Above the target of {_TARGET} x the best grid point: "
+        + (", ".join(_label(r) for r in above) or "none")
+        + " with the whole interval above it; "
+        + (", ".join(_label(r) for r in near) or "none")
+        + " above it in the mean only (the interval reaches below).",
+    ]
+    return lines
+
+
+def _summary_table(summary: list[dict[str, Any]]) -> list[str]:
+    """One row per setting: the default, the best grid point, Algorithm 1, Uniform and
+    the default's predictions."""
+    lines: list[str] = []
+    lines += [
+        "| setting | k | eps | default (l, m) | default SSE | best grid (l, m) | best SSE | "
+        "default / best | Algorithm 1 (l, m) | Alg. 1 SSE | Alg. 1 / best | Uniform | "
+        "predicted | predicted / measured | expected / measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in summary:
+        if r["status"] != "ok":
+            lines.append(f"| {r['setting']} | {r['k']} | {r['epsilon']:g} | {r['status']} |"
+                         + " |" * 11)  # fmt: skip
+            continue
+        pilot = f" + pilot {r['pilot_m']}" if r["pilot_m"] else ""
+        lines.append(
+            f"| {r['setting']} | {r['k']} | {r['epsilon']:g} | "
+            f"({r['default_l']}, {r['default_m']}){pilot} | "
+            f"{_fmt(r['default_sse'])} ± {_fmt(r['default_se'])} | "
+            f"({r['best_l']}, {r['best_m']}) | {_fmt(r['best_sse'])} ± {_fmt(r['best_se'])} | "
+            f"**{r['default_over_best']:.2f}**{_interval(r)} | ({r['paper_l']}, {r['paper_m']}) | "
+            f"{_fmt(r['paper_sse'])} | {r['paper_over_best']:.2f} | {_fmt(r['uniform_sse'])} | "
+            f"{_fmt(r['median_sse'])} | {r['median_over_measured']:.2f} | "
+            f"{r['predicted_over_measured']:.2f} |"
+        )
+    return lines
+
+
+def _grid_table(
+    tasks: list[PlannerTask],
+    results: dict[str, dict[str, Any]],
+    summary: list[dict[str, Any]],
+    checks: dict[str, float],
+) -> list[str]:
+    """Every grid point's SSE, its ratio to the best, and the model's prediction."""
+    lines = ["", "## Every grid point", "",
+             "| setting | k | eps | (l, m) | SSE | / best | model | model / SSE |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in summary:
         group = [t for t in tasks if t.setting.label == r["setting"] and t.setting.k == r["k"]
                  and t.epsilon == r["epsilon"] and t.role == "grid"]  # fmt: skip
@@ -534,7 +561,7 @@ def _markdown(
                 lines.append(f"| {r['setting']} | {r['k']} | {r['epsilon']:g} | ({t.l}, {t.m}) | "
                              f"{_fmt(mean)} ± {_fmt(se)} | {ratio:.2f} | {_fmt(model)} | "
                              f"{model / mean:.2f} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _time_table(ok: list[dict[str, Any]]) -> list[str]:
