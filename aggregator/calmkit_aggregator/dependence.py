@@ -134,8 +134,8 @@ class PairEvidence:
         ``pair`` only): the noise's density on :data:`_NODES` points ``v`` of its
         square root (a normal kernel density of the null draws' square roots,
         reflected at 0), each node a mass at ``y = v^2`` spread over about its cell
-        (:data:`_NODE_WIDTH`), convolved
-        with the normal noise along the signal and read at ``raw - S``."""
+        (:data:`_NODE_WIDTH`), convolved with the normal noise along the signal and read
+        at ``raw - S``."""
         rows = range(self.count) if pair is None else [pair]
         out = np.empty(np.broadcast_shapes(signal.shape, (len(rows), 1)))
         for k, i in enumerate(rows):
