@@ -18,7 +18,9 @@ every cell of their answers is checked against the population's true marginal:
 Both use 32 replicates (the service's default) and the same seed. Settings: ``demo``
 (the ``calmkit demo`` population: 100,000 synthetic users, 8 attributes of 2-4
 categories, a new population per seed), ``adult3`` (Adult, at most 3 categories per
-attribute), ``adult`` (Adult uncapped), ``nltcs`` (16 binary attributes). The datasets
+attribute), ``adult`` (Adult uncapped), ``nltcs`` (16 binary attributes), ``kosarak``
+(its 16 most frequent items, 2^16 users), ``acs`` (23 binary attributes) and
+``plants`` (69 binary attributes), the last three only when asked for (``--settings``). The datasets
 are read from ``CALMKIT_DATA`` (or ``--data-dir``); a setting whose data is absent is
 skipped with the reason.
 """
@@ -56,6 +58,9 @@ def populations(data_dir: str | None) -> dict[str, Callable[[int], Population]]:
         "adult3": lambda s: load_dataset("adult", data_dir, max_categories=3),
         "adult": lambda s: load_dataset("adult", data_dir),
         "nltcs": lambda s: load_dataset("nltcs", data_dir),
+        "kosarak": lambda s: load_dataset("kosarak", data_dir, d=16).resample(1 << 16, rng=0),
+        "acs": lambda s: load_dataset("acs", data_dir),
+        "plants": lambda s: load_dataset("plants", data_dir),
     }
 
 
