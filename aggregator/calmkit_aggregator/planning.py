@@ -194,12 +194,66 @@ def choose_plan(
         reconstruction: how the answers will be reconstructed, "local" or "global"
             (the error model predicts that one, :func:`~.error_model.predict_errors`).
     """
+    problem = _problem(sizes, epsilon, n, workload, profile, fixed_views, fixed_users, l, m,
+                       rng, shrink, covering_dir, reconstruction)  # fmt: skip
+    return _Search(problem).run()
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """What :func:`choose_plan` was asked, checked: the attributes it collects
+    (``collect``, >= 2 categories) and those it cannot (``single``)."""
+
+    sizes: tuple[int, ...]
+    epsilon: float
+    n: int
+    workload: Workload
+    profile: DataProfile
+    fixed: tuple[tuple[int, ...], ...]
+    users_fixed: list[float]
+    l: int | None  # noqa: E741
+    m: int | None
+    rng: int
+    shrink: bool
+    covering_dir: Path | str | None
+    reconstruction: str
+    collect: list[int]
+    single: tuple[int, ...]
+
+    @property
+    def arr(self) -> np.ndarray:
+        return np.array(self.sizes, dtype=np.int64)
+
+    @property
+    def dc(self) -> int:
+        return len(self.collect)
+
+    @property
+    def restricted(self) -> bool:
+        return self.l is not None or self.m is not None
+
+
+def _problem(
+    sizes: Sequence[int],
+    epsilon: float,
+    n: int,
+    workload: Workload,
+    profile: DataProfile | None,
+    fixed_views: Sequence[Sequence[int]],
+    fixed_users: Sequence[float],
+    l: int | None,  # noqa: E741
+    m: int | None,
+    rng: int,
+    shrink: bool,
+    covering_dir: Path | str | None,
+    reconstruction: str,
+) -> _Problem:
+    """:func:`choose_plan`'s arguments checked, each error naming the argument."""
     sizes_t = tuple(int(s) for s in sizes)
     d = len(sizes_t)
     if d == 0:
         raise PlanError("sizes (()) must name at least one attribute")
-    bad = next((s for s in sizes_t if s < 1), None)
-    if bad is not None:
+    if any(s < 1 for s in sizes_t):
         raise PlanError(f"sizes ({list(sizes_t)}) must be category counts >= 1")
     eps = _epsilon(epsilon)
     check_reconstruction(reconstruction)
@@ -217,7 +271,6 @@ def choose_plan(
     if len(users_fixed) != len(fixed):
         raise PlanError(f"fixed_users ({len(users_fixed)}) must give one count per fixed view")
     collect = [a for a in range(d) if sizes_t[a] > 1]
-    single = tuple(a for a in range(d) if sizes_t[a] == 1)
     if not collect:
         raise PlanError(
             f"every attribute ({d}) has one category: there is nothing to collect "
@@ -231,158 +284,225 @@ def choose_plan(
         )
     if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1):
         raise PlanError(f"m ({m!r}) must be an int >= 1")
-    total = float(n) + sum(users_fixed)
-    order = workload.order
-    cover_dir = None if covering_dir is None else str(covering_dir)
-    arr = np.array(sizes_t, dtype=np.int64)
-    scored: list[tuple[Candidate, tuple[tuple[int, ...], ...], ErrorPrediction]] = []
-    seen: set[tuple[int, int, str]] = set()
+    single = tuple(a for a in range(d) if sizes_t[a] == 1)
+    return _Problem(sizes_t, eps, int(n), workload, profile, fixed, users_fixed, l, m, rng,
+                    shrink, covering_dir, reconstruction, collect, single)  # fmt: skip
 
-    deps = tuple(profile.dependence_quantiles or (profile.dependence,))
-    floors: dict[tuple[int, int, str], float] = {}  # a design's least noise part
 
-    def score(lv: int, views: tuple[tuple[int, ...], ...], design: str) -> float:
+Scored = tuple[Candidate, tuple[tuple[int, ...], ...], ErrorPrediction]
+
+
+class _Search:
+    """The search of the module docstring over one :class:`_Problem`: every design it
+    scores is kept in ``scored`` (in the order scored); :meth:`run` returns the
+    choice."""
+
+    def __init__(self, problem: _Problem) -> None:
+        self.p = problem
+        self.scored: list[Scored] = []
+        self.floors: dict[tuple[int, int, str], float] = {}  # a design's least noise part
+        self.streams: dict[tuple[str, int], SpreadStream | DependentStream] = {}
+        self.lows: dict[int, int] = {}  # the first view count of each size
+        profile = problem.profile
+        self.relevance = _pair_relevance(profile, problem.workload) if profile.uneven else None
+        self.deps = tuple(profile.dependence_quantiles or (profile.dependence,))
+        self.total = float(problem.n) + sum(problem.users_fixed)
+        self.kinds: dict[str, Callable[[int, int], float]] = {
+            "spread": self.spread, "dependent": self.dependent, "balanced": self.balanced,
+        }  # fmt: skip
+
+    def run(self) -> PlannedViews:
+        p = self.p
+        self.view_sizes()
+        if not self.scored:
+            raise PlanError(f"n ({p.n}) users cannot hold a view of the requested size")
+        if p.m is None:
+            self.refine()
+        if not p.restricted and p.workload.k is not None and p.workload.k <= p.dc:
+            paper = _paper_views(p.arr, p.collect, p.epsilon, p.n, p.workload.k, p.rng,
+                                 p.covering_dir, p.fixed)  # fmt: skip
+            if paper:
+                self.score(max(len(v) for v in paper), paper, "paper")
+        cand, views, pred = _safe_choice(self.scored, restricted=p.restricted)
+        return PlannedViews(
+            views, cand.l, cand.m, cand.design, pred, tuple(c for c, _, _ in self.scored),
+            p.fixed, p.profile, p.single,
+        )  # fmt: skip
+
+    # -- scoring designs -------------------------------------------------------------------
+    def score(self, lv: int, views: tuple[tuple[int, ...], ...], design: str) -> float:
         """Predict a design at every dependence quantile; returns the geometric mean
         of the predictions (what the search follows)."""
+        p = self.p
         key = (lv, len(views), design)
-        if key in seen:
-            cand = next(c for c, _, _ in scored if (c.l, c.m, c.design) == key)
+        if key in self.floors:
+            cand = next(c for c, _, _ in self.scored if (c.l, c.m, c.design) == key)
             return cand.typical
-        seen.add(key)
-        all_views = fixed + views
-        users = users_fixed + [n / len(views)] * len(views)
-        preds = predict_errors(arr, all_views, users, eps, workload, profile, deps, n=total,
-                               shrink=shrink, seed=rng,
-                               reconstruction=reconstruction)  # fmt: skip
+        users = p.users_fixed + [p.n / len(views)] * len(views)
+        preds = predict_errors(p.arr, p.fixed + views, users, p.epsilon, p.workload, p.profile,
+                               self.deps, n=self.total, shrink=p.shrink, seed=p.rng,
+                               reconstruction=p.reconstruction)  # fmt: skip
         expected = ErrorPrediction(  # the quantiles are equally likely values
-            float(np.mean([p.sse for p in preds])), float(np.mean([p.noise for p in preds])),
-            float(np.mean([p.bias for p in preds])), preds[0].uncollected)  # fmt: skip
+            float(np.mean([x.sse for x in preds])), float(np.mean([x.noise for x in preds])),
+            float(np.mean([x.bias for x in preds])), preds[0].uncollected)  # fmt: skip
         cand = Candidate(lv, len(views), design, expected.sse, expected.noise, expected.bias,
-                         tuple(p.sse for p in preds))  # fmt: skip
-        scored.append((cand, views, expected))
-        floors[key] = min(p.noise for p in preds)
+                         tuple(x.sse for x in preds))  # fmt: skip
+        self.scored.append((cand, views, expected))
+        self.floors[key] = min(x.noise for x in preds)
         return cand.typical
 
-    streams: dict[int, SpreadStream] = {}
-    dependent_streams: dict[int, DependentStream] = {}
-    relevance = _pair_relevance(profile, workload) if profile.uneven else None
-
-    def spread(lv: int, mv: int) -> float:
-        if lv == 1 and any(len(v) == 1 for v in fixed):
+    def spread(self, lv: int, mv: int) -> float:
+        p = self.p
+        if lv == 1 and any(len(v) == 1 for v in p.fixed):
             # a pilot that measured attributes alone: the main phase measures them again
-            return score(1, tuple((a,) for a in collect[:mv]), "spread")
-        if lv not in streams:
-            streams[lv] = SpreadStream(collect, lv, rng=[rng, lv], start=fixed)
-        return score(lv, streams[lv].first(mv), "spread")
+            return self.score(1, tuple((a,) for a in p.collect[:mv]), "spread")
+        stream = self._stream("spread", lv)
+        return self.score(lv, stream.first(mv), "spread")
 
-    def dependent(lv: int, mv: int) -> float:
-        if lv not in dependent_streams:
-            assert relevance is not None  # only called for an uneven profile
-            dependent_streams[lv] = DependentStream(collect, lv, relevance, rng=[rng, lv],
-                                                    start=fixed)  # fmt: skip
-        return score(lv, dependent_streams[lv].first(mv), "dependent")
+    def dependent(self, lv: int, mv: int) -> float:
+        return self.score(lv, self._stream("dependent", lv).first(mv), "dependent")
 
-    balanced_streams: dict[int, SpreadStream] = {}
+    def balanced(self, lv: int, mv: int) -> float:
+        return self.score(lv, self._stream("balanced", lv).first(mv), "balanced")
 
-    def balanced(lv: int, mv: int) -> float:
-        if lv not in balanced_streams:
-            balanced_streams[lv] = SpreadStream(collect, lv, rng=[rng, lv], start=fixed,
-                                                weights=relevance)  # fmt: skip
-        return score(lv, balanced_streams[lv].first(mv), "balanced")
+    def _stream(self, kind: str, lv: int) -> SpreadStream | DependentStream:
+        p = self.p
+        if (kind, lv) not in self.streams:
+            rng = [p.rng, lv]
+            if kind == "spread":
+                made: SpreadStream | DependentStream = SpreadStream(p.collect, lv, rng=rng,
+                                                                    start=p.fixed)  # fmt: skip
+            elif kind == "balanced":
+                made = SpreadStream(p.collect, lv, rng=rng, start=p.fixed, weights=self.relevance)
+            else:
+                assert self.relevance is not None  # only asked for with an uneven profile
+                made = DependentStream(p.collect, lv, self.relevance, rng=rng, start=p.fixed)
+            self.streams[kind, lv] = made
+        return self.streams[kind, lv]
 
-    def dependent_near_best(lv: int) -> float:
+    def dependent_near_best(self, lv: int) -> float:
         """The designs that hold the pairs the profile expects to depend most (when it
         knows which): dependent and balanced at the view count where the spread designs
         of size ``lv`` did best, and the better of the two at the second best count."""
-        if relevance is None or lv < 2:
+        if self.relevance is None or lv < 2:
             return math.inf
-        tried = sorted((c.typical, c.m) for c, _, _ in scored
+        tried = sorted((c.typical, c.m) for c, _, _ in self.scored
                        if c.l == lv and c.design == "spread")  # fmt: skip
         if not tried:
             return math.inf
-        values = {"dependent": dependent(lv, tried[0][1]), "balanced": balanced(lv, tried[0][1])}
+        values = {"dependent": self.dependent(lv, tried[0][1]),
+                  "balanced": self.balanced(lv, tried[0][1])}  # fmt: skip
         better = min(values, key=values.__getitem__)
         if len(tried) > 1:
-            values[better] = min(values[better], kinds[better](lv, tried[1][1]))
+            values[better] = min(values[better], self.kinds[better](lv, tried[1][1]))
         return min(values.values())
 
-    kinds: dict[str, Callable[[int, int], float]] = {
-        "spread": spread, "dependent": dependent, "balanced": balanced}  # fmt: skip
+    # -- the search ------------------------------------------------------------------------
+    def room(self, lv: int) -> int:
+        """New distinct views of size ``lv`` (a single attribute may be measured again)."""
+        p = self.p
+        if lv == 1:
+            return p.dc
+        return math.comb(p.dc, lv) - sum(1 for v in p.fixed if len(v) == lv)
 
-    def cells_of(lv: int) -> float:
-        return expected_cells(arr[collect].tolist(), lv)
+    def most_views(self, lv: int) -> int:
+        """The most views of size ``lv`` the search scores (:func:`_most_views`)."""
+        cells = expected_cells(self.p.arr[self.p.collect].tolist(), lv)
+        return _most_views(self.room(lv), self.p.n, cells)
 
-    lmax = min(dc, _MAX_L) if l is None else int(l)
-    lmin = 1 if l is None else int(l)
-    best_overall = math.inf
-    worse = 0
-    lows: dict[int, int] = {}
-    for lv in range(lmin, lmax + 1):
-        if _smallest_cells(arr[collect], lv) > MAX_VIEW_CELLS:
-            break
-        room = math.comb(dc, lv) - sum(1 for v in fixed if len(v) == lv) if lv > 1 else dc
-        hi = _most_views(room, n, cells_of(lv))
-        if hi < 1:
-            continue
-        if m is not None:
-            if m > room:
-                raise PlanError(f"m ({m}) must be <= {room} new distinct views of size {lv}")
-            best_l = min(spread(lv, int(m)), dependent_near_best(lv))
+    def view_sizes(self) -> None:
+        """Every view size l = 1, 2, ... (or the fixed one) until two sizes past the
+        workload's order did not improve."""
+        p = self.p
+        lmax = min(p.dc, _MAX_L) if p.l is None else int(p.l)
+        lmin = 1 if p.l is None else int(p.l)
+        best_overall = math.inf
+        worse = 0
+        for lv in range(lmin, lmax + 1):
+            if _smallest_cells(p.arr[p.collect], lv) > MAX_VIEW_CELLS:
+                break
+            hi = self.most_views(lv)
+            if hi < 1:
+                continue
+            best_l = self.one_size(lv, hi, best_overall)
+            worse = worse + 1 if best_l > best_overall else 0
+            best_overall = min(best_overall, best_l)
+            if p.l is None and lv >= p.workload.order and worse >= _PATIENCE:
+                break
+
+    def one_size(self, lv: int, hi: int, best_overall: float) -> float:
+        """Every design of size ``lv``; returns the best prediction among them."""
+        p = self.p
+        if p.m is not None:
+            if p.m > self.room(lv):
+                raise PlanError(
+                    f"m ({p.m}) must be <= {self.room(lv)} new distinct views of size {lv}"
+                )
+            best_l = min(self.spread(lv, int(p.m)), self.dependent_near_best(lv))
         else:
-            mv = lows[lv] = min(hi, math.ceil(dc / lv))
-            best_l = last = spread(lv, mv)
-            rises = 0
-            while mv < hi and rises < _PATIENCE:  # m x4 until it stops paying
-                mv = min(hi, 4 * mv)
-                value = spread(lv, mv)
-                rises = rises + 1 if value > last else 0
-                best_l, last = min(best_l, value), value
-                if floors[lv, mv, "spread"] > best_l:
-                    break  # its noise alone is past the best: more views only add noise
-            best_l = min(best_l, dependent_near_best(lv))
-        if workload.k is not None and order <= lv <= order + 2 and dc <= _COVER_MAX_D:
-            need = cover_lower_bound(dc, order, lv)
-            limit = hi if m is None else int(m)
-            near = min(best_l, best_overall)
-            if need <= limit and (m is not None or spread(lv, need) <= _RISE * near):
-                base = tuple(tuple(collect[i] for i in b) for b in _cover(dc, order, lv, cover_dir))
-                base = tuple(v for v in base if v not in set(fixed))
-                size = len(base) if m is None else int(m)
-                if len(base) <= size <= room:
-                    extra = spread_views(collect, lv, size - len(base), rng=[rng, lv, size],
-                                         start=fixed + base)  # fmt: skip
-                    best_l = min(best_l, score(lv, base + extra, "cover"))
-        if workload.queries is not None and l is None and m is None:
-            qs = tuple(sorted({tuple(a for a in q if sizes_t[a] > 1) for q in workload.queries}
-                              - {()}))  # fmt: skip
-            if qs and len(qs) <= n and len({len(q) for q in qs}) == 1 and len(qs[0]) == lv:
-                best_l = min(best_l, score(lv, tuple(q for q in qs if q not in set(fixed)),
-                                           "queries"))  # fmt: skip
-        worse = worse + 1 if best_l > best_overall else 0
-        best_overall = min(best_overall, best_l)
-        if l is None and lv >= order and worse >= _PATIENCE:
-            break
-    if not scored:
-        raise PlanError(f"n ({n}) users cannot hold a view of the requested size")
-    if m is None:  # refine m around the best stream design, never below full coverage
-        streamed = [c for c, _, _ in scored if c.design in kinds]
-        top = min(streamed, key=_regret(scored)) if streamed else None
-        if top is not None:
-            room = math.comb(dc, top.l) - sum(1 for v in fixed if len(v) == top.l)
-            hi = _most_views(room if top.l > 1 else dc, n, cells_of(top.l))
-            for factor in (0.5, 2**-0.5, 2**0.5, 2.0):
-                mv = round(top.m * factor)
-                if lows.get(top.l, 1) <= mv <= hi:
-                    kinds[top.design](top.l, mv)
-    if l is None and m is None and workload.k is not None and workload.k <= dc:
-        paper = _paper_views(arr, collect, eps, int(n), workload.k, rng, covering_dir, fixed)
-        if paper:
-            score(max(len(v) for v in paper), paper, "paper")
-    cand, views, pred = _safe_choice(scored, restricted=l is not None or m is not None)
-    return PlannedViews(
-        views, cand.l, cand.m, cand.design, pred, tuple(c for c, _, _ in scored), fixed,
-        profile, single,
-    )  # fmt: skip
+            best_l = min(self.sweep(lv, hi), self.dependent_near_best(lv))
+        best_l = min(best_l, self.cover(lv, hi, min(best_l, best_overall)))
+        return min(best_l, self.queries_design(lv))
+
+    def sweep(self, lv: int, hi: int) -> float:
+        """Spread designs of ``ceil(d / lv)`` views, then 4x as many, until two steps
+        do not improve or a design's noise alone is past the best."""
+        mv = self.lows[lv] = min(hi, math.ceil(self.p.dc / lv))
+        best_l = last = self.spread(lv, mv)
+        rises = 0
+        while mv < hi and rises < _PATIENCE:
+            mv = min(hi, 4 * mv)
+            value = self.spread(lv, mv)
+            rises = rises + 1 if value > last else 0
+            best_l, last = min(best_l, value), value
+            if self.floors[lv, mv, "spread"] > best_l:
+                break  # its noise alone is past the best: more views only add noise
+        return best_l
+
+    def cover(self, lv: int, hi: int, near: float) -> float:
+        """A covering design of size ``lv`` (every k-set in a view), for l in [k, k + 2]
+        and when a spread design of its size is within _RISE of ``near``."""
+        p = self.p
+        order = p.workload.order
+        if p.workload.k is None or not order <= lv <= order + 2 or p.dc > _COVER_MAX_D:
+            return math.inf
+        need = cover_lower_bound(p.dc, order, lv)
+        limit = hi if p.m is None else int(p.m)
+        if need > limit or (p.m is None and self.spread(lv, need) > _RISE * near):
+            return math.inf
+        cover_dir = None if p.covering_dir is None else str(p.covering_dir)
+        base = tuple(tuple(p.collect[i] for i in b) for b in _cover(p.dc, order, lv, cover_dir))
+        base = tuple(v for v in base if v not in set(p.fixed))
+        size = len(base) if p.m is None else int(p.m)
+        if not len(base) <= size <= self.room(lv):
+            return math.inf
+        extra = spread_views(p.collect, lv, size - len(base), rng=[p.rng, lv, size],
+                             start=p.fixed + base)  # fmt: skip
+        return self.score(lv, base + extra, "cover")
+
+    def queries_design(self, lv: int) -> float:
+        """The workload's own queries as views, when they all have ``lv`` attributes."""
+        p = self.p
+        if p.workload.queries is None or p.restricted:
+            return math.inf
+        qs = tuple(sorted({tuple(a for a in q if p.sizes[a] > 1) for q in p.workload.queries}
+                          - {()}))  # fmt: skip
+        if qs and len(qs) <= p.n and len({len(q) for q in qs}) == 1 and len(qs[0]) == lv:
+            return self.score(lv, tuple(q for q in qs if q not in set(p.fixed)), "queries")
+        return math.inf
+
+    def refine(self) -> None:
+        """View counts 0.5x, 0.7x, 1.4x and 2x the best stream design's, never below
+        full coverage."""
+        streamed = [c for c, _, _ in self.scored if c.design in self.kinds]
+        if not streamed:
+            return
+        top = min(streamed, key=_regret(self.scored))
+        hi = self.most_views(top.l)
+        for factor in (0.5, 2**-0.5, 2**0.5, 2.0):
+            mv = round(top.m * factor)
+            if self.lows.get(top.l, 1) <= mv <= hi:
+                self.kinds[top.design](top.l, mv)
 
 
 def _paper_views(
