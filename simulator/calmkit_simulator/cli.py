@@ -175,8 +175,19 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog="Start with `calmkit demo`; `calmkit COMMAND --help` for a "
                      "command's options.")  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_demo(sub)
+    _add_serve(sub)
+    _add_collection(sub)
+    _add_query(sub)
+    _add_datasets(sub)
+    _add_population(sub)
+    _add_plan(sub)
+    _add_simulate(sub)
+    _add_experiment(sub)
+    return parser
 
-    # -- the service --------------------------------------------------------------------
+def _add_demo(sub: Any) -> None:
+    """The ``calmkit demo`` command and its options."""
     demo = _command(sub, "demo", "demo_cli:_demo",
                     "the whole system on one machine: a server, a synthetic population "
                     "reporting through the client, answers beside the truth (no "
@@ -189,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "randomness: the same seed prints the same tables")  # fmt: skip
     _json(demo, "print one JSON object (counts, phases, every table) instead of text")
 
+
+def _add_serve(sub: Any) -> None:
+    """The ``calmkit serve`` command and its options."""
     serve = _command(sub, "serve", f"{OPERATOR}:_serve", "run the aggregator service")
     serve.add_argument("--address", default=DEFAULT_ADDRESS, metavar="HOST:PORT",
                        help="where to listen (port 0: any free port; off loopback needs "
@@ -217,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="cap each submit token at this many reports per second "
                        "(default: no cap)")  # fmt: skip
 
+
+def _add_collection(sub: Any) -> None:
+    """The ``calmkit collection`` command and its options."""
     col = _command(sub, "collection", f"{OPERATOR}:_collection_checked",
                    "create, close, list or show collections")  # fmt: skip
     col.add_argument("action", choices=["create", "close", "status", "list"],
@@ -251,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="create: seed of the plan's view assignment")
     _json(col)
 
+
+def _add_query(sub: Any) -> None:
+    """The ``calmkit query`` command and its options."""
     query = _command(sub, "query", f"{OPERATOR}:_query",
                      "a marginal table of a collection, with standard errors")  # fmt: skip
     _address(query)
@@ -267,7 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "global: also one model fitted to all views at once, which answers the "
                      "pairs no view holds")  # fmt: skip
 
-    # -- data and evaluation --------------------------------------------------------------
+
+def _add_datasets(sub: Any) -> None:
+    """The ``calmkit datasets`` command and its options."""
     data = _command(sub, "datasets", "data_cli:_datasets",
                     "the datasets calmkit knows: list, fetch (download + verify), path",
                     "list: every dataset with its source, licence and SHA-256s; fetch NAME.. "
@@ -285,11 +307,17 @@ def build_parser() -> argparse.ArgumentParser:
                       f"names (default: the official sources; or ${MIRROR_ENV})")  # fmt: skip
     _json(data, "machine-readable output")
 
+
+def _add_population(sub: Any) -> None:
+    """The ``calmkit population`` command and its options."""
     pop = _command(sub, "population", "data_cli:_population",
                    "load a dataset and describe it (attributes, categories, users)")
     _data_options(pop)
     _json(pop)
 
+
+def _add_plan(sub: Any) -> None:
+    """The ``calmkit plan`` command and its options."""
     plan = _command(sub, "plan", "data_cli:_plan",
                     "choose the view size l, the count m and the views for a collection")
     plan.add_argument("--domain", required=True, metavar="SIZES",
@@ -306,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.set_defaults(planner="pipeline", pilot=PILOT_FRACTION, theta=0.001)
     _json(plan)
 
+
+def _add_simulate(sub: Any) -> None:
+    """The ``calmkit simulate`` command and its options."""
     sim = _command(sub, "simulate", "data_cli:_simulate",
                    "run a mechanism and Uniform on a population; report the error (SSE)")
     sim.add_argument("--mechanism", default="calm", choices=MECHANISMS, metavar="NAME",
@@ -355,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="WFF workload (default k: all k-way marginals)")
     _json(sim)
 
+
+def _add_experiment(sub: Any) -> None:
+    """The ``calmkit experiment`` command and its options."""
     exp = _command(sub, "experiment", "data_cli:_experiment",
                    "a figure of the paper (or the planner comparison): task grid, CSV, PNG "
                    "and results.md")  # fmt: skip
@@ -390,8 +424,6 @@ def build_parser() -> argparse.ArgumentParser:
                   "fetch NAME`); 130 interrupted (finished tasks are cached: the same command "
                   "resumes). Outputs of an earlier run with more finished tasks are never "
                   "overwritten.")  # fmt: skip
-    return parser
-
 
 def _resolve(run: str) -> Callable[[argparse.Namespace], int]:
     module, function = run.split(":")
