@@ -121,34 +121,30 @@ class PairEvidence:
         flat = signal < 1e-3 * h
         far = signal - self.raw[:, None] > 12.0 * tau
         out = np.full(signal.shape, -np.inf)
-        at_zero = self._log_density(np.zeros((self.count, 1)))[:, 0]
-        out[:] = np.where(flat, at_zero[:, None], out)
-        for i in range(self.count):
+        for i in range(self.count):  # S = 0 and the live points in one pass per pair
             live = ~(flat[i] | far[i])
-            if live.any():
-                out[i, live] = self._log_density(signal[i, live][None, :], i)[0]
+            values = self._log_density(np.append(0.0, signal[i, live])[None, :], i)[0]
+            out[i, flat[i]] = values[0]
+            out[i, live] = values[1:]
         return out
 
-    def _log_density(self, signal: np.ndarray, pair: int | None = None) -> np.ndarray:
-        """:meth:`log_likelihood` at ``signal`` (raw units; (P, G), or (1, G) for
-        ``pair`` only): the noise's density on :data:`_NODES` points ``v`` of its
+    def _log_density(self, signal: np.ndarray, pair: int) -> np.ndarray:
+        """:meth:`log_likelihood` of ``pair`` at ``signal`` (raw units, (1, G)): the
+        noise's density on :data:`_NODES` points ``v`` of its
         square root (a normal kernel density of the null draws' square roots,
         reflected at 0), each node a mass at ``y = v^2`` spread over about its cell
         (:data:`_NODE_WIDTH`), convolved with the normal noise along the signal and read
         at ``raw - S``."""
-        rows = range(self.count) if pair is None else [pair]
-        out = np.empty(np.broadcast_shapes(signal.shape, (len(rows), 1)))
-        for k, i in enumerate(rows):
-            s = signal[k if signal.shape[0] > 1 else 0][None, :]  # (1, G)
-            v, mass = _root_density(self.null[i], float(self.raw[i]))
-            c2 = 4.0 * float(self.null[i].mean() / self.dim[i]) * s
-            step = v[1] - v[0]
-            var = c2 + (_NODE_WIDTH**2 * (4.0 * v * v * step * step + step**4))[:, None]
-            z2 = (self.raw[i] - s - (v * v)[:, None]) ** 2 / var
-            terms = -0.5 * z2 - 0.5 * np.log(var) + np.log(np.maximum(mass, 1e-300))[:, None]
-            top = terms.max(axis=0)
-            out[k] = top + np.log(np.exp(terms - top).sum(axis=0))
-        return out - 0.5 * math.log(2 * math.pi)
+        i = pair
+        v, mass = _root_density(self.null[i], float(self.raw[i]))
+        c2 = 4.0 * float(self.null[i].mean() / self.dim[i]) * signal
+        step = v[1] - v[0]
+        var = c2 + (_NODE_WIDTH**2 * (4.0 * v * v * step * step + step**4))[:, None]
+        z2 = (self.raw[i] - signal - (v * v)[:, None]) ** 2 / var
+        terms = -0.5 * z2 - 0.5 * np.log(var) + np.log(np.maximum(mass, 1e-300))[:, None]
+        top = terms.max(axis=0)
+        out: np.ndarray = top + np.log(np.exp(terms - top).sum(axis=0))
+        return out[None, :] - 0.5 * math.log(2 * math.pi)
 
 
 def _root_density(null: np.ndarray, raw: float) -> tuple[np.ndarray, np.ndarray]:
