@@ -16,9 +16,19 @@ of dimension ``dim_S = prod (L_a - 1)``):
    measured by simulating the view (its truth the product of the profile's
    marginals, its counts drawn exactly as the oracle draws them; a fixed seed).
 3. **Consistency** averages each component over all views holding it with the
-   pipeline's weights ``w_j ∝ 1/(L_j var_j)``: ``e_S = (sum w_j |b_j|)^2 + sum w_j^2
-   v_j - dim_S/(L_S n)`` (aligned biases; the last term: the views' users partition
-   the population).
+   pipeline's weights ``w_j ∝ 1/(L_j var_j)``, each divided by the share ``k_j`` of
+   its raw variance the component keeps after Norm-Sub: ``e_S = (sum w_j |b_j|)^2 +
+   sum w_j^2 v_j - dim_S/(L_S n)`` (aligned biases; the last term: the views' users
+   partition the population). The pipeline alternates consistency and Norm-Sub
+   until both hold, so a view whose Norm-Sub pins a component (a sparse table whose
+   noise it clips) pulls it back every round: measured on 20 attributes of 8-40
+   categories (n = 10^5, eps 1, pair views of ~1,000 users), the margins after
+   adding 20 one-attribute views of 1,000 users stayed as precise as without them
+   (summed SSE 0.178 against 0.176), which the raw weights (the singles dominating)
+   predicted 2.5x worse and these weights predict within 20%. Where Norm-Sub clips
+   less the fixed point lies between the two: on 4 attributes of 8-14 categories
+   with single and pair views of 3,000 users (tests/aggregator/test_large_domains.py)
+   these weights predict 1.42x the measured SSE, the raw ones 1.10x.
 4. **Shrinkage** (:mod:`.shrinkage`) of each view's unshared components: the risk of
    its James-Stein factor at the signal-to-noise ratio the profile predicts
    (tabulated by simulation per dimension count), split over the components.
@@ -523,7 +533,10 @@ def _pool(model: _Views, comps: _Components, n: float) -> tuple[np.ndarray, _Gro
         uniq, first, index = np.unique(comps.attrs, axis=0, return_index=True,
                                        return_inverse=True)  # fmt: skip
     index = index.reshape(-1)
-    w = 1.0 / (model.cells[comps.view] * model.var[comps.view])
+    # the pipeline's weights, times how far Norm-Sub cut the component's variance
+    raw = model.cells[comps.view] / comps.cells * comps.dim * model.nu[comps.view]
+    kept = comps.variance / np.maximum(raw, 1e-300)
+    w = 1.0 / (model.cells[comps.view] * model.var[comps.view] * np.maximum(kept, 1e-12))
     wsum = np.bincount(index, w, minlength=len(uniq))
     w = w / wsum[index]
     bias = np.bincount(index, w * comps.bias_norm, minlength=len(uniq)) ** 2

@@ -81,6 +81,10 @@ __all__ = [
 CONTINGENCY_PRIOR = (1e-3, 0.5)
 # An estimated marginal goes at most this share of the way to a single category.
 _MOST_SKEW = 0.95
+# ... and its prior reaches down to this share: below what a pilot can resolve, so
+# that a margin the noise swamps is read as flat as the data allow, not as the floor
+# of the prior (1e-3 read near-uniform margins of 8-40 categories as 5x their skew)
+_LEAST_SKEW = 1e-5
 
 
 @dataclass(frozen=True)
@@ -370,20 +374,26 @@ def _skew_posterior(observed: float, var: float, size: int) -> float:
     margin whose L cells carry independent noise of variance ``var``:
     ``T ~ N(s2 + (L - 1) var, 2 (L - 1) var^2 + 4 s2 var)`` (the noise's L - 1
     dimensions in the plane of sum 1, and its part along the signal), and ``s2 / (1 -
-    1/L)``, the distance's share of a single category's, log-uniform on [1e-3,
-    :data:`_MOST_SKEW`]. Precise margins give ``T - (L - 1) var``; a margin the noise
-    swamps (a pilot pair table of 40 x 37 cells) gives the prior's median, 3% of the
-    way to a single category, not the unbiased estimate whose spread (and its
-    truncation at 0) makes flat attributes look skewed."""
+    1/L)``, the distance's share of a single category's, log-uniform on
+    [:data:`_LEAST_SKEW`, :data:`_MOST_SKEW`]. Precise margins give ``T - (L - 1)
+    var``; a margin the noise swamps (a pilot pair table of 40 x 37 cells) gives the
+    geometric middle of the prior's floor and the largest distance the noise could
+    hide, not the unbiased estimate whose spread (and its truncation at 0) makes flat
+    attributes look skewed."""
     top = 1.0 - 1.0 / size
-    share = np.geomspace(1e-3, _MOST_SKEW, 400)
-    s2 = share * top
+    lo, hi = _LEAST_SKEW * top, _MOST_SKEW * top
     noise = (size - 1) * var
+    # a log grid over the prior, and a fine one where the likelihood peaks (it may be
+    # far narrower than the log grid's steps)
+    width = math.sqrt(2.0 * (size - 1) * var * var + 4.0 * abs(observed) * var)
+    near = observed - noise + width * np.linspace(-6.0, 6.0, 121)
+    s2 = np.unique(np.concatenate([np.geomspace(lo, hi, 400), near[(near > lo) & (near < hi)]]))
     spread = 2.0 * (size - 1) * var * var + 4.0 * s2 * var
     log_post = -0.5 * (observed - s2 - noise) ** 2 / spread - 0.5 * np.log(spread)
-    post = np.exp(log_post - log_post.max())
+    # the log-uniform prior: density 1/s2, times each point's share of the axis
+    post = np.exp(log_post - log_post.max()) * np.gradient(s2) / s2
     cdf = np.cumsum(post) / post.sum()
-    return float(np.exp(np.interp(0.5, cdf, np.log(s2))))
+    return float(np.interp(0.5, cdf, s2))
 
 
 def _sharpened(shape: np.ndarray, skew: float) -> np.ndarray:

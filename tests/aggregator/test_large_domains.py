@@ -98,6 +98,10 @@ DESIGNS = {
     "one attribute per view": [[0], [1], [2], [3]],
     "every pair": [list(p) for p in itertools.combinations(range(4), 2)],
     "a chain of pairs": [[0, 1], [1, 2], [2, 3]],
+    # a pilot's single views beside pair views whose Norm-Sub clips their noise (how
+    # consistency pools them: step 3 of the error model's docstring)
+    "every attribute alone and every pair": [[0], [1], [2], [3]]
+    + [list(p) for p in itertools.combinations(range(4), 2)],
 }
 
 

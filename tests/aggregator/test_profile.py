@@ -155,12 +155,12 @@ def test_a_precise_margin_is_itself_and_a_swamped_one_the_priors_median_skew() -
     p = np.array([0.6, 0.25, 0.1, 0.05])
     np.testing.assert_allclose(estimated_marginal(p, 1e-12), p, atol=1e-4)
     # swamped by noise: the log-uniform prior's median share of a single category's
-    # distance, sqrt(1e-3 x 0.95), whatever the noisy margin showed
+    # distance, sqrt(1e-5 x 0.95), whatever the noisy margin showed
     u = np.full(30, 1 / 30)
     noisy = u + np.random.default_rng(3).normal(0, 3.0, 30)
     got = estimated_marginal(noisy, 9.0)
     share = float(((got - u) ** 2).sum()) / (1 - 1 / 30)
-    assert share == pytest.approx(math.sqrt(1e-3 * 0.95), rel=0.03)
+    assert share == pytest.approx(math.sqrt(1e-5 * 0.95), rel=0.03)
     # the old rule's trap: 41 categories, one at 91%, as a pilot pair of 7 x 41 cells
     # measures it (per-cell variance 0.023): still clearly skewed (||P||^2 0.83; the
     # Dirichlet(1) prior read ~0.05)
