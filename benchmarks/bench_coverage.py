@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from calmkit_aggregator.calm import Estimator, reconstruct_by
-from calmkit_aggregator.pilot import PhasedDesign, combine_phases, pilot_plan, pilot_size
-from calmkit_aggregator.support import SupportCounts
-from calmkit_aggregator.uncertainty import bootstrap
+from calmkit_aggregator.planning.pilot import PhasedDesign, combine_phases, pilot_plan, pilot_size
+from calmkit_aggregator.reconstruction.pipeline import Estimator, reconstruct_by
+from calmkit_aggregator.reconstruction.support import SupportCounts
+from calmkit_aggregator.reconstruction.uncertainty import bootstrap
 from calmkit_simulator import (
     DatasetError,
     Population,

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from calmkit_aggregator import estimate_views, plan_collection, reconstruct
-from calmkit_aggregator.global_model import reconstruct_global
+from calmkit_aggregator.reconstruction.global_model import reconstruct_global
 from calmkit_client import Plan
 from calmkit_simulator.collect import collect_support
 from calmkit_simulator.datasets import DatasetError, load_dataset

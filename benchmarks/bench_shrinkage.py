@@ -31,13 +31,13 @@ from pathlib import Path
 import numpy as np
 
 from calmkit_aggregator import reconstruct
-from calmkit_aggregator.calm import MarginalEstimator
-from calmkit_aggregator.consistency import make_consistent
-from calmkit_aggregator.designs import spread_views
-from calmkit_aggregator.estimate import estimate_views
-from calmkit_aggregator.marginal import MarginalTable
-from calmkit_aggregator.maxent import maximum_entropy
-from calmkit_aggregator.shrinkage import interaction_dof, shared_sets
+from calmkit_aggregator.planning.designs import spread_views
+from calmkit_aggregator.reconstruction.consistency import make_consistent
+from calmkit_aggregator.reconstruction.estimate import estimate_views
+from calmkit_aggregator.reconstruction.marginal import MarginalTable
+from calmkit_aggregator.reconstruction.maxent import maximum_entropy
+from calmkit_aggregator.reconstruction.pipeline import MarginalEstimator
+from calmkit_aggregator.reconstruction.shrinkage import interaction_dof, shared_sets
 from calmkit_client import Plan
 from calmkit_simulator.collect import collect_support
 from calmkit_simulator.datasets import load_dataset

@@ -13,7 +13,7 @@ bases):
   view's f-independent variance times the cells summed (eqs. 1, 2); nothing
   (NaN) for a max-ent answer;
 - *bootstrap B*: the noise-only parametric bootstrap of the whole reconstruction
-  with B replicates (``plug_in="served"``, :mod:`calmkit_aggregator.uncertainty`);
+  with B replicates (``plug_in="served"``, :mod:`calmkit_aggregator.reconstruction.uncertainty`);
   the total error the service serves is measured by ``bench_coverage.py``.
 
 A second table checks the closed form for one view's raw estimate: the frequent
@@ -28,10 +28,10 @@ import time
 
 import numpy as np
 
-from calmkit_aggregator.calm import reconstruct
-from calmkit_aggregator.estimate import estimate_views
-from calmkit_aggregator.support import SupportCounts
-from calmkit_aggregator.uncertainty import bootstrap
+from calmkit_aggregator.reconstruction.estimate import estimate_views
+from calmkit_aggregator.reconstruction.pipeline import reconstruct
+from calmkit_aggregator.reconstruction.support import SupportCounts
+from calmkit_aggregator.reconstruction.uncertainty import bootstrap
 from calmkit_client import Plan, Schema
 
 QUERIES = {"projection (0,1)": (0, 1), "max-ent (0,1,2)": (0, 1, 2)}

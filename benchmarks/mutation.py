@@ -46,37 +46,37 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         f"{T}/client/test_oracles_stats.py", f"{T}/client/test_oracles_privacy.py",
         f"{T}/client/test_grr_exact_privacy.py", f"{T}/client/test_oue_exact_privacy.py",
         f"{T}/client/test_report.py", f"{T}/simulator/test_collect.py")),
-    "estimate": (f"{AGG}/estimate.py", (
+    "estimate": (f"{AGG}/reconstruction/estimate.py", (
         f"{T}/aggregator/test_estimate.py", f"{T}/aggregator/test_reconstruction.py",
         f"{T}/aggregator/test_uncertainty.py",
         f"{T}/integration/test_calm_end_to_end.py")),
-    "consistency": (f"{AGG}/consistency.py", (
+    "consistency": (f"{AGG}/reconstruction/consistency.py", (
         f"{T}/aggregator/test_consistency_weights.py", f"{T}/aggregator/test_consistency_levels.py",
         f"{T}/aggregator/test_consistency_noisy.py", f"{T}/aggregator/test_reconstruction.py",
         f"{T}/integration/test_calm_end_to_end.py")),
-    "shrinkage": (f"{AGG}/shrinkage.py", (
+    "shrinkage": (f"{AGG}/reconstruction/shrinkage.py", (
         f"{T}/aggregator/test_shrinkage.py", f"{T}/aggregator/test_reconstruction.py",
         f"{T}/integration/test_calm_end_to_end.py")),
-    "maxent": (f"{AGG}/maxent.py", (
+    "maxent": (f"{AGG}/reconstruction/maxent.py", (
         f"{T}/aggregator/test_maxent.py", f"{T}/aggregator/test_reconstruction.py",
         f"{T}/aggregator/test_shrinkage.py", f"{T}/integration/test_calm_end_to_end.py")),
-    "planning": (f"{AGG}/planning.py", (
+    "planning": (f"{AGG}/planning/search.py", (
         f"{T}/aggregator/test_planning_search.py", f"{T}/aggregator/test_planning.py",
         f"{T}/aggregator/test_error_model.py")),
-    "error_model": (f"{AGG}/error_model.py", (
+    "error_model": (f"{AGG}/planning/error_model.py", (
         f"{T}/aggregator/test_error_model.py", f"{T}/aggregator/test_planning.py")),
-    "profile": (f"{AGG}/profile.py", (
+    "profile": (f"{AGG}/planning/profile.py", (
         f"{T}/aggregator/test_profile.py", f"{T}/aggregator/test_planning.py",
         f"{T}/aggregator/test_error_model.py")),
-    "designs": (f"{AGG}/designs.py", (
+    "designs": (f"{AGG}/planning/designs.py", (
         f"{T}/aggregator/test_designs.py", f"{T}/aggregator/test_planning.py")),
-    "pilot": (f"{AGG}/pilot.py", (
+    "pilot": (f"{AGG}/planning/pilot.py", (
         f"{T}/aggregator/test_planning.py", f"{T}/aggregator/test_storage_phases.py",
         f"{T}/integration/test_phases.py")),
-    "planner": (f"{AGG}/planner.py", (
+    "planner": (f"{AGG}/planning/collection.py", (
         f"{T}/aggregator/test_planning.py", f"{T}/simulator/test_calm_plan_cache.py")),
-    "choose": (f"{AGG}/choose.py", (f"{T}/aggregator/test_choose.py",)),
-    "global_model": (f"{AGG}/global_model.py", (
+    "choose": (f"{AGG}/planning/algorithm1.py", (f"{T}/aggregator/test_choose.py",)),
+    "global_model": (f"{AGG}/reconstruction/global_model.py", (
         f"{T}/aggregator/test_global_model.py", f"{T}/aggregator/test_reconstruction.py")),
 }  # fmt: skip
 

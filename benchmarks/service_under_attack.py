@@ -38,7 +38,7 @@ import h2.connection
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from calmkit_aggregator import wire
+from calmkit_aggregator.service import wire
 from calmkit_aggregator.service.admin import AdminClient
 from calmkit_aggregator.service.handlers import AggregatorService
 from calmkit_aggregator.service.server import create_server, graceful_stop

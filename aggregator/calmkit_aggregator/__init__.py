@@ -1,46 +1,63 @@
-"""calmkit_aggregator: ingestion, estimation, consistency, reconstruction, service."""
+"""calmkit_aggregator: the aggregator side of calmkit.
 
-from .calm import RECONSTRUCTIONS, Estimator, MarginalEstimator, reconstruct, reconstruct_by
-from .choose import Choice, Option, balanced_views, choose_views, expected_cells
-from .consistency import ConsistentViews, intersection_closure, make_consistent, norm_sub
-from .covering import CoveringError, best_known_size, construct_cover, read_cover, verify_cover
-from .estimate import estimate_views
-from .global_model import GlobalEstimator, fit_global, reconstruct_global
-from .marginal import MarginalTable
-from .maxent import Answer, answer_query, maximum_entropy
-from .planner import plan_collection
-from .shrinkage import shrink_interactions
-from .support import SupportCounts
+- :mod:`.planning`: which views users report on (the default planner, its pilot, and
+  Algorithm 1 of the CALM paper);
+- :mod:`.reconstruction`: from support counts to consistent views and any marginal;
+- :mod:`.service`: the gRPC collection service and its storage.
+
+The names below are what most users need; each package lists the rest.
+"""
+
+from .planning import (
+    DataProfile,
+    PhasedDesign,
+    PlannedViews,
+    Workload,
+    choose_plan,
+    choose_views,
+    combine_phases,
+    pilot_plan,
+    plan_after_pilot,
+    plan_collection,
+    predict_error,
+)
+from .reconstruction import (
+    RECONSTRUCTIONS,
+    Answer,
+    Estimator,
+    GlobalEstimator,
+    MarginalEstimator,
+    MarginalTable,
+    SupportCounts,
+    bootstrap,
+    estimate_views,
+    make_consistent,
+    reconstruct,
+    reconstruct_by,
+)
 
 __all__ = [
     "RECONSTRUCTIONS",
     "Answer",
-    "Choice",
-    "ConsistentViews",
-    "CoveringError",
+    "DataProfile",
     "Estimator",
     "GlobalEstimator",
     "MarginalEstimator",
     "MarginalTable",
-    "Option",
+    "PhasedDesign",
+    "PlannedViews",
     "SupportCounts",
-    "answer_query",
-    "balanced_views",
-    "best_known_size",
+    "Workload",
+    "bootstrap",
+    "choose_plan",
     "choose_views",
-    "construct_cover",
+    "combine_phases",
     "estimate_views",
-    "expected_cells",
-    "fit_global",
-    "intersection_closure",
     "make_consistent",
-    "maximum_entropy",
-    "norm_sub",
+    "pilot_plan",
+    "plan_after_pilot",
     "plan_collection",
-    "read_cover",
+    "predict_error",
     "reconstruct",
     "reconstruct_by",
-    "reconstruct_global",
-    "shrink_interactions",
-    "verify_cover",
 ]

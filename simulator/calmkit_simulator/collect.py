@@ -7,7 +7,7 @@ Two paths with the same distribution:
   the payloads.
 - **fast**: the support counts are sampled directly, exactly in distribution, from
   each view's true cell counts n_v (n_j users in the view;
-  :func:`calmkit_aggregator.uncertainty.sample_support`):
+  :func:`calmkit_aggregator.reconstruction.uncertainty.sample_support`):
 
   * OUE: ``C_v = Binomial(n_v, 1/2) + Binomial(n_j - n_v, q)`` (bits are independent).
   * GRR: a GRR report equals "keep the true cell with probability p - q, otherwise a
@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from calmkit_aggregator import SupportCounts
-from calmkit_aggregator.uncertainty import sample_support
+from calmkit_aggregator.reconstruction.uncertainty import sample_support
 from calmkit_client import CalmkitError, Plan, make_reports
 from calmkit_client.randomness import RngLike
 

@@ -58,10 +58,10 @@ def _population(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from calmkit_aggregator.choose import choose_views
-    from calmkit_aggregator.pilot import pilot_plan, pilot_size
-    from calmkit_aggregator.planner import workload_of
-    from calmkit_aggregator.planning import choose_plan
+    from calmkit_aggregator.planning.algorithm1 import choose_views
+    from calmkit_aggregator.planning.collection import workload_of
+    from calmkit_aggregator.planning.pilot import pilot_plan, pilot_size
+    from calmkit_aggregator.planning.search import choose_plan
     from calmkit_client import Plan, Schema, SchemaError
 
     try:

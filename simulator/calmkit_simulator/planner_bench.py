@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from calmkit_aggregator.choose import choose_views, expected_cells
-from calmkit_aggregator.covering import construct_cover, cover_lower_bound
+from calmkit_aggregator.planning.algorithm1 import choose_views, expected_cells
+from calmkit_aggregator.planning.covering import construct_cover, cover_lower_bound
 
 from .datasets import DatasetError, load_dataset
 from .grid import Task
@@ -170,9 +170,9 @@ def planning_times(repeats: int = 5, dims: tuple[int, ...] = (16, 64, 128)) -> l
 
 
 def _planning_times(repeats: int, dims: tuple[int, ...]) -> list[dict[str, Any]]:
-    from calmkit_aggregator.error_model import Workload
-    from calmkit_aggregator.planning import choose_plan
-    from calmkit_aggregator.profile import DataProfile, marginal_pair_weights
+    from calmkit_aggregator.planning.error_model import Workload
+    from calmkit_aggregator.planning.profile import DataProfile, marginal_pair_weights
+    from calmkit_aggregator.planning.search import choose_plan
 
     rows = []
     for d in dims:
@@ -209,9 +209,9 @@ def model_check(tasks: list[PlannerTask], data_dir: str | None = None) -> dict[s
     repetition)."""
     import itertools
 
-    from calmkit_aggregator.error_model import Workload, predict_error
-    from calmkit_aggregator.planner import plan_collection
-    from calmkit_aggregator.profile import DataProfile, pair_dependence
+    from calmkit_aggregator.planning.collection import plan_collection
+    from calmkit_aggregator.planning.error_model import Workload, predict_error
+    from calmkit_aggregator.planning.profile import DataProfile, pair_dependence
 
     out: dict[str, float] = {}
     for setting in dict.fromkeys(t.setting for t in tasks):

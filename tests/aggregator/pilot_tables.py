@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from calmkit_aggregator.marginal import MarginalTable
+from calmkit_aggregator.reconstruction.marginal import MarginalTable
 from calmkit_client import FrequencyOracle, choose_oracle
 
 

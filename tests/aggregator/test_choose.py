@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from calmkit_aggregator.choose import (
+from calmkit_aggregator.planning.algorithm1 import (
     Choice,
     _next_balanced,
     _repair_step,
@@ -19,7 +19,7 @@ from calmkit_aggregator.choose import (
     noise_error,
     sampling_error,
 )
-from calmkit_aggregator.covering import construct_cover, verify_cover
+from calmkit_aggregator.planning.covering import construct_cover, verify_cover
 from calmkit_client import Plan, PlanError, Schema
 
 N16 = 2**16

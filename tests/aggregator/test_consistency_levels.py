@@ -11,8 +11,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from calmkit_aggregator import MarginalTable, intersection_closure, make_consistent, norm_sub
-from calmkit_aggregator.consistency import _steps
+from calmkit_aggregator import MarginalTable, make_consistent
+from calmkit_aggregator.reconstruction import intersection_closure, norm_sub
+from calmkit_aggregator.reconstruction.consistency import _steps
 
 
 def _reference(tables: list[MarginalTable], tol: float = 1e-9, max_iter: int = 1000):  # type: ignore[no-untyped-def]

@@ -5,13 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calmkit_aggregator import (
-    MarginalTable,
-    estimate_views,
-    intersection_closure,
-    make_consistent,
-    reconstruct,
-)
+from calmkit_aggregator import MarginalTable, estimate_views, make_consistent, reconstruct
+from calmkit_aggregator.reconstruction import intersection_closure
 from calmkit_client import Plan
 from calmkit_simulator import collect_support, synthetic_population, true_view_counts
 from tests.stats import assert_z

@@ -18,9 +18,9 @@ import math
 import numpy as np
 import pytest
 
-from calmkit_aggregator.calm import reconstruct
-from calmkit_aggregator.support import SupportCounts
-from calmkit_aggregator.uncertainty import bootstrap, sample_support
+from calmkit_aggregator.reconstruction.pipeline import reconstruct
+from calmkit_aggregator.reconstruction.support import SupportCounts
+from calmkit_aggregator.reconstruction.uncertainty import bootstrap, sample_support
 from calmkit_client import Plan, Schema
 
 NOMINAL, Z = 0.95, 3.09

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calmkit_aggregator import covering
-from calmkit_aggregator.covering import (
+from calmkit_aggregator.planning import covering
+from calmkit_aggregator.planning.covering import (
     CoveringError,
     best_known_size,
     construct_cover,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import integrate, special, stats
 
-from calmkit_aggregator.dependence import (
+from calmkit_aggregator.planning.dependence import (
     _BOOTSTRAP,
     _GRID,
     HETEROGENEITY_PRIOR,
@@ -21,8 +21,8 @@ from calmkit_aggregator.dependence import (
     draw_estimates,
     pair_evidence,
 )
-from calmkit_aggregator.marginal import MarginalTable
-from calmkit_aggregator.profile import pair_dependence
+from calmkit_aggregator.planning.profile import pair_dependence
+from calmkit_aggregator.reconstruction.marginal import MarginalTable
 from calmkit_client import choose_oracle
 
 from .pilot_tables import pair_tables
@@ -47,7 +47,7 @@ def _kernel_logpdf(raw: float, null: np.ndarray, nu: float, signal: np.ndarray) 
     square root (the null draws' square roots' normal kernel density, reflected at 0)
     on 40,001 points v, and L(S) = integral of g(v) N(raw - S - v^2; 0, 4 nu S) dv
     (at S = 0: g(sqrt(x)) / (2 sqrt(x)) at x = raw)."""
-    from calmkit_aggregator.dependence import _bandwidth
+    from calmkit_aggregator.planning.dependence import _bandwidth
 
     roots = np.sqrt(null)
     h = float(_bandwidth(roots[None, :])[0])
@@ -108,7 +108,7 @@ def test_under_independence_the_likelihood_is_the_statistics_law(
     null = evidence.null[0]
     se = math.sqrt(raw.var() / raw.size + null.var() / null.size)
     assert abs(raw.mean() - null.mean()) <= MARGIN * se
-    from calmkit_aggregator.dependence import _bandwidth
+    from calmkit_aggregator.planning.dependence import _bandwidth
 
     # the kernel of the square roots reflected at 0: its CDF at x is
     # Phi((sqrt(x) - a) / h) + Phi((sqrt(x) + a) / h) - 1 averaged over the roots a
@@ -127,7 +127,7 @@ def test_a_skewed_large_domain_reads_as_independent() -> None:
     # the margins' skew, the statistic's noise part is twice that of uniform margins
     # (0.8 of dependence per unit read from noise alone); with the pilot's own margins
     # the estimate is unbiased: over 300 pilots its mean is 0 within 4 standard errors
-    from calmkit_aggregator.profile import estimated_marginal
+    from calmkit_aggregator.planning.profile import estimated_marginal
 
     gen = np.random.default_rng(41)
     pa = gen.dirichlet(np.full(6, 2.0))

@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from calmkit_aggregator import designs
-from calmkit_aggregator.designs import (
+from calmkit_aggregator.planning import designs
+from calmkit_aggregator.planning.designs import (
     DependentStream,
     SpreadStream,
     _least_used,

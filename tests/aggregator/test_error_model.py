@@ -17,9 +17,10 @@ import re
 import numpy as np
 import pytest
 
-from calmkit_aggregator import MarginalTable, answer_query, reconstruct
-from calmkit_aggregator.error_model import Workload, _js_table, predict_error
-from calmkit_aggregator.profile import DataProfile
+from calmkit_aggregator import MarginalTable, reconstruct
+from calmkit_aggregator.planning.error_model import Workload, _js_table, predict_error
+from calmkit_aggregator.planning.profile import DataProfile
+from calmkit_aggregator.reconstruction import answer_query
 from calmkit_client import CalmkitError, Plan, Schema
 from calmkit_simulator import Population, collect_support
 
@@ -236,7 +237,7 @@ def test_global_reconstruction_recovers_unheld_pairs_as_predicted(shape: str) ->
     # Markov chain that is ~0; on a one-factor population (0, 2) keeps (1 - rho_1^2)^2
     # of it. (0, 3) and (1, 4) have no path of held pairs: their whole dependence
     # stays, as in local reconstruction.
-    from calmkit_aggregator.global_model import fit_global
+    from calmkit_aggregator.reconstruction.global_model import fit_global
 
     flips = (0.1, 0.15, 0.2, 0.1, 0.12)
     pop = (_chain(200_000, flips[:4], seed=31) if shape == "chain"
@@ -299,7 +300,7 @@ def test_shrinking_pure_noise_matches_the_james_stein_prediction() -> None:
 
 
 def test_the_normal_approximation_of_a_multinomial_keeps_its_total_and_moments() -> None:
-    from calmkit_aggregator.error_model import _SAMPLES, _normal_multinomial
+    from calmkit_aggregator.planning.error_model import _SAMPLES, _normal_multinomial
 
     probs = np.array([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]])
     s = np.array([[1000.0], [400.0]])
@@ -338,7 +339,7 @@ def test_simulated_views_draw_reports_as_the_oracle_does(
     # users' multinomial draw and the oracle's noise. GRR: (diag(pi) - pi pi^T) /
     # (n (p-q)^2), pi = (p-q) t + q (its estimate already sums to 1); OUE: independent
     # bits, diag(t p(1-p) + (1-t) q(1-q)) / (n (p-q)^2), plus (diag(t) - t t^T) / n
-    from calmkit_aggregator.error_model import _SAMPLES, _simulate
+    from calmkit_aggregator.planning.error_model import _SAMPLES, _simulate
     from calmkit_client import make_oracle
 
     t = np.array(cells)
@@ -425,7 +426,7 @@ def test_the_james_stein_table_without_signal_is_the_chi_square_integral(dim: in
 def _shrunk_triple(profile: DataProfile, dependence: float, users: float):  # type: ignore[no-untyped-def]
     """The error model's steps for one view of three binary attributes and a pairs
     workload, up to the shrinkage: (model, comps, pooled, groups, bias, shrunk, pairs)."""
-    from calmkit_aggregator.error_model import _bias, _components, _pool, _shrink, _Views
+    from calmkit_aggregator.planning.error_model import _bias, _components, _pool, _shrink, _Views
 
     model = _Views(np.array([2, 2, 2]), [(0, 1, 2)], np.array([users]), 1.0, None)
     comps = _components(model, 2)
@@ -457,7 +458,7 @@ def test_the_shrinkage_step_follows_its_documented_rule() -> None:
     # and target: each pair's bias plus its max-ent base's noise (the two margins'
     # errors times the other's ||P - u||^2); rho: the oracle's c x dims (what the
     # pipeline takes the noise to be) over the noise.
-    from calmkit_aggregator.error_model import _js_risk
+    from calmkit_aggregator.planning.error_model import _js_risk
 
     weights = np.array([[0, 3.0, 1.0], [3.0, 0, 0.5], [1.0, 0.5, 0]])
     profile = DataProfile.from_marginals([np.array([0.7, 0.3])] * 3, 0.02, pair_weights=weights)
@@ -482,7 +483,7 @@ def test_the_shrinkage_step_follows_its_documented_rule() -> None:
 
 
 def test_nearest_takes_the_closer_key_and_the_lower_on_a_tie() -> None:
-    from calmkit_aggregator.error_model import _nearest
+    from calmkit_aggregator.planning.error_model import _nearest
 
     keys = np.array([0.1, 0.2, 0.4])
     values = np.array([0.05, 0.15, 0.16, 0.3, 0.31, 0.5, 0.1])
@@ -501,8 +502,8 @@ def test_views_beyond_the_simulated_ones_copy_the_nearest_simulated_view(
     # each view's simulated variance has relative error sqrt(2 / 31) (32 samples), so
     # the two predictions differ by sqrt(2/31) sqrt(1/128 + 1/300) = 2.6% (sd); the
     # mean ratio over 3 seeds must be within 4 of its standard errors of 1.
-    from calmkit_aggregator import error_model
-    from calmkit_aggregator.error_model import _SAMPLES
+    from calmkit_aggregator.planning import error_model
+    from calmkit_aggregator.planning.error_model import _SAMPLES
 
     d = 300
     margs = [np.array([1 - p, p]) for p in np.linspace(0.45, 0.01, d)]
@@ -572,7 +573,7 @@ def test_the_key_guard_allows_exactly_what_fits_in_62_bits() -> None:
 def test_few_users_are_drawn_exactly_on_the_oracles_lattice() -> None:
     # below 40 users GRR's counts are drawn exactly (integers): with cells far from zero
     # Norm-Sub leaves them, so every simulated estimate lies on the lattice of counts
-    from calmkit_aggregator.error_model import _simulate
+    from calmkit_aggregator.planning.error_model import _simulate
     from calmkit_client import make_oracle
 
     oracle = make_oracle("GRR", 2, 4.0)
@@ -587,7 +588,7 @@ def test_simulated_component_variances_match_the_analytic_ones_away_from_zero() 
     # a 2 x 3 view far from zero: the simulated variance of each component read in its
     # marginal (1-way, 1-way, pair) is the analytic (L / L_S) dim_S nu; 200 views of 32
     # samples, relative error sqrt(2 / (200 x 31)) each (4 SE)
-    from calmkit_aggregator.error_model import _SAMPLES, _simulate_components, _Views
+    from calmkit_aggregator.planning.error_model import _SAMPLES, _simulate_components, _Views
 
     shape = (2, 3)
     patterns = ((0,), (1,), (0, 1))
@@ -609,7 +610,7 @@ def test_pooling_weighs_views_by_their_oracles_f_independent_variance() -> None:
     # a pair view (4 cells) and a triple view (8 cells) share attribute 0: its component
     # is pooled with weights 1 / (L_j var_j), var_j = q (1 - q) / (n_j (p - q)^2), and
     # its error is sum w_j^2 v_j minus the users' sampling term dim / (L_S n)
-    from calmkit_aggregator.error_model import _components, _pool, _Views
+    from calmkit_aggregator.planning.error_model import _components, _pool, _Views
 
     model = _Views(np.array([2, 2, 2, 2]), [(0, 1), (0, 2, 3)], np.array([900.0, 300.0]),
                    1.0, None)  # fmt: skip
@@ -631,7 +632,7 @@ def test_pooling_weighs_views_by_their_oracles_f_independent_variance() -> None:
 
 
 def test_small_inputs_at_their_boundaries() -> None:
-    from calmkit_aggregator.error_model import _simulate, predict_errors
+    from calmkit_aggregator.planning.error_model import _simulate, predict_errors
     from calmkit_client import make_oracle
 
     profile = DataProfile.from_marginals([np.array([0.6, 0.4])] * 3, 0.01)
@@ -665,7 +666,7 @@ def test_the_risk_table_of_a_shrinker_that_misjudges_the_noise_is_its_exact_risk
     # their standard errors of it (rho = 1 is the table without rho)
     from scipy import integrate, stats
 
-    from calmkit_aggregator.error_model import _JS_DRAWS, _JS_RHOS, _js_tables
+    from calmkit_aggregator.planning.error_model import _JS_DRAWS, _JS_RHOS, _js_tables
 
     def moment(power: int, dim: int, cut: float) -> float:
         def f(x: float) -> float:
@@ -709,7 +710,7 @@ def test_a_signal_beyond_the_risk_tables_range_is_left_unshrunk() -> None:
 def test_workloads_views_and_users_are_checked_at_their_boundaries() -> None:
     import dataclasses
 
-    from calmkit_aggregator.error_model import ErrorPrediction
+    from calmkit_aggregator.planning.error_model import ErrorPrediction
 
     for k in (True, 2.5, 0):
         with pytest.raises(CalmkitError, match=rf"^k \({k!r}\) must be an int >= 1$"):
@@ -737,7 +738,7 @@ def test_workloads_views_and_users_are_checked_at_their_boundaries() -> None:
 
 
 def test_predict_errors_shrinks_by_default_as_reconstruct_does() -> None:
-    from calmkit_aggregator.error_model import predict_errors
+    from calmkit_aggregator.planning.error_model import predict_errors
 
     # views with interactions of their own: the shrinkage changes the prediction
     sizes = (3, 3, 3, 3)
@@ -778,7 +779,7 @@ def test_a_disjoint_view_of_another_shape_first_leaves_the_simulated_view_alone(
     both = predict_error(sizes, [(0, 1), (2, 3, 4)], [1e6, 60.0], 1.0, queries, profile, n=n)
     assert (both.sse, both.noise, both.bias) == (alone.sse, alone.noise, alone.bias)
     # the active view is simulated: its prediction is not the analytic one
-    from calmkit_aggregator import error_model
+    from calmkit_aggregator.planning import error_model
 
     analytic = error_model._CLIP_SDS
     try:
@@ -806,7 +807,7 @@ def test_one_way_workloads_do_not_depend_on_the_pair_dependence() -> None:
 
 
 def _predict_errors(*args):  # type: ignore[no-untyped-def]
-    from calmkit_aggregator.error_model import predict_errors
+    from calmkit_aggregator.planning.error_model import predict_errors
 
     return predict_errors(*args)
 
@@ -815,7 +816,7 @@ def test_a_pair_view_under_a_larger_workload_shrinks_one_dimension() -> None:
     # one binary pair view, 3-way workload: the pair's interaction (dim 1, padded to the
     # workload's width) is the view's only unshared part and nothing lies above the
     # workload (no high dimensions): the documented rule with dim 1 and no nu term
-    from calmkit_aggregator.error_model import _bias, _components, _pool, _shrink, _Views
+    from calmkit_aggregator.planning.error_model import _bias, _components, _pool, _shrink, _Views
 
     profile = DataProfile.from_marginals([np.array([0.6, 0.4])] * 3, 0.03)
     model = _Views(np.array([2, 2, 2]), [(0, 1)], np.array([700.0]), 1.0, None)
@@ -824,7 +825,7 @@ def test_a_pair_view_under_a_larger_workload_shrinks_one_dimension() -> None:
     pooled, groups = _pool(model, comps, 700.0)
     bias = _bias(groups, profile, profile.pair_dependence(0.03))
     out = _shrink(model, comps, groups, pooled, bias, profile)
-    from calmkit_aggregator.error_model import _js_risk
+    from calmkit_aggregator.planning.error_model import _js_risk
 
     (pair,) = np.flatnonzero(groups.order == 2)
     assert groups.dim[pair] == 1 and groups.cells[pair] == 4
@@ -843,7 +844,7 @@ def test_pooled_biases_add_before_they_are_squared() -> None:
     # two views share attribute 0, each with a simulated bias on it (norms b_j, aligned
     # as the module docstring assumes): the pooled component's error is
     # (sum w_j b_j)^2 + sum w_j^2 v_j - dim / (L_S n)
-    from calmkit_aggregator.error_model import _components, _pool, _Views
+    from calmkit_aggregator.planning.error_model import _components, _pool, _Views
 
     model = _Views(np.array([2, 2, 2, 2]), [(0, 1), (0, 2, 3)], np.array([900.0, 300.0]),
                    1.0, None)  # fmt: skip
@@ -867,8 +868,8 @@ def test_simulated_norm_sub_bias_matches_a_direct_simulation_near_zero() -> None
     # the mean error of 100,000 direct draws (GRR counts, the unbiased estimate, Norm-Sub),
     # read in the component's marginal: within 4 standard errors of both
     # (the standard errors: the views' spread, and the delta method for the direct mean)
-    from calmkit_aggregator.consistency import norm_sub_rows
-    from calmkit_aggregator.error_model import _simulate_components, _Views
+    from calmkit_aggregator.planning.error_model import _simulate_components, _Views
+    from calmkit_aggregator.reconstruction.consistency import norm_sub_rows
 
     shape, patterns = (2, 2), ((0,), (1,), (0, 1))
     truth = np.array([0.02, 0.18, 0.18, 0.62])
@@ -913,7 +914,7 @@ def test_every_simulated_view_keeps_its_own_simulation() -> None:
     # at most 128, so every view is simulated) of three kinds interleaved A, B, C, A, ...
     # with smallest cells 0.16, 0.0025, 0.04: each kind's mean simulated variance per
     # component is that of the kind simulated alone (another stream; 4 standard errors)
-    from calmkit_aggregator.error_model import _components, _norm_sub, _Views
+    from calmkit_aggregator.planning.error_model import _components, _norm_sub, _Views
 
     kinds = [np.array([0.6, 0.4]), np.array([0.95, 0.05]), np.array([0.8, 0.2])]
 
@@ -945,7 +946,7 @@ def test_normal_oue_draws_have_the_oracles_variance_where_counts_are_tiny(
     # draws must keep it: the estimate's variance is
     # ((p - q)^2 s t (1 - t) + s t p (1 - p) + s (1 - t) q (1 - q)) / (s (p - q))^2.
     # Norm-Sub is switched off to see the raw estimates; 20,000 draws, 4 SE
-    from calmkit_aggregator import error_model
+    from calmkit_aggregator.planning import error_model
     from calmkit_client import make_oracle
 
     monkeypatch.setattr(error_model, "norm_sub_rows", lambda rows: rows)
@@ -970,7 +971,7 @@ def test_views_up_to_4096_cells_are_simulated_and_larger_ones_are_not() -> None:
     # a 64 x 64 view (4,096 cells) and a 64 x 65 one, both with cells near zero for
     # their few users: the first is simulated (its prediction moves off the analytic
     # one), the second keeps the analytic values (its dense operator would not fit)
-    from calmkit_aggregator import error_model
+    from calmkit_aggregator.planning import error_model
 
     def predict(cols: int, clip: float) -> float:
         margs = [np.full(64, 1 / 64), np.full(cols, 1 / cols)]
@@ -992,7 +993,7 @@ def test_pooled_errors_are_never_negative() -> None:
     # error is almost only the users' sampling, which the pooling subtracts
     # (dim / (L_S n), n = 600); its simulated variance (32 samples a view) falls below
     # that about half the time, and the error is then 0, not negative
-    from calmkit_aggregator.error_model import _components, _norm_sub, _pool, _Views
+    from calmkit_aggregator.planning.error_model import _components, _norm_sub, _pool, _Views
 
     profile = DataProfile.from_marginals([np.array([0.97, 0.03])] * 2, 0.0)
     model = _Views(np.full(2, 2), [(0, 1)] * 20, np.full(20, 30.0), 10.0, None)

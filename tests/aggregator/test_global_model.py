@@ -10,11 +10,20 @@ import itertools
 import numpy as np
 import pytest
 
-from calmkit_aggregator.calm import reconstruct
-from calmkit_aggregator.global_model import fit_global, i_projection, reconstruct_global
-from calmkit_aggregator.junction import TableTooLarge, fit_maxent, junction_tree, project
-from calmkit_aggregator.marginal import MarginalTable
-from calmkit_aggregator.maxent import maximum_entropy, query_constraints
+from calmkit_aggregator.reconstruction.global_model import (
+    fit_global,
+    i_projection,
+    reconstruct_global,
+)
+from calmkit_aggregator.reconstruction.junction import (
+    TableTooLarge,
+    fit_maxent,
+    junction_tree,
+    project,
+)
+from calmkit_aggregator.reconstruction.marginal import MarginalTable
+from calmkit_aggregator.reconstruction.maxent import maximum_entropy, query_constraints
+from calmkit_aggregator.reconstruction.pipeline import reconstruct
 from calmkit_client import CalmkitError, Plan, Schema
 
 SIZES = (2, 3, 2, 3, 2, 2)

@@ -4,7 +4,7 @@ population without dependence planned for as one (each attribute in a view of it
 
 Populations are dense joint tables (4 attributes, 13,440 cells); each repetition splits
 the users over the views at random and draws the views' support counts from the
-oracles' exact law (:func:`~calmkit_aggregator.uncertainty.sample_support`)."""
+oracles' exact law (:func:`~calmkit_aggregator.reconstruction.uncertainty.sample_support`)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import reconstruct_by
-from calmkit_aggregator.error_model import Workload, predict_error
-from calmkit_aggregator.pilot import pilot_plan, plan_after_pilot, profile_from_pilot
-from calmkit_aggregator.profile import DataProfile, pair_dependence
-from calmkit_aggregator.uncertainty import sample_support
+from calmkit_aggregator.planning.error_model import Workload, predict_error
+from calmkit_aggregator.planning.pilot import pilot_plan, plan_after_pilot, profile_from_pilot
+from calmkit_aggregator.planning.profile import DataProfile, pair_dependence
+from calmkit_aggregator.reconstruction.uncertainty import sample_support
 from calmkit_client import Plan, Schema
 
 SIZES = (10, 14, 8, 12)

@@ -9,8 +9,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from calmkit_aggregator.marginal import MarginalTable
-from calmkit_aggregator.maxent import Answer, answer_query, maximum_entropy
+from calmkit_aggregator.reconstruction.marginal import MarginalTable
+from calmkit_aggregator.reconstruction.maxent import Answer, answer_query, maximum_entropy
 from calmkit_client import CalmkitError
 
 

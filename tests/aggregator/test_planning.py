@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import SupportCounts, plan_collection, reconstruct
-from calmkit_aggregator.designs import dependent_views, pilot_views, spread_views
-from calmkit_aggregator.error_model import Workload
-from calmkit_aggregator.pilot import (
+from calmkit_aggregator.planning.collection import workload_of
+from calmkit_aggregator.planning.designs import dependent_views, pilot_views, spread_views
+from calmkit_aggregator.planning.error_model import Workload
+from calmkit_aggregator.planning.pilot import (
     PhasedDesign,
     combine_phases,
     pilot_plan,
@@ -22,9 +23,8 @@ from calmkit_aggregator.pilot import (
     plan_after_pilot,
     profile_from_pilot,
 )
-from calmkit_aggregator.planner import workload_of
-from calmkit_aggregator.planning import MAX_VIEWS, choose_plan, fewest_users
-from calmkit_aggregator.profile import DataProfile
+from calmkit_aggregator.planning.profile import DataProfile
+from calmkit_aggregator.planning.search import MAX_VIEWS, choose_plan, fewest_users
 from calmkit_client import CalmkitError, Plan, PlanError, Schema
 from calmkit_simulator import collect_support, synthetic_population
 
@@ -357,7 +357,7 @@ def test_a_design_replaces_the_safe_ones_only_when_it_beats_them_beyond_its_unce
     # Algorithm 1's plan (safe) and two others. A design must beat both safe ones by
     # more than the spread of its log ratio over the quantiles (over 0.876, a normal
     # law's quantile spread) plus the model's error on both designs (MODEL_SD each)
-    from calmkit_aggregator.planning import MODEL_SD, Candidate, _safe_choice, convincing
+    from calmkit_aggregator.planning.search import MODEL_SD, Candidate, _safe_choice, convincing
 
     def cand(l: int, design: str, sses: list[float]) -> Candidate:  # noqa: E741
         return Candidate(l, 10, design, float(np.mean(sses)), 0.0, 0.0, tuple(sses))

@@ -10,11 +10,11 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from calmkit_aggregator import planning
-from calmkit_aggregator.designs import balanced_views, dependent_views
-from calmkit_aggregator.error_model import ErrorPrediction, Workload
-from calmkit_aggregator.planning import Candidate, _pair_relevance, choose_plan
-from calmkit_aggregator.profile import DataProfile
+from calmkit_aggregator.planning import search as planning
+from calmkit_aggregator.planning.designs import balanced_views, dependent_views
+from calmkit_aggregator.planning.error_model import ErrorPrediction, Workload
+from calmkit_aggregator.planning.profile import DataProfile
+from calmkit_aggregator.planning.search import Candidate, _pair_relevance, choose_plan
 from calmkit_client import PlanError
 
 
@@ -204,7 +204,7 @@ def test_the_refinement_stays_within_the_views_not_already_fixed(
 ) -> None:
     # 5 attributes, the pilot's 3 pairs fixed: 7 new pairs remain. The best count, 7,
     # is refined with 4 and 5 (10 would need pairs that exist only as fixed views)
-    from calmkit_aggregator.designs import pilot_views
+    from calmkit_aggregator.planning.designs import pilot_views
 
     _model(monkeypatch, lambda size, m: 20.0 - m)
     fixed = pilot_views(range(5), rng=0)
@@ -313,7 +313,7 @@ def test_sizes_without_room_are_skipped_not_the_end_of_the_search() -> None:
 
 
 def test_the_prediction_counts_the_fixed_views_users_in_the_population() -> None:
-    from calmkit_aggregator.error_model import predict_error
+    from calmkit_aggregator.planning.error_model import predict_error
 
     fixed = [(0, 1), (2, 3)]
     chosen = choose_plan([2] * 4, 1.0, 5000, Workload(k=2), _flat(4), l=2, m=2,

@@ -10,13 +10,12 @@ import math
 import numpy as np
 import pytest
 
-from calmkit_aggregator.dependence import (
+from calmkit_aggregator.planning.dependence import (
     HETEROGENEITY_PRIOR,
     dependence_posterior,
     pair_evidence,
 )
-from calmkit_aggregator.marginal import MarginalTable
-from calmkit_aggregator.profile import (
+from calmkit_aggregator.planning.profile import (
     CONTINGENCY_PRIOR,
     DataProfile,
     dependence_range,
@@ -26,6 +25,7 @@ from calmkit_aggregator.profile import (
     pair_caps,
     pair_dependence,
 )
+from calmkit_aggregator.reconstruction.marginal import MarginalTable
 from calmkit_client import CalmkitError, Schema, choose_oracle
 
 from .pilot_tables import pair_tables as _pair_tables
@@ -173,7 +173,7 @@ def test_a_precise_margin_is_itself_and_a_swamped_one_the_priors_median_skew() -
 
 
 def test_a_sharpened_margin_reaches_its_skew_and_stops_short_of_one_category() -> None:
-    from calmkit_aggregator.profile import _MOST_SKEW, _sharpened
+    from calmkit_aggregator.planning.profile import _MOST_SKEW, _sharpened
 
     shape = np.array([0.4, 0.3, 0.2, 0.1])
     u = 0.25
@@ -319,7 +319,7 @@ def test_pair_weights_checks_and_fallbacks() -> None:
 
 
 def test_the_representative_keeps_a_direction_with_an_exact_zero() -> None:
-    from calmkit_aggregator.profile import _representative
+    from calmkit_aggregator.planning.profile import _representative
 
     mean = np.array([1 / 3, 0.5, 1 / 6])  # its first coordinate equals uniform's
     out = _representative(mean, 0.02)
@@ -366,7 +366,7 @@ def test_pilot_views_hold_one_or_two_attributes_and_degenerate_margins_are_handl
 def test_more_posterior_and_weight_edges() -> None:
     # precise pairs far above the prior's range: every quantile at the range's top
     # (its lattice point), and each pair's own mean finite at its measured value
-    from calmkit_aggregator.dependence import _GRID, PairEvidence
+    from calmkit_aggregator.planning.dependence import _GRID, PairEvidence
 
     gen = np.random.default_rng(2)
     null = gen.gamma(50.0, 1e-4, size=(40, 200))  # mean 0.005, 100 dimensions
@@ -403,7 +403,7 @@ def test_marginal_pair_weights_for_more_categories() -> None:
 
 
 def test_the_representative_stops_at_the_simplex_edge_on_its_ray() -> None:
-    from calmkit_aggregator.profile import _representative
+    from calmkit_aggregator.planning.profile import _representative
 
     mean = np.array([0.5, 0.3, 0.2])
     u = np.full(3, 1 / 3)

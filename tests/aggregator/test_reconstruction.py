@@ -8,9 +8,13 @@ import itertools
 import numpy as np
 import pytest
 
-from calmkit_aggregator.consistency import intersection_closure, make_consistent, norm_sub
-from calmkit_aggregator.marginal import MarginalTable
-from calmkit_aggregator.maxent import answer_query
+from calmkit_aggregator.reconstruction.consistency import (
+    intersection_closure,
+    make_consistent,
+    norm_sub,
+)
+from calmkit_aggregator.reconstruction.marginal import MarginalTable
+from calmkit_aggregator.reconstruction.maxent import answer_query
 
 SIZES = (2, 3, 2, 4, 3)
 VIEW_SETS = {

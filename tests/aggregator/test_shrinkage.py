@@ -11,13 +11,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from calmkit_aggregator import (
-    MarginalTable,
-    estimate_views,
-    intersection_closure,
-    make_consistent,
-)
-from calmkit_aggregator.shrinkage import interaction_dof, shrink_interactions
+from calmkit_aggregator import MarginalTable, estimate_views, make_consistent
+from calmkit_aggregator.reconstruction import intersection_closure
+from calmkit_aggregator.reconstruction.shrinkage import interaction_dof, shrink_interactions
 from calmkit_client import Plan, Schema
 from calmkit_simulator import Population, collect_support, synthetic_population
 from tests.stats import z_bound
@@ -163,7 +159,7 @@ def test_a_view_at_its_base_gets_factor_zero_and_noise_1_shrinks_fully() -> None
 
 
 def test_the_base_is_max_ent_to_1e_12_within_1000_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
-    import calmkit_aggregator.shrinkage as shrinkage
+    import calmkit_aggregator.reconstruction.shrinkage as shrinkage
 
     seen = []
     real = shrinkage.maximum_entropy

@@ -14,10 +14,10 @@ import math
 import numpy as np
 import pytest
 
-from calmkit_aggregator.calm import reconstruct
-from calmkit_aggregator.estimate import estimate_views
-from calmkit_aggregator.support import SupportCounts
-from calmkit_aggregator.uncertainty import bootstrap, plug_in_counts, sample_support
+from calmkit_aggregator.reconstruction.estimate import estimate_views
+from calmkit_aggregator.reconstruction.pipeline import reconstruct
+from calmkit_aggregator.reconstruction.support import SupportCounts
+from calmkit_aggregator.reconstruction.uncertainty import bootstrap, plug_in_counts, sample_support
 from calmkit_client import GRR, OUE, CalmkitError, FrequencyOracle, Plan, Schema
 
 Z = 4.5  # standard deviations of a sample variance allowed

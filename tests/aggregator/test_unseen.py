@@ -1,12 +1,12 @@
-"""The size of what a max-ent answer cannot see (calmkit_aggregator.unseen)."""
+"""The size of what a max-ent answer cannot see (calmkit_aggregator.reconstruction.unseen)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from calmkit_aggregator.marginal import MarginalTable
-from calmkit_aggregator.unseen import (
+from calmkit_aggregator.reconstruction.marginal import MarginalTable
+from calmkit_aggregator.reconstruction.unseen import (
     NO_EVIDENCE,
     InteractionScale,
     lower_order_base,

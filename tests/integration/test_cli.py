@@ -170,9 +170,9 @@ def test_simulate_runs_any_mechanism_by_name(capsys: pytest.CaptureFixture[str])
 
 
 def test_plan_accounts_for_the_chosen_reconstruction(capsys: pytest.CaptureFixture[str]) -> None:
-    from calmkit_aggregator.error_model import Workload
-    from calmkit_aggregator.pilot import pilot_plan, pilot_size
-    from calmkit_aggregator.planning import choose_plan
+    from calmkit_aggregator.planning.error_model import Workload
+    from calmkit_aggregator.planning.pilot import pilot_plan, pilot_size
+    from calmkit_aggregator.planning.search import choose_plan
     from calmkit_client import Schema
 
     base = ["plan", "--domain", ",".join(["2"] * 10), "--n", "20000", "--k", "3",

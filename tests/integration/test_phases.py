@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import plan_collection, reconstruct
-from calmkit_aggregator.error_model import Workload
-from calmkit_aggregator.pilot import pilot_size, plan_after_pilot
-from calmkit_aggregator.planning import choose_plan
+from calmkit_aggregator.planning.error_model import Workload
+from calmkit_aggregator.planning.pilot import pilot_size, plan_after_pilot
+from calmkit_aggregator.planning.search import choose_plan
 from calmkit_aggregator.service.admin import AdminClient
 from calmkit_aggregator.service.server import create_server, graceful_stop
 from calmkit_aggregator.service.storage import Storage

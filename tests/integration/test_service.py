@@ -13,7 +13,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from calmkit_aggregator import SupportCounts, reconstruct, reconstruct_global
+from calmkit_aggregator import SupportCounts, reconstruct
+from calmkit_aggregator.reconstruction import reconstruct_global
 from calmkit_aggregator.service.admin import AdminClient
 from calmkit_aggregator.service.server import create_server, graceful_stop
 from calmkit_aggregator.service.storage import Storage

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from calmkit_aggregator import norm_sub
+from calmkit_aggregator.reconstruction import norm_sub
 from calmkit_client import CalmkitError, Schema
 from calmkit_simulator import synthetic_population
 from calmkit_simulator.experiment import run_mechanism

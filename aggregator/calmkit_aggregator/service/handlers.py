@@ -40,11 +40,11 @@ from calmkit_client.errors import (
 )
 from calmkit_client.ids import check_collection_id
 
-from ..calm import Estimator, reconstruct_by
-from ..pilot import PhasedDesign, pilot_plan, pilot_size
-from ..planner import plan_collection
-from ..support import SupportCounts
-from ..uncertainty import MAX_REPLICATES, Bootstrap, bootstrap
+from ..planning.collection import plan_collection
+from ..planning.pilot import PhasedDesign, pilot_plan, pilot_size
+from ..reconstruction.pipeline import Estimator, reconstruct_by
+from ..reconstruction.support import SupportCounts
+from ..reconstruction.uncertainty import MAX_REPLICATES, Bootstrap, bootstrap
 from . import wire
 from .rate_limit import RateLimit
 from .storage import ReportStore

@@ -73,8 +73,8 @@ from calmkit_client.errors import (
     ServiceUnavailable,
 )
 
-from ..pilot import PhasedDesign, combine_phases
-from ..support import SupportCounts
+from ..planning.pilot import PhasedDesign, combine_phases
+from ..reconstruction.support import SupportCounts
 from .columns import KEY_BYTES, ReportColumns, columns_from_reports, decode_columns
 from .keyset import KeyTable, as_words
 from .snapshot import (

@@ -16,7 +16,7 @@ Tables (schema version :data:`SCHEMA_VERSION` in ``PRAGMA user_version``):
 - ``collections(id, plan_json, digest, k, state, submit_token_hash, created_at,
   closed_at, design_json)``: the first phase's plan is stored as
   :meth:`Plan.to_json` and reloaded with :meth:`Plan.from_json`, which checks its
-  digest; ``design_json`` (:class:`~.pilot.PhasedDesign`, or NULL for one phase)
+  digest; ``design_json`` (:class:`~..planning.pilot.PhasedDesign`, or NULL for one phase)
   says how the next phase is planned.
 - ``phases(collection_id, phase, plan_json, digest, created_at)``: the plans of the
   phases after the first (phase 1, 2, ...).
@@ -67,8 +67,8 @@ from calmkit_client.errors import (
 )
 from calmkit_client.ids import check_collection_id
 
-from ..pilot import PhasedDesign, combine_phases
-from ..support import SupportCounts
+from ..planning.pilot import PhasedDesign, combine_phases
+from ..reconstruction.support import SupportCounts
 from .columns import KEY_BYTES, ReportColumns, columns_from_reports, decode_columns
 from .keyset import KeyTable, as_words
 from .snapshot import (
@@ -715,7 +715,7 @@ class Storage(SnapshotSchedule):
 
     def support(self, collection_id: str) -> SupportCounts:
         """A copy of the collection's support counts over every phase (one
-        reconstruction plan, :func:`~.pilot.combine_phases`), consistent with
+        reconstruction plan, :func:`~..planning.pilot.combine_phases`), consistent with
         committed rows."""
         with self._lock:
             self._connection()

@@ -19,10 +19,10 @@ from calmkit_client.wire import plan_to_proto, schema_from_proto
 from calmkit_proto.v1 import calmkit_pb2 as pb
 from calmkit_proto.v1 import calmkit_pb2_grpc as pb_grpc
 
-from ..calm import check_reconstruction
-from ..maxent import Answer
-from ..pilot import PILOT_FRACTION
-from ..planner import PLANNERS
+from ..planning.collection import PLANNERS
+from ..planning.pilot import PILOT_FRACTION
+from ..reconstruction.maxent import Answer
+from ..reconstruction.pipeline import check_reconstruction
 from .columns import ReportColumns, decode_columns
 from .storage import CollectionRecord, StoredReport
 

@@ -1,7 +1,7 @@
 """CALM as a harness mechanism (papers/calm-ccs18.txt §4): the plan, the fast (or
 faithful) population path, consistency, shrinkage (unless off) and maximum entropy.
 
-Planners (:mod:`calmkit_aggregator.planner`): ``"pipeline"`` (the default) runs a
+Planners (:mod:`calmkit_aggregator.planning.collection`): ``"pipeline"`` (the default) runs a
 pilot first unless ``pilot=0`` or both ``l`` and ``m`` are fixed: a random
 ``pilot`` fraction of the users reports on disjoint pairs, the profile estimated from
 their reports picks the views of the others, and the estimate uses both phases.
@@ -23,15 +23,15 @@ from typing import Literal
 import numpy as np
 
 from calmkit_aggregator import Estimator, plan_collection, reconstruct_by
-from calmkit_aggregator.calm import check_reconstruction
-from calmkit_aggregator.pilot import (
+from calmkit_aggregator.planning.collection import PLANNERS, workload_of
+from calmkit_aggregator.planning.pilot import (
     PILOT_FRACTION,
     combine_phases,
     pilot_plan,
     pilot_size,
     plan_after_pilot,
 )
-from calmkit_aggregator.planner import PLANNERS, workload_of
+from calmkit_aggregator.reconstruction.pipeline import check_reconstruction
 from calmkit_client import CalmkitError, Plan, Schema
 from calmkit_client.randomness import RngLike
 

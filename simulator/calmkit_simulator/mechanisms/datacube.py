@@ -87,7 +87,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import optimize, stats
 
-from calmkit_aggregator import norm_sub
+from calmkit_aggregator.reconstruction import norm_sub
 from calmkit_client import CalmkitError, Schema, validate_epsilon
 from calmkit_client.randomness import RngLike
 

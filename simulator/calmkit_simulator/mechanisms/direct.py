@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from calmkit_aggregator import MarginalTable, estimate_views, norm_sub
+from calmkit_aggregator import MarginalTable, estimate_views
+from calmkit_aggregator.reconstruction import norm_sub
 from calmkit_client import CalmkitError, Plan
 
 from ..collect import PATHS, collect_support

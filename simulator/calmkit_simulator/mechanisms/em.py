@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calmkit_aggregator import norm_sub
+from calmkit_aggregator.reconstruction import norm_sub
 from calmkit_client import (
     OUE,
     CalmkitError,

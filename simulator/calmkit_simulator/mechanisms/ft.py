@@ -48,7 +48,7 @@ from itertools import combinations
 
 import numpy as np
 
-from calmkit_aggregator import norm_sub
+from calmkit_aggregator.reconstruction import norm_sub
 from calmkit_client import GRR, CalmkitError, Schema, validate_epsilon
 from calmkit_client.randomness import RngLike
 

@@ -10,8 +10,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from calmkit_aggregator import MarginalTable, answer_query, make_consistent, plan_collection
-from calmkit_aggregator.shrinkage import shrink_interactions
+from calmkit_aggregator import MarginalTable, make_consistent, plan_collection
+from calmkit_aggregator.reconstruction import answer_query
+from calmkit_aggregator.reconstruction.shrinkage import shrink_interactions
 from calmkit_client import validate_epsilon
 from calmkit_client.randomness import RngLike
 

@@ -58,7 +58,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
-from calmkit_aggregator import norm_sub
+from calmkit_aggregator.reconstruction import norm_sub
 from calmkit_client import CalmkitError, Schema, validate_epsilon
 from calmkit_client.randomness import RngLike
 

@@ -29,7 +29,7 @@ of dimension ``dim_S = prod (L_a - 1)``):
    less the fixed point lies between the two: on 4 attributes of 8-14 categories
    with single and pair views of 3,000 users (tests/aggregator/test_large_domains.py)
    these weights predict 1.42x the measured SSE, the raw ones 1.10x.
-4. **Shrinkage** (:mod:`.shrinkage`) of each view's unshared components: the risk of
+4. **Shrinkage** (:mod:`..reconstruction.shrinkage`) of each view's unshared components: the risk of
    its James-Stein factor at the signal-to-noise ratio the profile predicts
    (tabulated by simulation per dimension count), split over the components.
 5. **Answers.** A query ``A`` held by a view is a projection: component ``S ⊆ A``
@@ -42,7 +42,7 @@ of dimension ``dim_S = prod (L_a - 1)``):
 6. **Workload.** The mean over all k-subsets of the d attributes is a sum over
    components of ``e_S`` times an elementary symmetric polynomial of the ``g(S, c)``,
    evaluated with power sums (Newton's identities), never by enumerating queries.
-7. **Global reconstruction** (:mod:`.global_model`) answers what the views hold as
+7. **Global reconstruction** (:mod:`..reconstruction.global_model`) answers what the views hold as
    local does and takes a query's unheld pairs from one model of all views, which
    carries dependence along paths of held pairs. Under the profile a pair's strength
    is ``rho_ab = sqrt(phi^2_ab)`` (its mean-square contingency, :mod:`.profile`: for
@@ -75,8 +75,8 @@ from scipy.sparse.csgraph import shortest_path
 
 from calmkit_client import CalmkitError, FrequencyOracle, choose_oracle, make_oracle
 
-from .calm import check_reconstruction
-from .consistency import norm_sub_rows
+from ..reconstruction.consistency import norm_sub_rows
+from ..reconstruction.pipeline import check_reconstruction
 from .profile import DataProfile, marginal_pair_weights
 
 __all__ = ["ErrorPrediction", "Workload", "predict_error", "predict_errors"]
@@ -198,7 +198,7 @@ def predict_errors(
         shrink: whether the reconstruction shrinks interactions (the default).
         seed: the seed of the Norm-Sub simulation (the prediction is deterministic).
         reconstruction: how answers are reconstructed, "local" (per-query max-ent) or
-            "global" (:mod:`.global_model`: step 7 of the module docstring).
+            "global" (:mod:`..reconstruction.global_model`: step 7 of the module docstring).
     """
     check_reconstruction(reconstruction)
     sizes_arr = np.asarray(sizes, dtype=np.int64)

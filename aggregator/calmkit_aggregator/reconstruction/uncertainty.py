@@ -7,7 +7,7 @@ variance. The bootstrap treats the reconstructed views as the truth: each view's
 from the oracles' exact law for that fixed population (:func:`sample_support`), the
 whole pipeline runs again, and the spread of an answer over the replicates is its
 variance. A view's raw estimate (and its projections) has a closed form instead:
-:meth:`calmkit_aggregator.marginal.MarginalTable.cell_variance`.
+:meth:`calmkit_aggregator.reconstruction.marginal.MarginalTable.cell_variance`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 from calmkit_client import CalmkitError, Plan
 from calmkit_client.schema import AttrRef
 
-from .calm import Estimator, reconstruct_by
 from .estimate import estimate_views
+from .pipeline import Estimator, reconstruct_by
 from .support import SupportCounts
 from .unseen import InteractionScale, missing_sets, unseen_squared_bias
 

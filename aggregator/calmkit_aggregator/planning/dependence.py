@@ -42,7 +42,7 @@ import numpy as np
 
 from calmkit_client import FrequencyOracle
 
-from .marginal import MarginalTable
+from ..reconstruction.marginal import MarginalTable
 
 __all__ = [
     "HETEROGENEITY_PRIOR",

@@ -61,8 +61,8 @@ import numpy as np
 
 from calmkit_client import CalmkitError, FrequencyOracle, Schema
 
+from ..reconstruction.marginal import MarginalTable
 from .dependence import QUANTILES, dependence_posterior, pair_evidence
-from .marginal import MarginalTable
 
 __all__ = [
     "CONTINGENCY_PRIOR",
@@ -353,7 +353,7 @@ def estimated_marginal(p_hat: np.ndarray, var: float, unbiased: bool = False) ->
     margin towards uniform (Dirichlet(1)) reads a margin of 41 categories with one at
     91% as nearly uniform.
     """
-    from .consistency import norm_sub
+    from ..reconstruction.consistency import norm_sub
 
     size = p_hat.size
     u = np.full(size, 1.0 / size)
@@ -464,7 +464,7 @@ def estimate_profile(
 
     Args:
         schema: the collection's schema.
-        pilot: the pilot's estimated views (:func:`~.estimate.estimate_views`), each
+        pilot: the pilot's estimated views (:func:`~..reconstruction.estimate.estimate_views`), each
             over one or two attributes, with their report counts ``n``.
         oracles: the frequency oracle of each view.
 

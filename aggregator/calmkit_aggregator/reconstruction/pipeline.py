@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 
@@ -13,7 +14,7 @@ from calmkit_client.schema import AttrRef
 
 from .consistency import ConsistentViews, make_consistent
 from .estimate import estimate_views
-from .global_model import GlobalEstimator, reconstruct_global
+from .global_model import reconstruct_global
 from .maxent import Answer, answer_query
 from .shrinkage import shrink_interactions
 from .support import SupportCounts
@@ -31,7 +32,7 @@ class MarginalEstimator:
     """Answers any marginal query of a collection from its consistent views.
 
     ``shrinkage``: each view's interaction factor lambda (1 = kept as estimated; see
-    :mod:`calmkit_aggregator.shrinkage`), or None when shrinkage was off.
+    :mod:`calmkit_aggregator.reconstruction.shrinkage`), or None when shrinkage was off.
     """
 
     plan: Plan
@@ -66,7 +67,25 @@ def reconstruct(
     return MarginalEstimator(support.plan, views, shrinkage=shrunk.factors)
 
 
-Estimator = MarginalEstimator | GlobalEstimator
+class Estimator(Protocol):
+    """What answers a collection's marginal queries: local max-ent
+    (:class:`MarginalEstimator`) or the global model
+    (:class:`~.global_model.GlobalEstimator`), as Private-PGM's estimators share one
+    interface. ``views``: the consistent views the answers meet; ``shrinkage``: each
+    view's interaction factor (None when shrinkage was off)."""
+
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def views(self) -> ConsistentViews: ...
+
+    @property
+    def shrinkage(self) -> np.ndarray | None: ...
+
+    def answer(self, attrs: Sequence[AttrRef]) -> Answer:
+        """The marginal over ``attrs`` (names or positions)."""
+        ...
 
 
 def check_reconstruction(value: object) -> str:

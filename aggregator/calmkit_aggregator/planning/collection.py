@@ -3,10 +3,10 @@ per view, equal shares.
 
 Two planners:
 
-- ``"pipeline"`` (the default): :func:`~.planning.choose_plan`, which predicts the
+- ``"pipeline"`` (the default): :func:`~.search.choose_plan`, which predicts the
   whole pipeline's error for the workload under a data profile. With a pilot
   (:mod:`.pilot`) the profile comes from the first users' reports.
-- ``"paper"``: CALM's Algorithm 1 (papers/calm-ccs18.txt §4.3; :func:`~.choose.choose_views`),
+- ``"paper"``: CALM's Algorithm 1 (papers/calm-ccs18.txt §4.3; :func:`~.algorithm1.choose_views`),
   as the paper's evaluation and the figure reproduction use it.
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 
 from calmkit_client import Plan, PlanError, Schema
 
-from .choose import DEFAULT_THETA, choose_views
+from .algorithm1 import DEFAULT_THETA, choose_views
 from .error_model import Workload
-from .planning import choose_plan
 from .profile import DataProfile
+from .search import choose_plan
 
 __all__ = ["PLANNERS", "plan_collection", "workload_of"]
 

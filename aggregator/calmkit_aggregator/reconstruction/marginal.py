@@ -83,7 +83,7 @@ class MarginalTable:
         its unknown true frequency replaced by the estimate clipped to [0, 1]
         (:meth:`calmkit_client.FrequencyOracle.sum_variance`). Raises for a table
         that no single oracle measured (consistent or shrunk tables: use
-        :func:`calmkit_aggregator.uncertainty.bootstrap`)."""
+        :func:`calmkit_aggregator.reconstruction.uncertainty.bootstrap`)."""
         if self.oracle is None:
             raise CalmkitError(
                 f"table over {list(self.attrs)} was not measured by one oracle: its cells "

@@ -50,8 +50,8 @@ import numpy as np
 from calmkit_client import MAX_VIEW_CELLS, PlanError, validate_epsilon
 from calmkit_client.errors import CalmkitError
 
-from .calm import check_reconstruction
-from .choose import choose_views, expected_cells
+from ..reconstruction.pipeline import check_reconstruction
+from .algorithm1 import choose_views, expected_cells
 from .covering import construct_cover, cover_lower_bound
 from .designs import DependentStream, SpreadStream, spread_views
 from .error_model import ErrorPrediction, Workload, predict_errors

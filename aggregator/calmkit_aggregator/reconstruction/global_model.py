@@ -1,7 +1,7 @@
 """Global reconstruction: one model of the joint distribution fitted to every view at
 once, answering any marginal with its help (the approach of Private-PGM, McKenna,
 Sheldon & Miklau, ICML 2019, on CALM's views; papers/calm-ccs18.txt §4.4-4.5 is the
-per-query alternative, :mod:`.calm`).
+per-query alternative, :mod:`.pipeline`).
 
 Steps (post-processing of the reports only: no privacy is spent):
 

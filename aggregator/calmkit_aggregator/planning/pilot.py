@@ -22,13 +22,13 @@ import numpy as np
 
 from calmkit_client import CalmkitError, Plan, PlanError, Schema, choose_oracle
 
-from .calm import check_reconstruction
+from ..reconstruction.estimate import estimate_views
+from ..reconstruction.pipeline import check_reconstruction
+from ..reconstruction.support import SupportCounts
 from .designs import pilot_views
 from .error_model import Workload
-from .estimate import estimate_views
-from .planning import PlannedViews, choose_plan, fewest_users
 from .profile import CONTINGENCY_PRIOR, DataProfile, estimate_profile
-from .support import SupportCounts
+from .search import PlannedViews, choose_plan, fewest_users
 
 __all__ = [
     "PILOT_FRACTION",
@@ -181,7 +181,7 @@ class PhasedDesign:
 
     def next_plan(self, pilot: SupportCounts) -> MainPlan:
         """The second phase's plan from the pilot's support counts. When fewer users
-        are left than the planner plans views for (:func:`~.planning.fewest_users`: the
+        are left than the planner plans views for (:func:`~.search.fewest_users`: the
         pilot took nearly everyone), it is planned for that many: the last users still
         need a plan to report under."""
         fewest = fewest_users(pilot.plan.schema.sizes, self.l or 1)

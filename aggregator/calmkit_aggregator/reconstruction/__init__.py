@@ -1,0 +1,44 @@
+"""Reconstruction: from the reports' support counts to any marginal.
+
+:func:`reconstruct_by` runs the pipeline of "CALM: Consistent Adaptive Local Marginal
+for Marginal Release under Local Differential Privacy" (Zhang et al., CCS 2018), §4.4
+and §4.5: estimate each view (:mod:`.estimate`), make the views consistent and
+non-negative (:mod:`.consistency`), shrink each view's unshared interactions
+(:mod:`.shrinkage`), then answer a query by maximum entropy (:mod:`.maxent`, "local")
+or from one model of all views (:mod:`.global_model`, "global"). Both answer through
+the :class:`Estimator` protocol; :mod:`.uncertainty` gives their error bars.
+"""
+
+from .consistency import ConsistentViews, intersection_closure, make_consistent, norm_sub
+from .estimate import estimate_views
+from .global_model import GlobalEstimator, fit_global, reconstruct_global
+from .marginal import MarginalTable
+from .maxent import Answer, answer_query, maximum_entropy
+from .pipeline import RECONSTRUCTIONS, Estimator, MarginalEstimator, reconstruct, reconstruct_by
+from .shrinkage import shrink_interactions
+from .support import SupportCounts
+from .uncertainty import Bootstrap, bootstrap
+
+__all__ = [
+    "RECONSTRUCTIONS",
+    "Answer",
+    "Bootstrap",
+    "ConsistentViews",
+    "Estimator",
+    "GlobalEstimator",
+    "MarginalEstimator",
+    "MarginalTable",
+    "SupportCounts",
+    "answer_query",
+    "bootstrap",
+    "estimate_views",
+    "fit_global",
+    "intersection_closure",
+    "make_consistent",
+    "maximum_entropy",
+    "norm_sub",
+    "reconstruct",
+    "reconstruct_by",
+    "reconstruct_global",
+    "shrink_interactions",
+]
