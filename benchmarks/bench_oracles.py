@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import available_peers, peer_client, peer_server
 from timing import median_seconds
 
-from calmkit_client import GRR, OUE, OsEntropy, Plan, Schema, make_report
+from calmkit_client import GRR, OUE, Plan, Schema, make_report
+from calmkit_client.randomness import OsEntropy
 
 EPSILON = 1.0
 SIZES = (8, 64, 256)

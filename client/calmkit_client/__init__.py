@@ -18,7 +18,7 @@ the OS entropy source; the device API takes no seed or generator. Simulations us
 :func:`make_reports` / ``FrequencyOracle.perturb`` with a numpy Generator.
 """
 
-from .assignment import UserId, encode_user_id, hash_user_id, hash_user_ids, xxh64_u64
+from .assignment import UserId
 from .budget import DEFAULT_BUDGET, PrivacyBudget
 from .collector import Collector, RetryPolicy
 from .device import DeviceState, default_state_path
@@ -38,8 +38,7 @@ from .errors import (
 )
 from .oracles import GRR, OUE, FrequencyOracle, choose_oracle, make_oracle, validate_epsilon
 from .plan import MAX_VIEW_CELLS, Plan
-from .randomness import OsEntropy, as_random_source
-from .report import REPORT_ID_BYTES, Report, ViewReports, make_report, make_reports
+from .report import Report, ViewReports, make_report, make_reports
 from .schema import Attribute, Schema
 
 __all__ = [
@@ -47,7 +46,6 @@ __all__ = [
     "GRR",
     "MAX_VIEW_CELLS",
     "OUE",
-    "REPORT_ID_BYTES",
     "AccessDenied",
     "Attribute",
     "BudgetExceeded",
@@ -60,7 +58,6 @@ __all__ = [
     "DeviceState",
     "FrequencyOracle",
     "OracleError",
-    "OsEntropy",
     "Plan",
     "PlanError",
     "PlanMismatch",
@@ -72,17 +69,12 @@ __all__ = [
     "SchemaError",
     "UserId",
     "ViewReports",
-    "as_random_source",
     "choose_oracle",
     "default_state_path",
-    "encode_user_id",
-    "hash_user_id",
-    "hash_user_ids",
     "make_oracle",
     "make_report",
     "make_reports",
     "validate_epsilon",
-    "xxh64_u64",
 ]
 
 __version__ = "0.1.0"

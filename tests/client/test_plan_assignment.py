@@ -8,7 +8,8 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from calmkit_client import Plan, PlanError, Schema, hash_user_id, hash_user_ids, xxh64_u64
+from calmkit_client import Plan, PlanError, Schema
+from calmkit_client.assignment import hash_user_id, hash_user_ids, xxh64_u64
 from tests.stats import assert_chisquare
 
 

@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from calmkit_client import REPORT_ID_BYTES, CalmkitError, Plan
+from calmkit_client import CalmkitError, Plan
 from calmkit_client.echo import show as _show
+from calmkit_client.report import REPORT_ID_BYTES
 
 __all__ = [
     "KEY_BYTES",
