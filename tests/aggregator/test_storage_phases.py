@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import SupportCounts
-from calmkit_aggregator.planning.pilot import PhasedDesign
+from calmkit_aggregator.phases import PhasedDesign
 from calmkit_aggregator.service.storage import SCHEMA_VERSION, BatchOutcome, Storage, StoredReport
 from calmkit_client import Plan, Schema
 from calmkit_client.errors import CalmkitError, CollectionClosed, PlanMismatch, ReportConflict

@@ -9,6 +9,7 @@ Marginal for Marginal Release under Local Differential Privacy" (Zhang et al., C
 2018), §4.3 (:mod:`.algorithm1`), with covering designs (:mod:`.covering`).
 """
 
+from ..phases import PhasedDesign, combine_phases
 from .algorithm1 import Choice, choose_views
 from .collection import PLANNERS, plan_collection, workload_of
 from .covering import CoveringError, best_known_size, construct_cover, read_cover, verify_cover
@@ -16,11 +17,10 @@ from .error_model import ErrorPrediction, Workload, predict_error
 from .pilot import (
     PILOT_FRACTION,
     MainPlan,
-    PhasedDesign,
-    combine_phases,
     pilot_plan,
     pilot_size,
     plan_after_pilot,
+    plan_next_phase,
     profile_from_pilot,
 )
 from .profile import DataProfile, estimate_profile
@@ -48,6 +48,7 @@ __all__ = [
     "pilot_size",
     "plan_after_pilot",
     "plan_collection",
+    "plan_next_phase",
     "predict_error",
     "profile_from_pilot",
     "read_cover",

@@ -14,7 +14,8 @@ from .estimate import estimate_views
 from .global_model import GlobalEstimator, fit_global, reconstruct_global
 from .marginal import MarginalTable
 from .maxent import Answer, answer_query, maximum_entropy
-from .pipeline import RECONSTRUCTIONS, Estimator, MarginalEstimator, reconstruct, reconstruct_by
+from .methods import RECONSTRUCTIONS
+from .pipeline import Estimator, MarginalEstimator, reconstruct, reconstruct_by
 from .shrinkage import shrink_interactions
 from .support import SupportCounts
 from .uncertainty import Bootstrap, bootstrap

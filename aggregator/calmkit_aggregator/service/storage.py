@@ -67,7 +67,7 @@ from calmkit_client.errors import (
 )
 from calmkit_client.ids import check_collection_id
 
-from ..planning.pilot import PhasedDesign, combine_phases
+from ..phases import PhasedDesign, combine_phases
 from ..reconstruction.support import SupportCounts
 from .columns import KEY_BYTES, ReportColumns, columns_from_reports, decode_columns
 from .keyset import KeyTable, as_words
