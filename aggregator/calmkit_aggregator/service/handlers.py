@@ -48,7 +48,7 @@ from ..reconstruction.support import SupportCounts
 from ..reconstruction.uncertainty import MAX_REPLICATES, Bootstrap, bootstrap
 from . import wire
 from .rate_limit import RateLimit
-from .storage import ReportStore
+from .store import ReportStore
 
 __all__ = ["AggregatorService", "log_json"]
 

@@ -24,7 +24,7 @@ from ..planning.pilot import PILOT_FRACTION
 from ..reconstruction.maxent import Answer
 from ..reconstruction.methods import check_reconstruction
 from .columns import ReportColumns, decode_columns
-from .storage import CollectionRecord, StoredReport
+from .store import CollectionRecord, StoredReport
 
 __all__ = [
     "MAX_BATCH",
