@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from calmkit_aggregator.planning.pilot import PhasedDesign, combine_phases, pilot_plan, pilot_size
+from calmkit_aggregator.phases import PhasedDesign, combine_phases
+from calmkit_aggregator.planning.pilot import pilot_plan, pilot_size, plan_next_phase
 from calmkit_aggregator.reconstruction.pipeline import Estimator, reconstruct_by
 from calmkit_aggregator.reconstruction.support import SupportCounts
 from calmkit_aggregator.reconstruction.uncertainty import bootstrap
@@ -70,7 +71,7 @@ def collect(pop: Population, seed: int) -> SupportCounts:
     first = pilot_plan(pop.schema, EPSILON, seed=seed, users=pilot_n)
     order = np.random.default_rng(seed + 1000).permutation(pop.n)
     pilot = collect_support(pop, first, rng=seed, rows=order[:pilot_n])
-    main = PhasedDesign(pop.n, pilot_n, K, seed).next_plan(pilot)
+    main = plan_next_phase(PhasedDesign(pop.n, pilot_n, K, seed), pilot)
     rest = collect_support(pop, main.plan, rng=seed + 1, rows=order[pilot_n:])
     return combine_phases([pilot, rest])
 

@@ -55,13 +55,9 @@ def _measure(code: str, d: int, k: int, log2n: int, planner: str) -> dict[str, A
 
     threadpool_limits(1)  # one core: threaded BLAS would add other cores' (or spinning) time
 
+    from calmkit_aggregator.phases import combine_phases
     from calmkit_aggregator.planning.collection import plan_collection, workload_of
-    from calmkit_aggregator.planning.pilot import (
-        combine_phases,
-        pilot_plan,
-        pilot_size,
-        plan_after_pilot,
-    )
+    from calmkit_aggregator.planning.pilot import pilot_plan, pilot_size, plan_after_pilot
     from calmkit_aggregator.reconstruction.pipeline import reconstruct
     from calmkit_simulator import synthetic_population
     from calmkit_simulator.collect import collect_support

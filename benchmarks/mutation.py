@@ -73,6 +73,9 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "pilot": (f"{AGG}/planning/pilot.py", (
         f"{T}/aggregator/test_planning.py", f"{T}/aggregator/test_storage_phases.py",
         f"{T}/integration/test_phases.py")),
+    "phases": (f"{AGG}/phases.py", (
+        f"{T}/aggregator/test_planning.py", f"{T}/aggregator/test_storage_phases.py",
+        f"{T}/integration/test_phases.py")),
     "planner": (f"{AGG}/planning/collection.py", (
         f"{T}/aggregator/test_planning.py", f"{T}/simulator/test_calm_plan_cache.py")),
     "choose": (f"{AGG}/planning/algorithm1.py", (f"{T}/aggregator/test_choose.py",)),

@@ -11,7 +11,8 @@ import pytest
 
 from calmkit_aggregator import SupportCounts
 from calmkit_aggregator.service.columns import columns_from_reports, decode_columns
-from calmkit_aggregator.service.storage import BatchOutcome, Storage
+from calmkit_aggregator.service.storage import Storage
+from calmkit_aggregator.service.store import BatchOutcome
 from calmkit_client import CalmkitError
 from calmkit_client.errors import ReportConflict
 

@@ -13,7 +13,8 @@ import pytest
 
 from calmkit_aggregator import SupportCounts
 from calmkit_aggregator.service.pg_storage import PgStorage, is_postgres_url
-from calmkit_aggregator.service.storage import BatchOutcome, Storage, StoredReport
+from calmkit_aggregator.service.storage import Storage
+from calmkit_aggregator.service.store import BatchOutcome, StoredReport, dedupe_batch
 from calmkit_client import CalmkitError, Plan
 from calmkit_client.errors import CollectionClosed, ReportConflict
 
@@ -162,7 +163,6 @@ def test_one_transaction_commits_waiting_batches_each_whole(pg_dsn: str, tmp_pat
     before it in the group."""
     from calmkit_aggregator.service.keyset import as_words
     from calmkit_aggregator.service.pg_storage import _Pending
-    from calmkit_aggregator.service.storage import _dedupe_batch
 
     _, reports = simulate(PLAN, 400, seed=26)
     store = PgStorage(pg_dsn)
@@ -173,7 +173,7 @@ def test_one_transaction_commits_waiting_batches_each_whole(pg_dsn: str, tmp_pat
         from calmkit_aggregator.service.columns import columns_from_reports
 
         cols = columns_from_reports(PLAN, items)
-        return _Pending(PLAN.digest, cols, _dedupe_batch(cols), as_words(cols.report_ids),
+        return _Pending(PLAN.digest, cols, dedupe_batch(cols), as_words(cols.report_ids),
                         as_words(cols.pseudonyms))  # fmt: skip
 
     y = reports[150]

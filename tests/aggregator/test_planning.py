@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import SupportCounts, plan_collection, reconstruct
+from calmkit_aggregator.phases import PhasedDesign, combine_phases
 from calmkit_aggregator.planning.collection import workload_of
 from calmkit_aggregator.planning.designs import dependent_views, pilot_views, spread_views
 from calmkit_aggregator.planning.error_model import Workload
 from calmkit_aggregator.planning.pilot import (
-    PhasedDesign,
-    combine_phases,
     pilot_plan,
     pilot_size,
     plan_after_pilot,
+    plan_next_phase,
     profile_from_pilot,
 )
 from calmkit_aggregator.planning.profile import DataProfile
@@ -177,14 +177,14 @@ def test_the_phased_design_plans_the_remaining_users_with_the_next_seed() -> Non
     first = pilot_plan(pop.schema, 1.0, seed=0)
     pilot = collect_support(pop.take(np.arange(600)), first, 5)
     design = PhasedDesign(3000, 600, 2)  # seed 0 by default: the main phase uses 1
-    got = design.next_plan(pilot)
+    got = plan_next_phase(design, pilot)
     want = plan_after_pilot(pilot, 2400, Workload(k=2), seed=1)
     assert got.plan == want.plan and got.plan.seed == 1
     default = plan_after_pilot(pilot, 2400, Workload(k=2))  # seed 0 by default
     assert default.plan == plan_after_pilot(pilot, 2400, Workload(k=2), seed=0).plan
     assert default.plan.seed == 0
     three = plan_after_pilot(pilot, 3, Workload(k=2), seed=1).choice.predicted
-    assert PhasedDesign(603, 600, 2).next_plan(pilot).choice.predicted == three
+    assert plan_next_phase(PhasedDesign(603, 600, 2), pilot).choice.predicted == three
     # the pilot took all but a few of the expected users, or more: the rest is planned
     # for as many users as a 1-way view has cells on average (9/4, so 3), which the
     # planner refuses below
@@ -193,7 +193,8 @@ def test_the_phased_design_plans_the_remaining_users_with_the_next_seed() -> Non
         plan_after_pilot(pilot, 2, Workload(k=2), seed=1)
     assert three != plan_after_pilot(pilot, 4, Workload(k=2), seed=1).choice.predicted
     for expected in (602, 601, 600, 500):
-        assert PhasedDesign(expected, 600, 2).next_plan(pilot).choice.predicted == three
+        got = plan_next_phase(PhasedDesign(expected, 600, 2), pilot)
+        assert got.choice.predicted == three
 
 
 def test_the_phased_design_round_trips_and_validates() -> None:
@@ -252,7 +253,7 @@ def test_the_phased_design_plans_for_its_reconstruction() -> None:
     first = pilot_plan(pop.schema, 1.0, seed=0)
     pilot = collect_support(pop.take(np.arange(1200)), first, 0)
     for how in ("local", "global"):
-        got = PhasedDesign(6000, 1200, 3, reconstruction=how).next_plan(pilot)
+        got = plan_next_phase(PhasedDesign(6000, 1200, 3, reconstruction=how), pilot)
         want = plan_after_pilot(pilot, 4800, Workload(k=3), seed=1, reconstruction=how)
         assert got.plan == want.plan and got.choice.predicted == want.choice.predicted
     local, global_ = (plan_after_pilot(pilot, 4800, Workload(k=3), seed=1, reconstruction=how)

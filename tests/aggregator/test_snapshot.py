@@ -18,7 +18,8 @@ import pytest
 
 from calmkit_aggregator.service import snapshot as snapshot_module
 from calmkit_aggregator.service.snapshot import HEADER_BYTES, SnapshotError, read_snapshot
-from calmkit_aggregator.service.storage import BatchOutcome, Storage, StoredReport
+from calmkit_aggregator.service.storage import Storage
+from calmkit_aggregator.service.store import BatchOutcome, StoredReport
 from calmkit_client.errors import ReportConflict
 
 from .test_storage import ROOT, TOKEN_HASH, make_plan, simulate
@@ -81,7 +82,8 @@ def test_the_log_after_the_snapshot_is_replayed(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import os, signal
-        from calmkit_aggregator.service.storage import Storage, StoredReport
+        from calmkit_aggregator.service.storage import Storage
+        from calmkit_aggregator.service.store import StoredReport
         store = Storage({str(path)!r})
         reports = [StoredReport(bytes.fromhex(a), bytes.fromhex(b), v, p)
                    for a, b, v, p in {rows!r}]

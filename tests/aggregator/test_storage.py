@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import SupportCounts
-from calmkit_aggregator.service.storage import SCHEMA_VERSION, BatchOutcome, Storage, StoredReport
+from calmkit_aggregator.service.storage import SCHEMA_VERSION, Storage
+from calmkit_aggregator.service.store import OPEN, BatchOutcome, CollectionRecord, StoredReport
 from calmkit_client import Plan, Schema, ViewReports, make_report, make_reports
 from calmkit_client.errors import (
     CalmkitError,
@@ -144,6 +145,20 @@ def test_create_rejects_bad_arguments(store: Storage, plan: Plan, args, match) -
     assert store.list_collections() == []
 
 
+def test_records_check_their_fields(plan: Plan) -> None:
+    with pytest.raises(CalmkitError, match=r"^accepted \(-1\) must be an int >= 0"):
+        BatchOutcome(-1, 0)
+    with pytest.raises(CalmkitError, match=r"^duplicates \(True\) must be an int >= 0"):
+        BatchOutcome(0, True)
+    rest = (2, OPEN, TOKEN_HASH, 0.0, None, 0)  # k, state, token hash, times, reports
+    assert CollectionRecord("c", (plan,), *rest).plan == plan
+    for plans in ((), [plan], (plan, "plan")):
+        with pytest.raises(CalmkitError, match=r"^plans \(.*\) must be a non-empty tuple of Plans"):
+            CollectionRecord("c", plans, *rest)  # type: ignore[arg-type]
+    with pytest.raises(CalmkitError, match=r"^state \('paused'\) must be 'open' or 'closed'"):
+        CollectionRecord("c", (plan,), 2, "paused", TOKEN_HASH, 0.0, None, 0)
+
+
 def test_schema_and_pragmas(tmp_path: Path, plan: Plan) -> None:
     path = tmp_path / "s.db"
     with Storage(path) as store:
@@ -260,7 +275,8 @@ def test_acknowledged_batch_survives_sigkill(tmp_path: Path, plan: Plan) -> None
     script = textwrap.dedent(
         f"""
         import os, signal
-        from calmkit_aggregator.service.storage import Storage, StoredReport
+        from calmkit_aggregator.service.storage import Storage
+        from calmkit_aggregator.service.store import StoredReport
         rows = {rows!r}
         store = Storage({str(path)!r})
         reports = [StoredReport(bytes.fromhex(a), bytes.fromhex(b), v, p) for a, b, v, p in rows]

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import SupportCounts
-from calmkit_aggregator.planning.pilot import PhasedDesign
-from calmkit_aggregator.service.storage import SCHEMA_VERSION, BatchOutcome, Storage, StoredReport
+from calmkit_aggregator.phases import PhasedDesign
+from calmkit_aggregator.service.storage import SCHEMA_VERSION, Storage
+from calmkit_aggregator.service.store import BatchOutcome, StoredReport
 from calmkit_client import Plan, Schema
 from calmkit_client.errors import CalmkitError, CollectionClosed, PlanMismatch, ReportConflict
 from tests.aggregator.test_storage import TOKEN_HASH, assert_counts_equal, simulate

@@ -51,7 +51,7 @@ def test_defaults_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
 def test_the_parser_mirrors_the_real_names() -> None:
     from calmkit_aggregator.planning.collection import PLANNERS
     from calmkit_aggregator.planning.pilot import PILOT_FRACTION
-    from calmkit_aggregator.reconstruction.pipeline import RECONSTRUCTIONS
+    from calmkit_aggregator.reconstruction.methods import RECONSTRUCTIONS
     from calmkit_aggregator.service.cli import DEFAULT_ADDRESS
     from calmkit_simulator.catalog import MIRROR_ENV
     from calmkit_simulator.collect import PATHS

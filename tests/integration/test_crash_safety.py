@@ -25,7 +25,8 @@ import pytest
 
 from calmkit_aggregator.service.admin import AdminClient
 from calmkit_aggregator.service.pg_storage import PgStorage
-from calmkit_aggregator.service.storage import ReportStore, Storage
+from calmkit_aggregator.service.storage import Storage
+from calmkit_aggregator.service.store import ReportStore
 from calmkit_client import CollectionError
 from calmkit_client import wire as client_wire
 from calmkit_client.collector import RetryPolicy, call_with_retry, open_channel

@@ -9,22 +9,47 @@ Marginal for Marginal Release under Local Differential Privacy" (Zhang et al., C
 2018), §4.3 (:mod:`.algorithm1`), with covering designs (:mod:`.covering`).
 """
 
-from .algorithm1 import Choice, choose_views
-from .collection import PLANNERS, plan_collection, workload_of
-from .covering import CoveringError, best_known_size, construct_cover, read_cover, verify_cover
-from .error_model import ErrorPrediction, Workload, predict_error
-from .pilot import (
-    PILOT_FRACTION,
-    MainPlan,
-    PhasedDesign,
-    combine_phases,
-    pilot_plan,
-    pilot_size,
-    plan_after_pilot,
-    profile_from_pilot,
-)
-from .profile import DataProfile, estimate_profile
-from .search import Candidate, PlannedViews, choose_plan
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..phases import PhasedDesign, combine_phases
+    from .algorithm1 import Choice, choose_views
+    from .collection import PLANNERS, plan_collection, workload_of
+    from .covering import (
+        CoveringError,
+        best_known_size,
+        construct_cover,
+        read_cover,
+        verify_cover,
+    )
+    from .error_model import ErrorPrediction, Workload, predict_error
+    from .pilot import (
+        PILOT_FRACTION,
+        MainPlan,
+        pilot_plan,
+        pilot_size,
+        plan_after_pilot,
+        plan_next_phase,
+        profile_from_pilot,
+    )
+    from .profile import DataProfile, estimate_profile
+    from .search import Candidate, PlannedViews, choose_plan
+else:
+    from ..lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, {
+        "..phases": ("PhasedDesign", "combine_phases"),
+        ".algorithm1": ("Choice", "choose_views"),
+        ".collection": ("PLANNERS", "plan_collection", "workload_of"),
+        ".covering": ("CoveringError", "best_known_size", "construct_cover", "read_cover",
+                      "verify_cover"),
+        ".error_model": ("ErrorPrediction", "Workload", "predict_error"),
+        ".pilot": ("PILOT_FRACTION", "MainPlan", "pilot_plan", "pilot_size", "plan_after_pilot",
+                   "plan_next_phase", "profile_from_pilot"),
+        ".profile": ("DataProfile", "estimate_profile"),
+        ".search": ("Candidate", "PlannedViews", "choose_plan"),
+    })  # fmt: skip
+    del lazy_exports
 
 __all__ = [
     "PILOT_FRACTION",
@@ -48,6 +73,7 @@ __all__ = [
     "pilot_size",
     "plan_after_pilot",
     "plan_collection",
+    "plan_next_phase",
     "predict_error",
     "profile_from_pilot",
     "read_cover",

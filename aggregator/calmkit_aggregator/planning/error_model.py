@@ -76,7 +76,7 @@ from scipy.sparse.csgraph import shortest_path
 from calmkit_client import CalmkitError, FrequencyOracle, choose_oracle, make_oracle
 
 from ..reconstruction.consistency import norm_sub_rows
-from ..reconstruction.pipeline import check_reconstruction
+from ..reconstruction.methods import check_reconstruction
 from .profile import DataProfile, marginal_pair_weights
 
 __all__ = ["ErrorPrediction", "Workload", "predict_error", "predict_errors"]

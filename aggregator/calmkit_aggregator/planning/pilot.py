@@ -5,25 +5,24 @@ how strongly they depend on each other (:mod:`.profile`). Before any report it c
 only assume; so a fraction of the users (default :data:`PILOT_FRACTION`) reports
 first on disjoint pairs of attributes (every attribute once), the aggregator
 estimates the profile from their tables, and the remaining users report on the views
-the planner then chooses. Each user still reports exactly once, under one of the two
-plans; the pilot's views stay part of the final estimate (:func:`combine_phases`), so
-no report is wasted.
+the planner then chooses (:func:`plan_next_phase`, for a collection's
+:class:`~..phases.PhasedDesign`). Each user still reports exactly once, under one of
+the two plans; the pilot's views stay part of the final estimate
+(:func:`~..phases.combine_phases`), so no report is wasted.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from calmkit_client import CalmkitError, Plan, PlanError, Schema, choose_oracle
+from calmkit_client import Plan, PlanError, Schema, choose_oracle
 
+from ..phases import PhasedDesign
 from ..reconstruction.estimate import estimate_views
-from ..reconstruction.pipeline import check_reconstruction
 from ..reconstruction.support import SupportCounts
 from .designs import pilot_views
 from .error_model import Workload
@@ -33,12 +32,11 @@ from .search import PlannedViews, choose_plan, fewest_users
 __all__ = [
     "PILOT_FRACTION",
     "MainPlan",
-    "PhasedDesign",
-    "combine_phases",
     "informative_pair",
     "pilot_plan",
     "pilot_size",
     "plan_after_pilot",
+    "plan_next_phase",
     "profile_from_pilot",
 ]
 
@@ -135,68 +133,13 @@ def plan_after_pilot(
     return MainPlan(Plan(schema, pilot.plan.epsilon, choice.views, seed=seed), choice)
 
 
-def combine_phases(parts: Sequence[SupportCounts]) -> SupportCounts:
-    """The support counts of every phase under one reconstruction plan: the views of
-    all phases in order, each with its own oracle and reports (the plans must share
-    schema and epsilon). Shares and seed of the combined plan mean nothing: no client
-    reports under it."""
-    if not parts:
-        raise PlanError("parts ([]) must hold at least one phase")
-    first = parts[0].plan
-    for i, part in enumerate(parts[1:], start=1):
-        if part.plan.schema != first.schema or part.plan.epsilon != first.epsilon:
-            raise PlanError(f"parts[{i}] must share the schema and epsilon of parts[0]")
-    if len(parts) == 1:
-        return parts[0]
-    views = tuple(v for part in parts for v in part.plan.views)
-    oracles = tuple(o for part in parts for o in part.plan.oracles or ())
-    plan = Plan(first.schema, first.epsilon, views, oracles=oracles)
-    n = np.concatenate([part.n for part in parts])
-    counts = tuple(c for part in parts for c in part.counts)
-    return SupportCounts(plan, n, counts)
-
-
-@dataclass(frozen=True)
-class PhasedDesign:
-    """How a collection's second phase is planned: once ``pilot_reports`` reports
-    arrived under the pilot plan, :func:`plan_after_pilot` chooses the views of the
-    remaining ``expected_n`` users for the ``k``-way workload (``l``/``m`` fixed if
-    given), with seed ``seed + 1``, for answers reconstructed by ``reconstruction``
-    ("local" or "global"; designs stored without it were planned for "local")."""
-
-    expected_n: int
-    pilot_reports: int
-    k: int
-    seed: int = 0
-    l: int | None = None  # noqa: E741
-    m: int | None = None
-    reconstruction: str = "local"
-
-    def __post_init__(self) -> None:
-        for name in ("expected_n", "pilot_reports", "k"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise CalmkitError(f"{name} ({value!r}) must be an int >= 1")
-        check_reconstruction(self.reconstruction)
-
-    def next_plan(self, pilot: SupportCounts) -> MainPlan:
-        """The second phase's plan from the pilot's support counts. When fewer users
-        are left than the planner plans views for (:func:`~.search.fewest_users`: the
-        pilot took nearly everyone), it is planned for that many: the last users still
-        need a plan to report under."""
-        fewest = fewest_users(pilot.plan.schema.sizes, self.l or 1)
-        remaining = max(fewest, self.expected_n - int(pilot.n.sum()))
-        return plan_after_pilot(pilot, remaining, Workload(k=self.k), seed=self.seed + 1,
-                                l=self.l, m=self.m,
-                                reconstruction=self.reconstruction)  # fmt: skip
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> PhasedDesign:
-        try:
-            data = json.loads(text)
-            return cls(**data)
-        except (TypeError, ValueError) as exc:
-            raise CalmkitError(f"design_json ({text[:80]!r}) is invalid: {exc}") from None
+def plan_next_phase(design: PhasedDesign, pilot: SupportCounts) -> MainPlan:
+    """The second phase's plan of a collection made with ``design``, from its pilot's
+    support counts. When fewer users are left than the planner plans views for
+    (:func:`~.search.fewest_users`: the pilot took nearly everyone), it is planned for
+    that many: the last users still need a plan to report under."""
+    fewest = fewest_users(pilot.plan.schema.sizes, design.l or 1)
+    remaining = max(fewest, design.expected_n - int(pilot.n.sum()))
+    return plan_after_pilot(pilot, remaining, Workload(k=design.k), seed=design.seed + 1,
+                            l=design.l, m=design.m,
+                            reconstruction=design.reconstruction)  # fmt: skip

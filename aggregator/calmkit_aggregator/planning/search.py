@@ -50,7 +50,7 @@ import numpy as np
 from calmkit_client import MAX_VIEW_CELLS, PlanError, validate_epsilon
 from calmkit_client.errors import CalmkitError
 
-from ..reconstruction.pipeline import check_reconstruction
+from ..reconstruction.methods import check_reconstruction
 from .algorithm1 import choose_views, expected_cells
 from .covering import construct_cover, cover_lower_bound
 from .designs import DependentStream, SpreadStream, spread_views

@@ -9,15 +9,36 @@ or from one model of all views (:mod:`.global_model`, "global"). Both answer thr
 the :class:`Estimator` protocol; :mod:`.uncertainty` gives their error bars.
 """
 
-from .consistency import ConsistentViews, intersection_closure, make_consistent, norm_sub
-from .estimate import estimate_views
-from .global_model import GlobalEstimator, fit_global, reconstruct_global
-from .marginal import MarginalTable
-from .maxent import Answer, answer_query, maximum_entropy
-from .pipeline import RECONSTRUCTIONS, Estimator, MarginalEstimator, reconstruct, reconstruct_by
-from .shrinkage import shrink_interactions
-from .support import SupportCounts
-from .uncertainty import Bootstrap, bootstrap
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .consistency import ConsistentViews, intersection_closure, make_consistent, norm_sub
+    from .estimate import estimate_views
+    from .global_model import GlobalEstimator, fit_global, reconstruct_global
+    from .marginal import MarginalTable
+    from .maxent import Answer, answer_query, maximum_entropy
+    from .methods import RECONSTRUCTIONS
+    from .pipeline import Estimator, MarginalEstimator, reconstruct, reconstruct_by
+    from .shrinkage import shrink_interactions
+    from .support import SupportCounts
+    from .uncertainty import Bootstrap, bootstrap
+else:
+    from ..lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, {
+        ".consistency": ("ConsistentViews", "intersection_closure", "make_consistent",
+                         "norm_sub"),
+        ".estimate": ("estimate_views",),
+        ".global_model": ("GlobalEstimator", "fit_global", "reconstruct_global"),
+        ".marginal": ("MarginalTable",),
+        ".maxent": ("Answer", "answer_query", "maximum_entropy"),
+        ".methods": ("RECONSTRUCTIONS",),
+        ".pipeline": ("Estimator", "MarginalEstimator", "reconstruct", "reconstruct_by"),
+        ".shrinkage": ("shrink_interactions",),
+        ".support": ("SupportCounts",),
+        ".uncertainty": ("Bootstrap", "bootstrap"),
+    })  # fmt: skip
+    del lazy_exports
 
 __all__ = [
     "RECONSTRUCTIONS",

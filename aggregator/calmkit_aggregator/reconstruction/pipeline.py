@@ -9,22 +9,18 @@ from typing import Protocol
 
 import numpy as np
 
-from calmkit_client import CalmkitError, Plan
+from calmkit_client import Plan
 from calmkit_client.schema import AttrRef
 
 from .consistency import ConsistentViews, make_consistent
 from .estimate import estimate_views
 from .global_model import reconstruct_global
 from .maxent import Answer, answer_query
+from .methods import check_reconstruction
 from .shrinkage import shrink_interactions
 from .support import SupportCounts
 
-__all__ = ["RECONSTRUCTIONS", "Estimator", "MarginalEstimator", "reconstruct", "reconstruct_by"]
-
-# How a query is answered from the views: "local", per-query maximum entropy over the
-# views' projections (the paper's §4.5); "global", inference in one model fitted to all
-# views (:mod:`.global_model`).
-RECONSTRUCTIONS = ("local", "global")
+__all__ = ["Estimator", "MarginalEstimator", "reconstruct", "reconstruct_by"]
 
 
 @dataclass(frozen=True)
@@ -86,15 +82,6 @@ class Estimator(Protocol):
     def answer(self, attrs: Sequence[AttrRef]) -> Answer:
         """The marginal over ``attrs`` (names or positions)."""
         ...
-
-
-def check_reconstruction(value: object) -> str:
-    """``value`` if it names a reconstruction (:data:`RECONSTRUCTIONS`), else a
-    :class:`CalmkitError` naming it (a string shown to 32 characters)."""
-    if not isinstance(value, str) or value not in RECONSTRUCTIONS:
-        shown = repr(value[:32] if isinstance(value, str) else value)
-        raise CalmkitError(f"reconstruction ({shown}) must be one of {list(RECONSTRUCTIONS)}")
-    return value
 
 
 def reconstruct_by(

@@ -1,6 +1,7 @@
 """The aggregator service: the gRPC server and its handlers (:mod:`.server`,
 :mod:`.handlers`), the wire conversions (:mod:`.wire`, the only modules touching
-protobuf), storage backends behind one interface (:mod:`.storage`: SQLite, embedded;
+protobuf), storage backends behind one interface (:mod:`.store`: the interface, its
+records and the checks both backends share; :mod:`.storage`: SQLite, embedded;
 :mod:`.pg_storage`: PostgreSQL, shared by replicas; columnar batches :mod:`.columns`,
 dedupe tables :mod:`.keyset`), the admin client (:mod:`.admin`), rate limits, and the
 operator commands (:mod:`.cli`: serve, collection, query). The estimation engine

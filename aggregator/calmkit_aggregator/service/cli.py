@@ -84,7 +84,8 @@ def _serve(args: argparse.Namespace) -> int:
     from calmkit_aggregator.service.handlers import log_json
     from calmkit_aggregator.service.pg_storage import PgStorage, is_postgres_url
     from calmkit_aggregator.service.server import ServerTls, create_server, graceful_stop
-    from calmkit_aggregator.service.storage import ReportStore, Storage
+    from calmkit_aggregator.service.storage import Storage
+    from calmkit_aggregator.service.store import ReportStore
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     token = _read_token(args.token_file)

@@ -40,14 +40,15 @@ from calmkit_client.errors import (
 )
 from calmkit_client.ids import check_collection_id
 
+from ..phases import PhasedDesign
 from ..planning.collection import plan_collection
-from ..planning.pilot import PhasedDesign, pilot_plan, pilot_size
+from ..planning.pilot import pilot_plan, pilot_size, plan_next_phase
 from ..reconstruction.pipeline import Estimator, reconstruct_by
 from ..reconstruction.support import SupportCounts
 from ..reconstruction.uncertainty import MAX_REPLICATES, Bootstrap, bootstrap
 from . import wire
 from .rate_limit import RateLimit
-from .storage import ReportStore
+from .store import ReportStore
 
 __all__ = ["AggregatorService", "log_json"]
 
@@ -265,7 +266,7 @@ class AggregatorService(wire.AggregatorServicer):
             if record.phase != 0:
                 return
             t0 = time.perf_counter()
-            main = design.next_plan(self.storage.phase_support(collection_id, 0))
+            main = plan_next_phase(design, self.storage.phase_support(collection_id, 0))
             self.storage.add_phase(collection_id, 1, main.plan)
             log_json("phase", collection=collection_id, phase=1, m=main.plan.m,
                      l=main.choice.l, digest=main.plan.digest, pilot_reports=record.reports,

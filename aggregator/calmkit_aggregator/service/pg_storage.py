@@ -1,7 +1,9 @@
 """Storage on PostgreSQL: several aggregator processes (replicas) behind one address
 share collections, with the guarantees of the embedded SQLite store (:mod:`.storage`):
 a batch is committed before its ack, accepted whole or refused whole, counted exactly
-once across retries, replicas and SIGKILL, and a pseudonym holds one report.
+once across retries, replicas and SIGKILL, and a pseudonym holds one report. Both
+implement :class:`~.store.ReportStore` and run the same checks and deduplication rules
+(:mod:`.store`).
 
 The database holds what SQLite holds (schema version :data:`PG_SCHEMA_VERSION`):
 
@@ -73,9 +75,9 @@ from calmkit_client.errors import (
     ServiceUnavailable,
 )
 
-from ..planning.pilot import PhasedDesign, combine_phases
+from ..phases import PhasedDesign, combine_phases
 from ..reconstruction.support import SupportCounts
-from .columns import KEY_BYTES, ReportColumns, columns_from_reports, decode_columns
+from .columns import KEY_BYTES, ReportColumns
 from .keyset import KeyTable, as_words
 from .snapshot import (
     SnapshotError,
@@ -83,16 +85,23 @@ from .snapshot import (
     ids_hash,
     read_snapshot,
 )
-from .storage import (
+from .store import (
     CLOSED,
     OPEN,
     BatchOutcome,
     CollectionRecord,
+    KeyLookup,
     StoredReport,
-    _check_collection_args,
-    _dedupe_batch,
-    _new_positions,
-    _stored_plan,
+    batch_columns,
+    check_collection_args,
+    check_next_phase,
+    check_phase,
+    check_plan,
+    dedupe_batch,
+    new_positions,
+    not_open,
+    recount_log,
+    stored_plan,
 )
 
 __all__ = ["PG_SCHEMA_VERSION", "PgStorage", "is_postgres_url"]
@@ -225,8 +234,10 @@ class _Either:
 
 @dataclass
 class _Union:
-    by_id: Any
-    by_pseudonym: Any
+    """The key tables of a group commit: stored keys and those accepted before in it."""
+
+    by_id: KeyLookup
+    by_pseudonym: KeyLookup
 
 
 class PgStorage(SnapshotSchedule):
@@ -390,7 +401,7 @@ class PgStorage(SnapshotSchedule):
     def _plan(self, cid: str, phase: int, plan_json: str, digest: str) -> Plan:
         plan = self._plans.get(digest)
         if plan is None:
-            plan = self._plans[digest] = _stored_plan(cid, phase, plan_json, digest)
+            plan = self._plans[digest] = stored_plan(cid, phase, plan_json, digest)
         return plan
 
     def _record(self, cur: Any, collection_id: str, counts: bool = True) -> CollectionRecord:
@@ -475,9 +486,7 @@ class PgStorage(SnapshotSchedule):
         design: PhasedDesign | None = None,
     ) -> CollectionRecord:
         """Create an open collection (see :meth:`.storage.Storage.create_collection`)."""
-        _check_collection_args(collection_id, plan, k, submit_token_hash)
-        if design is not None and not isinstance(design, PhasedDesign):
-            raise CalmkitError(f"design ({_show(design)}) must be a PhasedDesign or None")
+        check_collection_args(collection_id, plan, k, submit_token_hash, design)
         with self._lock, self._transaction(self._live("_conn")) as cur:
             cur.execute(
                 "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash, "
@@ -520,23 +529,12 @@ class PgStorage(SnapshotSchedule):
     def add_phase(self, collection_id: str, phase: int, plan: Plan) -> CollectionRecord:
         """Start ``phase`` with ``plan``; idempotent across replicas (the first stored
         plan of a phase stays)."""
-        if not isinstance(plan, Plan):
-            raise CalmkitError(f"plan ({_show(plan)}) must be a Plan")
+        check_plan(plan)
         with self._lock, self._transaction(self._live("_conn")) as cur:
             cur.execute("SELECT 1 FROM collections WHERE id = %s FOR UPDATE", (collection_id,))
             record = self._record(cur, collection_id)
-            current = record.phase
-            if phase <= current:
+            if not check_next_phase(record, phase, plan):
                 return record
-            if phase != current + 1:
-                raise CalmkitError(f"phase ({phase}) must be the next phase ({current + 1})")
-            if record.state != OPEN:
-                raise CollectionClosed(f"collection_id ({_show(collection_id)}) is closed")
-            first = record.plans[0]
-            if plan.schema != first.schema or plan.epsilon != first.epsilon:
-                raise CalmkitError("plan must keep the collection's schema and epsilon")
-            if any(p.digest == plan.digest for p in record.plans):
-                raise CalmkitError(f"plan ({plan.digest[:12]}) is already one of the phases")
             cur.execute(
                 "INSERT INTO phases (collection_id, phase, plan_json, digest, created_at) "
                 "VALUES (%s, %s, %s, %s, %s)",
@@ -557,25 +555,11 @@ class PgStorage(SnapshotSchedule):
         together in the next transaction."""
         record = self.submit_record(collection_id, plan_digest)
         if record.state != OPEN:  # closing is final: a stale "open" is checked again below
-            raise CollectionClosed(
-                f"collection_id ({_show(collection_id)}) is {record.state}: it accepts no reports"
-            )
-        plan = record.plans[record.phase_of(plan_digest)]
-        if isinstance(reports, ReportColumns):
-            if reports.plan.digest != plan_digest:
-                raise PlanMismatch(
-                    f"reports (decoded for plan {reports.plan.digest[:12]}) must be decoded "
-                    f"for plan_digest ({_show(plan_digest)})"
-                )
-            batch = reports
-        else:
-            bad = next((i for i, r in enumerate(reports) if not isinstance(r, StoredReport)), None)
-            if bad is not None:
-                raise CalmkitError(f"reports[{bad}] ({_show(reports[bad])}) must be a StoredReport")
-            batch = columns_from_reports(plan, list(reports))
+            raise not_open(collection_id, record.state)
+        batch = batch_columns(record.plans[record.phase_of(plan_digest)], reports)
         if not len(batch):
             return BatchOutcome(0, 0)
-        distinct = _dedupe_batch(batch)
+        distinct = dedupe_batch(batch)
         fresh = batch.take(distinct) if distinct.size < len(batch) else batch
         mine = _Pending(plan_digest, batch, distinct, as_words(batch.report_ids),
                         as_words(batch.pseudonyms), fresh.encode(),
@@ -623,10 +607,7 @@ class PgStorage(SnapshotSchedule):
                 if row is None:
                     raise CollectionNotFound(f"collection_id ({_show(collection_id)}) not found")
                 if row[0] != OPEN:
-                    raise CollectionClosed(
-                        f"collection_id ({_show(collection_id)}) is {row[0]}: it accepts no "
-                        "reports"
-                    )
+                    raise not_open(collection_id, row[0])
                 self._tail(cur, collection_id, keys)
                 record = self._records.get(collection_id)
                 if record is None or any(
@@ -643,8 +624,8 @@ class PgStorage(SnapshotSchedule):
                     try:
                         phase = record.phase_of(p.plan_digest)
                         tables = both if len(accepted.by_id) else keys
-                        new = _new_positions(tables, collection_id, p.distinct, p.ids,
-                                             p.pseudonyms)  # fmt: skip
+                        new = new_positions(tables, collection_id, p.distinct, p.ids,
+                                            p.pseudonyms)  # fmt: skip
                     except (PlanMismatch, ReportConflict) as exc:
                         p.error, p.done = exc, True
                         continue
@@ -877,44 +858,20 @@ class PgStorage(SnapshotSchedule):
         """One phase's support counts (its own plan)."""
         with self._lock, self._transaction(self._live("_conn")) as cur:
             record = self._record(cur, collection_id)
-            if (
-                isinstance(phase, bool)
-                or not isinstance(phase, int)
-                or not (0 <= phase <= record.phase)
-            ):
-                raise CalmkitError(f"phase ({_show(phase)}) must be in [0, {record.phase}]")
-            return self._parts(cur, record)[phase]
+            return self._parts(cur, record)[check_phase(phase, record.phase)]
 
     def recount(self, collection_id: str) -> SupportCounts:
         """The support counts recounted from the batch log (an audit)."""
         with self._lock, self._transaction(self._live("_conn")) as cur:
             record = self._record(cur, collection_id)
-            parts = [SupportCounts.zeros(p) for p in record.plans]
             cur.execute(
                 "SELECT seq, phase, count, report_ids, pseudonyms, views, cells, bits "
                 "FROM batches WHERE collection_id = %s ORDER BY seq",
                 (collection_id,),
                 binary=True,
             )
-            for seq, phase, count, rid, ps, views, cells, bits in cur.fetchall():
-                if not 0 <= phase < len(parts):
-                    raise CalmkitError(
-                        f"batch {seq} of collection {_show(collection_id)} has phase ({phase}) "
-                        f"outside [0, {len(parts) - 1}]"
-                    )
-                try:
-                    columns = decode_columns(record.plans[phase], count, report_ids=bytes(rid),
-                                             pseudonyms=bytes(ps), views=bytes(views),
-                                             cells=bytes(cells), bits=bytes(bits))  # fmt: skip
-                except CalmkitError as exc:
-                    raise CalmkitError(
-                        f"batch {seq} of collection {_show(collection_id)} is invalid: {exc}"
-                    ) from None
-                n, counts = columns.support_deltas()
-                old = parts[phase]
-                summed = tuple(a + b for a, b in zip(old.counts, counts))
-                parts[phase] = SupportCounts(old.plan, old.n + n, summed)
-        return combine_phases(parts)
+            rows = cur.fetchall()
+        return recount_log(collection_id, record.plans, rows)
 
     # -- lifecycle -----------------------------------------------------------------------
     def wait_ready(self, timeout: float | None = None) -> bool:

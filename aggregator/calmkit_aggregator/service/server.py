@@ -38,7 +38,7 @@ from calmkit_client.collector import MAX_MESSAGE_BYTES
 
 from . import wire
 from .handlers import AggregatorService
-from .storage import ReportStore
+from .store import ReportStore
 
 __all__ = ["Server", "ServerTls", "create_server", "graceful_stop", "is_loopback"]
 

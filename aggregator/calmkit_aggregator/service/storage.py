@@ -1,9 +1,10 @@
-"""Durable storage of collections and their reports: the service's embedded default.
+"""Durable storage of collections and their reports: the service's embedded default,
+one implementation of :class:`~.store.ReportStore`.
 
-DESIGN.md "Service" and data flow step 4 (ingest): validate, deduplicate, persist, then
-acknowledge. One SQLite file in WAL mode with ``synchronous=FULL``. A batch is
-validated whole (in columns, :mod:`.columns`), deduplicated against in-memory key tables
-(:mod:`.keyset`), then appended to the batch log together with the collection's
+Ingest validates, deduplicates, persists, then acknowledges. One SQLite file in WAL
+mode with ``synchronous=FULL``. A batch is validated whole (in columns, :mod:`.columns`),
+deduplicated against in-memory key tables (:mod:`.keyset`) by the rules both backends
+share (:mod:`.store`), then appended to the batch log together with the collection's
 updated support counts in one transaction, committed (so it survives SIGKILL and power
 loss), and only then counted in memory and acknowledged. A batch is accepted whole or
 rejected whole; a rejected batch leaves neither rows nor counts behind.
@@ -16,7 +17,7 @@ Tables (schema version :data:`SCHEMA_VERSION` in ``PRAGMA user_version``):
 - ``collections(id, plan_json, digest, k, state, submit_token_hash, created_at,
   closed_at, design_json)``: the first phase's plan is stored as
   :meth:`Plan.to_json` and reloaded with :meth:`Plan.from_json`, which checks its
-  digest; ``design_json`` (:class:`~..planning.pilot.PhasedDesign`, or NULL for one phase)
+  digest; ``design_json`` (:class:`~..phases.PhasedDesign`, or NULL for one phase)
   says how the next phase is planned.
 - ``phases(collection_id, phase, plan_json, digest, created_at)``: the plans of the
   phases after the first (phase 1, 2, ...).
@@ -50,7 +51,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -58,18 +59,14 @@ from calmkit_client import Plan
 from calmkit_client.echo import show as _show
 from calmkit_client.errors import (
     CalmkitError,
-    CollectionClosed,
     CollectionExists,
     CollectionNotFound,
-    PlanMismatch,
-    ReportConflict,
     ServiceUnavailable,
 )
-from calmkit_client.ids import check_collection_id
 
-from ..planning.pilot import PhasedDesign, combine_phases
+from ..phases import PhasedDesign, combine_phases
 from ..reconstruction.support import SupportCounts
-from .columns import KEY_BYTES, ReportColumns, columns_from_reports, decode_columns
+from .columns import KEY_BYTES, ReportColumns, columns_from_reports
 from .keyset import KeyTable, as_words
 from .snapshot import (
     SnapshotError,
@@ -77,22 +74,28 @@ from .snapshot import (
     ids_hash,
     read_snapshot,
 )
+from .store import (
+    CLOSED,
+    OPEN,
+    BatchOutcome,
+    CollectionRecord,
+    StoredReport,
+    batch_columns,
+    check_collection_args,
+    check_next_phase,
+    check_phase,
+    check_plan,
+    dedupe_batch,
+    new_positions,
+    not_open,
+    recount_log,
+    stored_plan,
+)
 
-__all__ = [
-    "PSEUDONYM_BYTES",
-    "SCHEMA_VERSION",
-    "BatchOutcome",
-    "CollectionRecord",
-    "ReportStore",
-    "Storage",
-    "StoredReport",
-]
+__all__ = ["SCHEMA_VERSION", "Storage"]
 
 SCHEMA_VERSION = 3
 log = logging.getLogger("calmkit.aggregator")
-PSEUDONYM_BYTES = 16
-TOKEN_HASH_BYTES = 32  # sha256
-OPEN, CLOSED = "open", "closed"
 # Reports per batch-log row when a version 1/2 file is migrated.
 _MIGRATE_CHUNK = 10_000
 _I64 = np.dtype("<i8")
@@ -147,94 +150,6 @@ ALTER TABLE reports ADD COLUMN phase INTEGER NOT NULL DEFAULT 0;
 {_PHASES}
 PRAGMA user_version = 2;
 """
-
-
-class ReportStore(Protocol):
-    """The storage interface the service uses; :class:`Storage` (SQLite, embedded) and
-    :class:`~.pg_storage.PgStorage` (PostgreSQL, shared by replicas) implement it, and
-    one conformance suite runs against both (tests/aggregator/test_storage.py)."""
-
-    path: str
-
-    def create_collection(
-        self, collection_id: str, plan: Plan, k: int, submit_token_hash: bytes,
-        design: PhasedDesign | None = None,
-    ) -> CollectionRecord: ...  # fmt: skip
-    def get_collection(self, collection_id: str) -> CollectionRecord: ...
-    def submit_record(self, collection_id: str, plan_digest: str) -> CollectionRecord: ...
-    def list_collections(self) -> list[CollectionRecord]: ...
-    def close_collection(self, collection_id: str) -> CollectionRecord: ...
-    def add_phase(self, collection_id: str, phase: int, plan: Plan) -> CollectionRecord: ...
-    def add_reports(
-        self, collection_id: str, plan_digest: str,
-        reports: Sequence[StoredReport] | ReportColumns,
-    ) -> BatchOutcome: ...  # fmt: skip
-    def support(self, collection_id: str) -> SupportCounts: ...
-    def phase_support(self, collection_id: str, phase: int) -> SupportCounts: ...
-    def recount(self, collection_id: str) -> SupportCounts: ...
-    def wait_ready(self, timeout: float | None = None) -> bool: ...
-    def close(self) -> None: ...
-    def __contains__(self, collection_id: object) -> bool: ...
-
-
-@dataclass(frozen=True)
-class StoredReport:
-    """One report as stored: ``report_id`` and ``pseudonym`` (16 bytes each), ``view``
-    (int) and ``payload`` (GRR: int cell; OUE: packed bytes). The wire layer validates
-    these; :meth:`Storage.add_reports` checks them again against the plan."""
-
-    report_id: bytes
-    pseudonym: bytes
-    view: int
-    payload: int | bytes
-
-
-@dataclass(frozen=True)
-class CollectionRecord:
-    """A collection's metadata and its number of counted reports.
-
-    ``plans``: the plan of each phase so far (the last is the current one);
-    ``design``: how the next phase is planned (None: one phase)."""
-
-    collection_id: str
-    plans: tuple[Plan, ...]
-    k: int
-    state: str
-    submit_token_hash: bytes
-    created_at: float
-    closed_at: float | None
-    reports: int
-    design: PhasedDesign | None = None
-    phase_reports: tuple[int, ...] = ()
-
-    @property
-    def plan(self) -> Plan:
-        """The current phase's plan: what new reports use."""
-        return self.plans[-1]
-
-    @property
-    def phase(self) -> int:
-        """The current phase (0-based)."""
-        return len(self.plans) - 1
-
-    def phase_of(self, plan_digest: str) -> int:
-        """The phase whose plan has ``plan_digest``; :class:`PlanMismatch` if none."""
-        for i, plan in enumerate(self.plans):
-            if plan.digest == plan_digest:
-                return i
-        known = ", ".join(repr(p.digest) for p in self.plans)
-        raise PlanMismatch(
-            f"plan_digest ({_show(plan_digest)}) must be one of the collection's plans ({known})"
-        )
-
-
-@dataclass(frozen=True)
-class BatchOutcome:
-    """``accepted``: new reports written; ``duplicates``: identical retries of reports
-    already stored (acknowledged again, not counted again)."""
-
-    accepted: int
-    duplicates: int
 
 
 @dataclass
@@ -298,10 +213,6 @@ class _Entry:
             )
         self.n[phase] = n
         self.counts[phase] = list(np.split(flat, np.cumsum(sizes)[:-1]))
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _create_private(path: str) -> None:
@@ -503,16 +414,13 @@ class Storage(SnapshotSchedule):
         combined, like :meth:`support`): an audit of the stored counts."""
         with self._lock:
             conn = self._connection()
-            entry = self._entry(collection_id)
-            plans = entry.record.plans
-            parts = [SupportCounts.zeros(p) for p in plans]
-            for batch in _read_batches(conn, collection_id, plans):
-                phase, columns = batch
-                n, counts = columns.support_deltas()
-                old = parts[phase]
-                summed = tuple(a + b for a, b in zip(old.counts, counts))
-                parts[phase] = SupportCounts(old.plan, old.n + n, summed)
-        return combine_phases(parts)
+            plans = self._entry(collection_id).record.plans
+            rows = conn.execute(
+                "SELECT seq, phase, count, report_ids, pseudonyms, views, cells, bits FROM "
+                "batches WHERE collection_id = ? ORDER BY seq",
+                (collection_id,),
+            ).fetchall()
+        return recount_log(collection_id, plans, rows)
 
     # -- collections -------------------------------------------------------------------
     def create_collection(
@@ -526,9 +434,7 @@ class Storage(SnapshotSchedule):
         """Create an open collection whose first phase uses ``plan`` (``design``: how
         the next phase is planned, None for one phase); :class:`CollectionExists` if
         the id is taken."""
-        _check_collection_args(collection_id, plan, k, submit_token_hash)
-        if design is not None and not isinstance(design, PhasedDesign):
-            raise CalmkitError(f"design ({_show(design)}) must be a PhasedDesign or None")
+        check_collection_args(collection_id, plan, k, submit_token_hash, design)
         record = CollectionRecord(
             collection_id, (plan,), int(k), OPEN, bytes(submit_token_hash), time.time(), None,
             0, design,
@@ -598,23 +504,12 @@ class Storage(SnapshotSchedule):
         """Start ``phase`` with ``plan`` (committed before it is served). Idempotent
         when that phase already exists (another caller started it first: its plan
         stays); a phase further ahead than the next one is an error."""
-        if not isinstance(plan, Plan):
-            raise CalmkitError(f"plan ({_show(plan)}) must be a Plan")
+        check_plan(plan)
         with self._lock:
             conn = self._connection()
             entry = self._entry(collection_id)
-            current = entry.record.phase
-            if phase <= current:
+            if not check_next_phase(entry.record, phase, plan):
                 return entry.snapshot()
-            if phase != current + 1:
-                raise CalmkitError(f"phase ({phase}) must be the next phase ({current + 1})")
-            if entry.record.state != OPEN:
-                raise CollectionClosed(f"collection_id ({_show(collection_id)}) is closed")
-            first = entry.record.plans[0]
-            if plan.schema != first.schema or plan.epsilon != first.epsilon:
-                raise CalmkitError("plan must keep the collection's schema and epsilon")
-            if any(p.digest == plan.digest for p in entry.record.plans):
-                raise CalmkitError(f"plan ({plan.digest[:12]}) is already one of the phases")
             with _transaction(conn):
                 conn.execute(
                     "INSERT INTO phases (collection_id, phase, plan_json, digest, created_at) "
@@ -657,21 +552,10 @@ class Storage(SnapshotSchedule):
             entry = self._open_entry(collection_id)
             phase = entry.record.phase_of(plan_digest)
             plan = entry.record.plans[phase]
-        if isinstance(reports, ReportColumns):
-            if reports.plan.digest != plan.digest:
-                raise PlanMismatch(
-                    f"reports (decoded for plan {reports.plan.digest[:12]}) must be decoded "
-                    f"for plan_digest ({_show(plan_digest)})"
-                )
-            batch = reports
-        else:
-            bad = next((i for i, r in enumerate(reports) if not isinstance(r, StoredReport)), None)
-            if bad is not None:
-                raise CalmkitError(f"reports[{bad}] ({_show(reports[bad])}) must be a StoredReport")
-            batch = columns_from_reports(plan, list(reports))
+        batch = batch_columns(plan, reports)
         if not len(batch):
             return BatchOutcome(0, 0)
-        distinct = _dedupe_batch(batch)
+        distinct = dedupe_batch(batch)
         ids, pseudonyms = as_words(batch.report_ids), as_words(batch.pseudonyms)
         if not entry.ready.is_set():
             entry.ready.wait()
@@ -683,7 +567,7 @@ class Storage(SnapshotSchedule):
         with self._lock:
             conn = self._connection()
             entry = self._open_entry(collection_id)
-            new = _new_positions(entry, collection_id, distinct, ids, pseudonyms)
+            new = new_positions(entry, collection_id, distinct, ids, pseudonyms)
             if new.size:
                 fresh = batch.take(new)
                 n, counts = fresh.support_deltas()
@@ -715,7 +599,7 @@ class Storage(SnapshotSchedule):
 
     def support(self, collection_id: str) -> SupportCounts:
         """A copy of the collection's support counts over every phase (one
-        reconstruction plan, :func:`~..planning.pilot.combine_phases`), consistent with
+        reconstruction plan, :func:`~..phases.combine_phases`), consistent with
         committed rows."""
         with self._lock:
             self._connection()
@@ -728,13 +612,7 @@ class Storage(SnapshotSchedule):
         with self._lock:
             self._connection()
             entry = self._entry(collection_id)
-            if (
-                isinstance(phase, bool)
-                or not isinstance(phase, int)
-                or not (0 <= phase <= entry.record.phase)
-            ):
-                raise CalmkitError(f"phase ({_show(phase)}) must be in [0, {entry.record.phase}]")
-            return entry.support(phase)
+            return entry.support(check_phase(phase, entry.record.phase))
 
     # -- lifecycle -------------------------------------------------------------------------
     def wait_ready(self, timeout: float | None = None) -> bool:
@@ -785,10 +663,7 @@ class Storage(SnapshotSchedule):
         """The entry of an open collection."""
         entry = self._entry(collection_id)
         if entry.record.state != OPEN:
-            raise CollectionClosed(
-                f"collection_id ({_show(collection_id)}) is {entry.record.state}: it accepts "
-                "no reports"
-            )
+            raise not_open(collection_id, entry.record.state)
         return entry
 
 
@@ -828,7 +703,7 @@ def _read_collections(conn: sqlite3.Connection) -> Iterator[tuple[Any, ...]]:
     ).fetchall()
     for cid, plan_json, digest, k, state, token_hash, created, closed, design_json in rows:
         plans = tuple(
-            _stored_plan(cid, i, text, d)
+            stored_plan(cid, i, text, d)
             for i, (text, d) in enumerate([(plan_json, digest), *later.get(cid, [])])
         )
         design = None if design_json is None else PhasedDesign.from_json(design_json)
@@ -876,28 +751,6 @@ def _stored_keys(
     return as_words(as_keys(ids)), as_words(as_keys(pseudonyms)), last, hashed
 
 
-def _read_batches(
-    conn: sqlite3.Connection, collection_id: str, plans: tuple[Plan, ...]
-) -> Iterator[tuple[int, ReportColumns]]:
-    """Every logged batch of a collection as (phase, columns), validated again."""
-    for seq, phase, count, rid, pseudonym, views, cells, bits in conn.execute(
-        "SELECT seq, phase, count, report_ids, pseudonyms, views, cells, bits FROM batches "
-        "WHERE collection_id = ? ORDER BY seq",
-        (collection_id,),
-    ).fetchall():
-        if not 0 <= phase < len(plans):
-            raise CalmkitError(f"batch {seq} of collection {_show(collection_id)} has phase "
-                               f"({phase}) outside [0, {len(plans) - 1}]")  # fmt: skip
-        try:
-            columns = decode_columns(plans[phase], count, report_ids=rid, pseudonyms=pseudonym,
-                                     views=views, cells=cells, bits=bits)  # fmt: skip
-        except CalmkitError as exc:
-            raise CalmkitError(
-                f"batch {seq} of collection {_show(collection_id)} is invalid: {exc}"
-            ) from None
-        yield phase, columns
-
-
 def _migrate_rows_to_log(conn: sqlite3.Connection) -> None:
     """Version 2 -> 3 (inside the caller's transaction): the per-report rows of every
     collection become batch-log rows (in chunks, per phase) and stored counts; the
@@ -935,136 +788,3 @@ def _migrate_rows_to_log(conn: sqlite3.Connection) -> None:
             _write_support(conn, cid, phase, entry, insert=True)
     conn.execute("DROP TABLE reports")
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-
-def _stored_plan(collection_id: str, phase: int, plan_json: str, digest: str) -> Plan:
-    """A stored plan, its digest checked."""
-    try:
-        plan = Plan.from_json(plan_json)
-    except CalmkitError as exc:
-        raise CalmkitError(
-            f"plan_json of collection {_show(collection_id)} (phase {phase}) is invalid: {exc}"
-        ) from None
-    if plan.digest != digest:
-        raise CalmkitError(
-            f"digest ({_show(digest)}) of collection {_show(collection_id)} (phase {phase}) "
-            "must match "
-            f"its plan ({plan.digest!r})"
-        )
-    return plan
-
-
-# -- validation and deduplication --------------------------------------------------------
-def _check_collection_args(collection_id: str, plan: Plan, k: int, token_hash: bytes) -> None:
-    check_collection_id(collection_id)
-    if not isinstance(plan, Plan):
-        raise CalmkitError(f"plan ({_show(plan)}) must be a Plan")
-    if not _is_int(k) or not 1 <= int(k) <= plan.schema.d:
-        raise CalmkitError(f"k ({k!r}) must be an int in [1, {plan.schema.d}]")
-    if not isinstance(token_hash, bytes) or len(token_hash) != TOKEN_HASH_BYTES:
-        raise CalmkitError(
-            f"submit_token_hash ({_show(token_hash)}) must be {TOKEN_HASH_BYTES} bytes (sha256)"
-        )
-
-
-def _content(batch: ReportColumns) -> np.ndarray:
-    """Per report, its whole content (pseudonym, view, payload) as one void value."""
-    width = max([1] + [vp.payloads.reshape(len(vp.rows), -1).shape[1] * 8
-                       for vp in batch.per_view])  # fmt: skip
-    payload = np.zeros((len(batch), width), dtype=np.uint8)
-    for vp in batch.per_view:
-        raw = np.ascontiguousarray(vp.payloads).reshape(len(vp.rows), -1)
-        raw = raw.astype(np.int64) if raw.dtype != np.uint8 else raw
-        data = raw.view(np.uint8).reshape(len(vp.rows), -1)
-        payload[vp.rows, : data.shape[1]] = data
-    views = batch.views.astype("<i8").view(np.uint8).reshape(-1, 8)
-    row = np.concatenate([batch.pseudonyms, views, payload], axis=1)
-    return np.ascontiguousarray(row).view(f"V{row.shape[1]}").ravel()
-
-
-def _distinct(keys: np.ndarray) -> bool:
-    """Whether (n, 16) uint8 keys are all different, if their first 8 bytes already
-    are (one sort of n integers); False when that cannot tell (then compare whole)."""
-    head = np.sort(np.ascontiguousarray(keys[:, :8]).view("<u8").ravel())
-    return not bool((head[1:] == head[:-1]).any())
-
-
-def _dedupe_batch(batch: ReportColumns) -> np.ndarray:
-    """Sorted positions of the batch's distinct reports (the first of each report id).
-    Identical repeats collapse; a repeat with other content, or two report ids with one
-    pseudonym, raises :class:`ReportConflict`."""
-    if _distinct(batch.report_ids) and _distinct(batch.pseudonyms):
-        return np.arange(len(batch))  # the usual batch: nothing repeats
-    ids = batch.report_ids.view("V16").ravel()
-    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    if first.size < len(batch):
-        content = _content(batch)
-        differs = np.flatnonzero(content != content[first[inverse]])
-        if differs.size:
-            i = int(differs[0])
-            raise ReportConflict(
-                f"reports[{i}].report_id ({_show(bytes(batch.report_ids[i]))}) repeats "
-                f"reports[{int(first[inverse[i]])}] with different content"
-            )
-    firsts = np.sort(first)
-    pseudonyms = batch.pseudonyms[firsts].view("V16").ravel()
-    _, p_first, p_inverse = np.unique(pseudonyms, return_index=True, return_inverse=True)
-    if p_first.size < firsts.size:
-        again = np.flatnonzero(p_first[p_inverse] != np.arange(firsts.size))
-        k = int(again[0])
-        i, j = int(firsts[k]), int(firsts[p_first[p_inverse[k]]])
-        raise ReportConflict(
-            f"reports[{max(i, j)}].pseudonym ({_show(bytes(batch.pseudonyms[i]))}) already "
-            f"holds reports[{min(i, j)}] in this batch"
-        )
-    return firsts
-
-
-class _Lookup(Protocol):
-    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
-
-
-class _KeyTables(Protocol):
-    """Key tables of stored reports: ``by_id`` (report id -> pseudonym) and
-    ``by_pseudonym`` (the pseudonyms)."""
-
-    @property
-    def by_id(self) -> _Lookup: ...
-    @property
-    def by_pseudonym(self) -> _Lookup: ...
-
-
-def _new_positions(
-    entry: _KeyTables, collection_id: str, distinct: np.ndarray, ids: np.ndarray,
-    pseudonyms: np.ndarray,
-) -> np.ndarray:  # fmt: skip
-    """Of the batch's ``distinct`` positions, those not yet stored (in ``entry``'s
-    tables).
-
-    A report whose (report id, pseudonym) pair is stored is a retry: acknowledged as a
-    duplicate and the stored report stands, whatever the content sent. A report id
-    stored under another pseudonym, or a pseudonym holding another report id, is a
-    :class:`ReportConflict`. No answer depends on a stored report's view, payload or
-    phase, and no error names a stored value (docs/security.md "Conflicting reports"):
-    a submit-token holder who learns a victim's pseudonym cannot probe the victim's
-    report.
-    """
-    found, owner = entry.by_id.lookup(ids[distinct])
-    mine = (owner == pseudonyms[distinct]).all(axis=1)
-    taken = np.flatnonzero(found & ~mine)
-    if taken.size:
-        i = int(distinct[taken[0]])
-        raise ReportConflict(
-            f"reports[{i}].report_id ({_show(ids[i].tobytes())}) is already used in "
-            f"collection {_show(collection_id)}"
-        )
-    new = distinct[~found]
-    held, _ = entry.by_pseudonym.lookup(pseudonyms[new])
-    if held.any():
-        i = int(new[np.flatnonzero(held)[0]])
-        raise ReportConflict(
-            f"reports[{i}].pseudonym ({_show(pseudonyms[i].tobytes())}) already holds a report "
-            f"in collection {_show(collection_id)} (a device reports once per collection)"
-        )
-    fresh: np.ndarray = new
-    return fresh

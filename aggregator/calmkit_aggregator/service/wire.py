@@ -22,9 +22,9 @@ from calmkit_proto.v1 import calmkit_pb2_grpc as pb_grpc
 from ..planning.collection import PLANNERS
 from ..planning.pilot import PILOT_FRACTION
 from ..reconstruction.maxent import Answer
-from ..reconstruction.pipeline import check_reconstruction
+from ..reconstruction.methods import check_reconstruction
 from .columns import ReportColumns, decode_columns
-from .storage import CollectionRecord, StoredReport
+from .store import CollectionRecord, StoredReport
 
 __all__ = [
     "MAX_BATCH",

@@ -23,15 +23,15 @@ from typing import Literal
 import numpy as np
 
 from calmkit_aggregator import Estimator, plan_collection, reconstruct_by
+from calmkit_aggregator.phases import combine_phases
 from calmkit_aggregator.planning.collection import PLANNERS, workload_of
 from calmkit_aggregator.planning.pilot import (
     PILOT_FRACTION,
-    combine_phases,
     pilot_plan,
     pilot_size,
     plan_after_pilot,
 )
-from calmkit_aggregator.reconstruction.pipeline import check_reconstruction
+from calmkit_aggregator.reconstruction.methods import check_reconstruction
 from calmkit_client import CalmkitError, Plan, Schema
 from calmkit_client.randomness import RngLike
 

@@ -1,0 +1,85 @@
+"""A collection in phases: what storage keeps of the design, and how the phases' counts
+combine into one estimate.
+
+A two-phase collection first asks a pilot share of the users for disjoint attribute
+pairs, then plans the other users' views from what the pilot showed
+(:mod:`.planning.pilot` does the planning). Storage keeps the :class:`PhasedDesign`
+beside the collection and each phase's support counts under that phase's own plan;
+:func:`combine_phases` joins them for the reconstruction, so no pilot report is
+wasted. This module loads neither the planner nor the reconstruction: the storage
+backends import it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from calmkit_client import CalmkitError, Plan, PlanError
+
+from .reconstruction.methods import check_reconstruction
+from .reconstruction.support import SupportCounts
+
+__all__ = ["PhasedDesign", "combine_phases"]
+
+
+def combine_phases(parts: Sequence[SupportCounts]) -> SupportCounts:
+    """The support counts of every phase under one reconstruction plan: the views of
+    all phases in order, each with its own oracle and reports (the plans must share
+    schema and epsilon). Shares and seed of the combined plan mean nothing: no client
+    reports under it."""
+    if not parts:
+        raise PlanError("parts ([]) must hold at least one phase")
+    first = parts[0].plan
+    for i, part in enumerate(parts[1:], start=1):
+        if part.plan.schema != first.schema or part.plan.epsilon != first.epsilon:
+            raise PlanError(f"parts[{i}] must share the schema and epsilon of parts[0]")
+    if len(parts) == 1:
+        return parts[0]
+    views = tuple(v for part in parts for v in part.plan.views)
+    oracles = tuple(o for part in parts for o in part.plan.oracles or ())
+    plan = Plan(first.schema, first.epsilon, views, oracles=oracles)
+    n = np.concatenate([part.n for part in parts])
+    counts = tuple(c for part in parts for c in part.counts)
+    return SupportCounts(plan, n, counts)
+
+
+@dataclass(frozen=True)
+class PhasedDesign:
+    """How a collection's second phase is planned: once ``pilot_reports`` reports
+    arrived under the pilot plan, :func:`~.planning.pilot.plan_next_phase` chooses the
+    views of the remaining ``expected_n`` users for the ``k``-way workload (``l``/``m``
+    fixed if given), with seed ``seed + 1``, for answers reconstructed by
+    ``reconstruction`` ("local" or "global"; designs stored without it were planned for
+    "local")."""
+
+    expected_n: int
+    pilot_reports: int
+    k: int
+    seed: int = 0
+    l: int | None = None  # noqa: E741
+    m: int | None = None
+    reconstruction: str = "local"
+
+    def __post_init__(self) -> None:
+        for name in ("expected_n", "pilot_reports", "k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CalmkitError(f"{name} ({value!r}) must be an int >= 1")
+        check_reconstruction(self.reconstruction)
+
+    def to_json(self) -> str:
+        """The design as canonical JSON (sorted keys), as storage keeps it."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> PhasedDesign:
+        """A design read back from :meth:`to_json`'s text, checked as when made."""
+        try:
+            data = json.loads(text)
+            return cls(**data)
+        except (TypeError, ValueError) as exc:
+            raise CalmkitError(f"design_json ({text[:80]!r}) is invalid: {exc}") from None
