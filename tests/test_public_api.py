@@ -32,7 +32,8 @@ PUBLIC = {
         "ErrorPrediction", "MainPlan", "PhasedDesign", "PlannedViews", "Workload",
         "best_known_size", "choose_plan", "choose_views", "combine_phases", "construct_cover",
         "estimate_profile", "pilot_plan", "pilot_size", "plan_after_pilot", "plan_collection",
-        "predict_error", "profile_from_pilot", "read_cover", "verify_cover", "workload_of",
+        "plan_next_phase", "predict_error", "profile_from_pilot", "read_cover", "verify_cover",
+        "workload_of",
     ],
     "calmkit_aggregator.reconstruction": [
         "RECONSTRUCTIONS", "Answer", "Bootstrap", "ConsistentViews", "Estimator",
