@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from calmkit_aggregator.service.cli import progress_bar
+from .progress import progress_bar
 
 # -- demo ---------------------------------------------------------------------------------
 DEMO_SIZES = (2, 3, 2, 2, 4, 2, 3, 2)

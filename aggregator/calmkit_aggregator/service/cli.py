@@ -69,16 +69,6 @@ def _admin(args: argparse.Namespace) -> Any:
                        root_certificates=_read_ca(args.tls_ca))  # fmt: skip
 
 
-def progress_bar(total: int, desc: str, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # progress bars are optional
-        return None
-    return tqdm(total=total, desc=desc, unit="report", file=sys.stderr)
-
-
 # -- serve --------------------------------------------------------------------------------
 def _serve(args: argparse.Namespace) -> int:
     from calmkit_aggregator.service.handlers import log_json
