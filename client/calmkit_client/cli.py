@@ -96,15 +96,14 @@ def json_option(parser: argparse.ArgumentParser,
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Help with each option's default appended (unless the help states it)."""
+    """Help with each option's default appended, unless the help states it or there
+    is none to state (no default, or an off flag). A default of 0 is stated."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if (
-            "default" not in text
-            and action.default not in (None, False, argparse.SUPPRESS)
-            and action.option_strings
-        ):
+        default = action.default
+        stated = default is None or default is False or default == argparse.SUPPRESS
+        if "default" not in text and not stated and action.option_strings:
             text += " (default: %(default)s)"
         return text
 

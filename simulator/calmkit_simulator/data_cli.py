@@ -261,7 +261,7 @@ def _simulate_options(parser: argparse.ArgumentParser) -> None:
                         "repetition's queries and the method's randomness, as independent "
                         "streams: runs that differ only in --mechanism, --planner, --l/--m "
                         "or other method options answer the same queries on the same "
-                        "users (default: %(default)s)")  # fmt: skip
+                        "users")  # fmt: skip
     parser.add_argument("--path", choices=PATHS, default="fast",
                         help="fast: sample each view's support counts directly; faithful: "
                         "every user through the client code (same distribution)")  # fmt: skip
@@ -457,8 +457,7 @@ def _experiment_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=NON_NEGATIVE, default=0,
                         help="seed of every task: fixes each population's resample, the "
                         "queries of each repetition and the classification split, shared by "
-                        "every mechanism of a setting, and each task's own randomness "
-                        "(default: %(default)s)")  # fmt: skip
+                        "every mechanism of a setting, and each task's own randomness")  # fmt: skip
     parser.add_argument("--reps", type=POSITIVE, default=None,
                         help="repetitions per setting (default: the paper's 20; --quick: 2)")
     parser.add_argument("--queries", type=POSITIVE, default=50,

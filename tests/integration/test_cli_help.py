@@ -42,8 +42,17 @@ def test_defaults_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
     text = " ".join(capsys.readouterr().out.split())
     for shown in ("repetitions (fresh reports each); the SSE is their mean ± sd (default: 20)",
                   "random k-way queries per repetition (default: 50)",
-                  "(default: fast)"):  # fmt: skip
+                  "(default: fast)", "same queries on the same users (default: 0)"):  # fmt: skip
         assert shown in text
+
+
+@pytest.mark.parametrize("command", ["demo", "collection", "simulate", "experiment"])
+def test_a_default_of_zero_is_shown(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([command, "--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("  --seed SEED"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("  -"))
+    assert "(default: 0)" in " ".join(" ".join(lines[start:end]).split())
 
 
 def test_help_loads_nothing_heavy() -> None:
