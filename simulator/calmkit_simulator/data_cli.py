@@ -144,34 +144,49 @@ def _plan_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from calmkit_aggregator.planning.algorithm1 import choose_views
-    from calmkit_aggregator.planning.collection import workload_of
-    from calmkit_aggregator.planning.pilot import pilot_plan, pilot_size
-    from calmkit_aggregator.planning.search import choose_plan
-    from calmkit_client import Plan, Schema, SchemaError
+    from calmkit_client import Schema, SchemaError
 
     try:
         sizes = [int(x) for x in args.domain.split(",")]
     except ValueError:
         raise SchemaError(f"domain ({args.domain!r}) must be comma-separated ints") from None
     schema = Schema.from_sizes(sizes)
-    names = schema.names
     if args.planner == "paper":
-        choice = choose_views(schema.sizes, args.epsilon, args.n, args.k, theta=args.theta,
-                              l=args.l, m=args.m)  # fmt: skip
-        plan = Plan(schema, args.epsilon, choice.views)
-        out: dict[str, object] = {
-            "planner": "paper", "l": choice.l, "m": plan.m,
-            "views": [list(v) for v in plan.views], "oracles": list(plan.oracles or ()),
-            "rule": choice.rule,
-        }  # fmt: skip
-        if args.json:
-            print(json.dumps(out))
-        else:
-            print(choice.summary())
-            for v in out["views"]:  # type: ignore[attr-defined]
-                print("  ", v)
-        return 0
+        return _plan_paper(args, schema)
+    return _plan_pipeline(args, schema)
+
+
+def _plan_paper(args: argparse.Namespace, schema: Any) -> int:
+    """``calmkit plan --planner paper``: Algorithm 1's l, m and views."""
+    from calmkit_aggregator.planning.algorithm1 import choose_views
+    from calmkit_client import Plan
+
+    choice = choose_views(schema.sizes, args.epsilon, args.n, args.k, theta=args.theta,
+                          l=args.l, m=args.m)  # fmt: skip
+    plan = Plan(schema, args.epsilon, choice.views)
+    out: dict[str, Any] = {
+        "planner": "paper", "l": choice.l, "m": plan.m,
+        "views": [list(v) for v in plan.views], "oracles": list(plan.oracles or ()),
+        "rule": choice.rule,
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(choice.summary())
+        for v in out["views"]:
+            print("  ", v)
+    return 0
+
+
+def _plan_pipeline(args: argparse.Namespace, schema: Any) -> int:
+    """``calmkit plan`` with the default planner: a pilot on attribute pairs (unless l
+    and m are fixed), then the views of the lowest predicted error."""
+    from calmkit_aggregator.planning.collection import workload_of
+    from calmkit_aggregator.planning.pilot import pilot_plan, pilot_size
+    from calmkit_aggregator.planning.search import choose_plan
+    from calmkit_client import Plan
+
+    names = schema.names
     pilot = args.pilot if (args.l is None or args.m is None) else 0.0
     fixed: tuple[tuple[int, ...], ...] = ()
     users: list[float] = []
@@ -207,11 +222,19 @@ def _plan(args: argparse.Namespace) -> int:
     }  # fmt: skip
     if args.json:
         print(json.dumps(out))
-        return 0
-    if pilot > 0:
+    else:
+        _print_pipeline_plan(out, chosen, ranked, plan)
+    return 0
+
+
+def _print_pipeline_plan(out: dict[str, Any], chosen: Any, ranked: list[Any],
+                         plan: Any) -> None:  # fmt: skip
+    pilot = out["pilot"]
+    if pilot is not None:
         print(
-            f"pilot: {args.n - n_main} users ({pilot:.0%}) report on {len(fixed)} disjoint "
-            "attribute pairs; the views below are chosen again from their reports"
+            f"pilot: {pilot['users']} users ({pilot['fraction']:.0%}) report on "
+            f"{len(pilot['views'])} disjoint attribute pairs; the views below are chosen "
+            "again from their reports"
         )
         print("second phase, as planned from the prior (before any report):")
     print(
@@ -219,16 +242,15 @@ def _plan(args: argparse.Namespace) -> int:
         f"{chosen.predicted.sse:.3g} (noise {chosen.predicted.noise:.3g}, "
         f"bias {chosen.predicted.bias:.3g}); oracles {sorted(set(plan.oracles or ()))}"
     )
-    for note in chosen.notes(names):
+    for note in out["notes"]:
         print("note:", note)
     print("candidates (best first): " + ", ".join(
         f"l={c.l} m={c.m}{'' if c.design == 'spread' else ' ' + c.design} {c.sse:.3g}"
         for c in ranked[:8]))  # fmt: skip
-    for v in out["views"][:20]:  # type: ignore[index]
+    for v in out["views"][:20]:
         print("  ", v)
     if plan.m > 20:
         print(f"   ... {plan.m - 20} more (--json lists all)")
-    return 0
 
 
 def _simulate_options(parser: argparse.ArgumentParser) -> None:
@@ -295,11 +317,10 @@ def _central_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from .datasets import load_dataset
     from .experiment import run_mechanism
     from .mechanisms import make_mechanism
+    from .progress import Progress
     from .seeds import POPULATION, stream
 
     t0 = time.perf_counter()
@@ -319,17 +340,29 @@ def _simulate(args: argparse.Namespace) -> int:
     warnings = shape_warnings(pop)
     if not args.json:
         _warn(warnings)
-    from .progress import Progress
-
     progress = Progress(args.reps, f"{args.mechanism} reps") if not args.json else None
     update = progress.update if progress is not None else None
     results = run_mechanism(pop, mechanism, args.epsilon, args.k, args.queries, args.reps,
                             rng=args.seed, progress=update)  # fmt: skip
     if progress is not None:
         progress.close()
+    out = _simulation(args, mechanism, pop, results, warnings)
+    out["seconds"] = round(time.perf_counter() - t0, 3)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    _print_simulation(out, pop, args)
+    return 0
+
+
+def _simulation(args: argparse.Namespace, mechanism: Any, pop: Any, results: list[Any],
+                warnings: list[str]) -> dict[str, Any]:  # fmt: skip
+    """What ``calmkit simulate --json`` prints (but the seconds it took)."""
+    import numpy as np
+
     errors = np.array([r.sse for r in results])
     chosen = results[0].chosen if results else {}
-    out = {
+    return {
         "mechanism": mechanism.name,
         "dataset": pop.name,
         "n": pop.n,
@@ -351,11 +384,11 @@ def _simulate(args: argparse.Namespace) -> int:
         "reps": [{"sse": r.sse, "uniform_sse": r.uniform_sse,
                   "queries": [list(q) for q in r.queries]} for r in results],
         "warnings": warnings,
-        "seconds": round(time.perf_counter() - t0, 3),
     }  # fmt: skip
-    if args.json:
-        print(json.dumps(out))
-        return 0
+
+
+def _print_simulation(out: dict[str, Any], pop: Any, args: argparse.Namespace) -> None:
+    chosen = out["chosen"]
     print(pop.describe())
     chose = ", ".join(f"{k_} = {v}" for k_, v in chosen.items())
     print(
@@ -369,7 +402,6 @@ def _simulate(args: argparse.Namespace) -> int:
     if chosen.get("not_collected"):
         print(f"  not collected (one category, or too few users): {chosen['not_collected']}")
     print(f"  {out['seconds']:.1f} s ({out['seconds_per_rep']:.2f} s per rep)")
-    return 0
 
 
 NO_DATA_EXIT = 3  # calmkit experiment: some task's dataset was absent
