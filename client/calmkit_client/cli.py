@@ -34,10 +34,12 @@ __all__ = [
     "Run",
     "add_command",
     "build_parser",
+    "commands",
     "fraction",
     "int_at_least",
     "json_option",
     "main",
+    "missing_extra",
     "positive_float",
 ]
 
@@ -113,8 +115,8 @@ class CommandParser(argparse.ArgumentParser):
 
     A command's parser also carries what runs it (``run``), the function that adds its
     options (``options``, called on first parse, so listing the commands imports none
-    of them) and the extra of ``pyproject.toml`` its optional dependencies come from
-    (``extra``; None: the base install suffices).
+    of them) and the extra its optional dependencies come from (``extra``, as in
+    ``pip install 'calmkit[aggregator]'``; None: the base install suffices).
     """
 
     def __init__(self, *args: Any, run: Run | None = None, options: Options | None = None,
@@ -159,10 +161,10 @@ def missing_extra(prog: str, extra: str | None, exc: ModuleNotFoundError) -> str
     or the command declares no extra (then the missing module is a bug, not a choice
     of install)."""
     module = exc.name or ""
-    if extra is None or not module or module.split(".")[0].startswith("calmkit_"):
+    if extra is None or not module or module.startswith("calmkit_"):
         return None
     return (f"{prog} needs the {extra} extra: pip install 'calmkit[{extra}]' "
-            f"({module.split('.')[0]} is not installed)")  # fmt: skip
+            f"({module} is not installed)")  # fmt: skip
 
 
 def add_command(subparsers: Any, name: str, help: str, *, run: Run, options: Options,
@@ -172,8 +174,8 @@ def add_command(subparsers: Any, name: str, help: str, *, run: Run, options: Opt
 
     ``help`` is its line in ``calmkit --help`` (and its description unless one is
     given); ``options(parser)`` adds its options when the command is parsed; ``run(args)``
-    runs it and returns the exit status; ``extra`` names the extra of the package's
-    optional dependencies it needs (None: none).
+    runs it and returns the exit status; ``extra`` names the extra it needs (None:
+    none), which a missing third-party module makes the advice name.
     """
     parser: CommandParser = subparsers.add_parser(
         name, help=help, description=description or help, epilog=epilog,
