@@ -79,7 +79,7 @@ def _serve(code: Path, db: Path | str, snapshots: Path | None = None
     folder (PostgreSQL, when ``code`` has the option)."""
     path = ":".join(str(code / p) for p in PACKAGES)
     boot = (f"import sys; sys.path[:0] = {path.split(':')!r}; "
-            "from calmkit_simulator.cli import main; raise SystemExit(main())")  # fmt: skip
+            "from calmkit_client.cli import main; raise SystemExit(main())")  # fmt: skip
     cli = code / "simulator" / "calmkit_simulator" / "cli.py"
     extra = []
     if snapshots is not None and "--key-snapshots" in cli.read_text():

@@ -1,5 +1,8 @@
 """The offline commands of ``calmkit``: datasets, population, plan, simulate and
-experiment (their options are defined in :mod:`calmkit_simulator.cli`)."""
+experiment, each with its options beside the code that runs it (:func:`register` adds
+them to the ``calmkit`` parser). datasets and population need only the base install;
+plan needs the aggregator extra (the planner), simulate and experiment the simulator
+extra."""
 
 from __future__ import annotations
 
@@ -9,9 +12,17 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
+from calmkit_client import CalmkitError
+from calmkit_client.cli import (
+    NON_NEGATIVE,
+    POSITIVE,
+    add_command,
+    int_at_least,
+    json_option,
+    positive_float,
+)
 
-from .datasets import load_dataset
+__all__ = ["MANY_CATEGORIES", "register", "shape_warnings"]
 
 MANY_CATEGORIES = 64  # above this, warn: a view's cells outnumber what reports can fill
 
@@ -37,12 +48,66 @@ def shape_warnings(pop: Any) -> list[str]:
     return out
 
 
+def register(subparsers: Any) -> None:
+    """Add datasets, population, plan, simulate and experiment to the ``calmkit``
+    parser's ``subparsers``."""
+    add_command(subparsers, "datasets",
+                "the datasets calmkit knows: list, fetch (download + verify), path",
+                run=_datasets, options=_datasets_options, extra=None,
+                description="list: every dataset with its source, licence and SHA-256s; "
+                "fetch NAME.. (or all): download from the official source, verify, unpack "
+                "into the per-user data folder (or --data-dir); path NAME: where the "
+                "loaders look for it.")  # fmt: skip
+    add_command(subparsers, "population",
+                "load a dataset and describe it (attributes, categories, users)",
+                run=_population, options=_population_options, extra=None)  # fmt: skip
+    add_command(subparsers, "plan",
+                "choose the view size l, the count m and the views for a collection",
+                run=_plan, options=_plan_options, extra="aggregator")  # fmt: skip
+    add_command(subparsers, "simulate",
+                "run a mechanism and Uniform on a population; report the error (SSE)",
+                run=_simulate, options=_simulate_options, extra="simulator")  # fmt: skip
+    add_command(subparsers, "experiment",
+                "a figure of the paper (or the planner comparison): task grid, CSV, PNG "
+                "and results.md", run=_experiment, options=_experiment_options,
+                extra="simulator",
+                epilog="Exit status: 0 all tasks ran; 3 some task had no data (`calmkit "
+                "datasets fetch NAME`); 130 interrupted (finished tasks are cached: the "
+                "same command resumes). Outputs of an earlier run with more finished tasks "
+                "are never overwritten.")  # fmt: skip
+
+
+def _data_options(parser: argparse.ArgumentParser, dataset_help: str = "the population") -> None:
+    """Which population a command loads: --dataset, --data-dir, --d, --max-categories."""
+    from .datasets import DATASETS
+
+    names = "; ".join(f"{k}: {v}" for k, v in DATASETS.items())
+    parser.add_argument("--dataset", default="synthetic", metavar="NAME",
+                        help=f"{dataset_help}: {names}")
+    parser.add_argument("--data-dir", default=None, metavar="DIR",
+                        help="dataset folder (default: $CALMKIT_DATA, else the per-user "
+                        "folder that `calmkit datasets fetch` fills)")  # fmt: skip
+    parser.add_argument("--d", type=POSITIVE, default=None,
+                        help="keep the first d attributes (transaction data: the d most "
+                        "frequent items; synthetic: d attributes; default: all, or 8)")  # fmt: skip
+    parser.add_argument("--max-categories", type=int_at_least(2), default=None, metavar="C",
+                        help="cap every attribute at C categories (the C-1 most frequent "
+                        "plus one for the rest; default: no cap)")  # fmt: skip
+
+
 def _warn(lines: list[str]) -> None:
     for line in lines:
         print(f"calmkit: warning: {line}", file=sys.stderr)
 
 
+def _population_options(parser: argparse.ArgumentParser) -> None:
+    _data_options(parser)
+    json_option(parser)
+
+
 def _population(args: argparse.Namespace) -> int:
+    from .datasets import load_dataset
+
     pop = load_dataset(args.dataset, args.data_dir, args.d, args.max_categories)
     warnings = shape_warnings(pop)
     if args.json:
@@ -57,35 +122,71 @@ def _population(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_options(parser: argparse.ArgumentParser) -> None:
+    from calmkit_aggregator.planning.algorithm1 import DEFAULT_THETA
+    from calmkit_aggregator.planning.pilot import PILOT_FRACTION
+    from calmkit_aggregator.reconstruction.methods import RECONSTRUCTIONS
+    from calmkit_aggregator.service.cli import planning_options
+
+    parser.add_argument("--domain", required=True, metavar="SIZES",
+                        help="category counts of the attributes, e.g. 2,2,3,2")
+    parser.add_argument("--n", type=POSITIVE, required=True, help="expected users")
+    parser.add_argument("--k", type=POSITIVE, required=True,
+                        help="the size of the marginals to be queried")
+    parser.add_argument("--epsilon", type=positive_float, required=True,
+                        help="each user's LDP budget")
+    planning_options(parser)
+    parser.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
+                        help="how the answers will be reconstructed, which the pipeline "
+                        "planner's predicted error accounts for (see simulate --reconstruct)")
+    parser.set_defaults(planner="pipeline", pilot=PILOT_FRACTION, theta=DEFAULT_THETA)
+    json_option(parser)
+
+
 def _plan(args: argparse.Namespace) -> int:
-    from calmkit_aggregator.planning.algorithm1 import choose_views
-    from calmkit_aggregator.planning.collection import workload_of
-    from calmkit_aggregator.planning.pilot import pilot_plan, pilot_size
-    from calmkit_aggregator.planning.search import choose_plan
-    from calmkit_client import Plan, Schema, SchemaError
+    from calmkit_client import Schema, SchemaError
 
     try:
         sizes = [int(x) for x in args.domain.split(",")]
     except ValueError:
         raise SchemaError(f"domain ({args.domain!r}) must be comma-separated ints") from None
     schema = Schema.from_sizes(sizes)
-    names = schema.names
     if args.planner == "paper":
-        choice = choose_views(schema.sizes, args.epsilon, args.n, args.k, theta=args.theta,
-                              l=args.l, m=args.m)  # fmt: skip
-        plan = Plan(schema, args.epsilon, choice.views)
-        out: dict[str, object] = {
-            "planner": "paper", "l": choice.l, "m": plan.m,
-            "views": [list(v) for v in plan.views], "oracles": list(plan.oracles or ()),
-            "rule": choice.rule,
-        }  # fmt: skip
-        if args.json:
-            print(json.dumps(out))
-        else:
-            print(choice.summary())
-            for v in out["views"]:  # type: ignore[attr-defined]
-                print("  ", v)
-        return 0
+        return _plan_paper(args, schema)
+    return _plan_pipeline(args, schema)
+
+
+def _plan_paper(args: argparse.Namespace, schema: Any) -> int:
+    """``calmkit plan --planner paper``: Algorithm 1's l, m and views."""
+    from calmkit_aggregator.planning.algorithm1 import choose_views
+    from calmkit_client import Plan
+
+    choice = choose_views(schema.sizes, args.epsilon, args.n, args.k, theta=args.theta,
+                          l=args.l, m=args.m)  # fmt: skip
+    plan = Plan(schema, args.epsilon, choice.views)
+    out: dict[str, Any] = {
+        "planner": "paper", "l": choice.l, "m": plan.m,
+        "views": [list(v) for v in plan.views], "oracles": list(plan.oracles or ()),
+        "rule": choice.rule,
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(choice.summary())
+        for v in out["views"]:
+            print("  ", v)
+    return 0
+
+
+def _plan_pipeline(args: argparse.Namespace, schema: Any) -> int:
+    """``calmkit plan`` with the default planner: a pilot on attribute pairs (unless l
+    and m are fixed), then the views of the lowest predicted error."""
+    from calmkit_aggregator.planning.collection import workload_of
+    from calmkit_aggregator.planning.pilot import pilot_plan, pilot_size
+    from calmkit_aggregator.planning.search import choose_plan
+    from calmkit_client import Plan
+
+    names = schema.names
     pilot = args.pilot if (args.l is None or args.m is None) else 0.0
     fixed: tuple[tuple[int, ...], ...] = ()
     users: list[float] = []
@@ -121,11 +222,19 @@ def _plan(args: argparse.Namespace) -> int:
     }  # fmt: skip
     if args.json:
         print(json.dumps(out))
-        return 0
-    if pilot > 0:
+    else:
+        _print_pipeline_plan(out, chosen, ranked, plan)
+    return 0
+
+
+def _print_pipeline_plan(out: dict[str, Any], chosen: Any, ranked: list[Any],
+                         plan: Any) -> None:  # fmt: skip
+    pilot = out["pilot"]
+    if pilot is not None:
         print(
-            f"pilot: {args.n - n_main} users ({pilot:.0%}) report on {len(fixed)} disjoint "
-            "attribute pairs; the views below are chosen again from their reports"
+            f"pilot: {pilot['users']} users ({pilot['fraction']:.0%}) report on "
+            f"{len(pilot['views'])} disjoint attribute pairs; the views below are chosen "
+            "again from their reports"
         )
         print("second phase, as planned from the prior (before any report):")
     print(
@@ -133,21 +242,85 @@ def _plan(args: argparse.Namespace) -> int:
         f"{chosen.predicted.sse:.3g} (noise {chosen.predicted.noise:.3g}, "
         f"bias {chosen.predicted.bias:.3g}); oracles {sorted(set(plan.oracles or ()))}"
     )
-    for note in chosen.notes(names):
+    for note in out["notes"]:
         print("note:", note)
     print("candidates (best first): " + ", ".join(
         f"l={c.l} m={c.m}{'' if c.design == 'spread' else ' ' + c.design} {c.sse:.3g}"
         for c in ranked[:8]))  # fmt: skip
-    for v in out["views"][:20]:  # type: ignore[index]
+    for v in out["views"][:20]:
         print("  ", v)
     if plan.m > 20:
         print(f"   ... {plan.m - 20} more (--json lists all)")
-    return 0
+
+
+def _simulate_options(parser: argparse.ArgumentParser) -> None:
+    from calmkit_aggregator.planning.algorithm1 import DEFAULT_THETA
+    from calmkit_aggregator.reconstruction.methods import RECONSTRUCTIONS
+    from calmkit_aggregator.service.cli import planning_options
+
+    from .collect import PATHS
+    from .mechanisms import MECHANISMS
+
+    parser.add_argument("--mechanism", default="calm", choices=tuple(MECHANISMS), metavar="NAME",
+                        help="calm (default); LDP baselines uni, fc, am, ft, em, be; central-DP "
+                        "references priview, mwem, datacube, wff")  # fmt: skip
+    _data_options(parser)
+    parser.add_argument("--n", type=POSITIVE, default=None,
+                        help="resample the population to n users, with replacement (default: "
+                        "the dataset's users)")  # fmt: skip
+    parser.add_argument("--k", type=POSITIVE, required=True,
+                        help="the size of the queried marginals")
+    parser.add_argument("--epsilon", type=positive_float, required=True,
+                        help="the privacy budget")
+    planning_options(parser)
+    parser.set_defaults(theta=DEFAULT_THETA)
+    parser.add_argument("--queries", type=POSITIVE, default=50,
+                        help="random k-way queries per repetition")
+    parser.add_argument("--reps", type=POSITIVE, default=20,
+                        help="repetitions (fresh reports each); the SSE is their mean ± sd")
+    parser.add_argument("--seed", type=NON_NEGATIVE, default=0,
+                        help="fixes the synthetic dataset, the resample to --n users, each "
+                        "repetition's queries and the method's randomness, as independent "
+                        "streams: runs that differ only in --mechanism, --planner, --l/--m "
+                        "or other method options answer the same queries on the same "
+                        "users")  # fmt: skip
+    parser.add_argument("--path", choices=PATHS, default="fast",
+                        help="fast: sample each view's support counts directly; faithful: "
+                        "every user through the client code (same distribution)")  # fmt: skip
+    parser.add_argument("--no-shrink", action="store_true",
+                        help="skip interaction shrinkage: the paper's CALM pipeline exactly")
+    parser.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
+                        help="calm: how queries are answered from the views; local: maximum "
+                        "entropy per query over the views' projections (the paper's); "
+                        "global: also one model fitted to all views at once, which answers "
+                        "the pairs no view holds")  # fmt: skip
+    _central_options(parser)
+    json_option(parser)
+
+
+def _central_options(parser: argparse.ArgumentParser) -> None:
+    """simulate's options of the central-DP references."""
+    central = parser.add_argument_group("central-DP references (mwem, datacube, wff)")
+    central.add_argument("--rounds", type=POSITIVE, default=None,
+                         help="MWEM rounds T (default: the paper's rule)")
+    central.add_argument("--strategy", choices=("fourier", "marginals"), default=None,
+                         help="datacube strategy (default fourier)")
+    central.add_argument("--budgets", choices=("optimal", "uniform"), default=None,
+                         help="datacube budget allocation (default optimal)")
+    central.add_argument("--noise", choices=("laplace", "gaussian"), default=None,
+                         help="datacube noise (default laplace)")
+    central.add_argument("--delta", type=positive_float, default=None,
+                         help="delta of (epsilon, delta)-DP: WFF (default 1e-6), datacube "
+                         "with Gaussian noise")  # fmt: skip
+    central.add_argument("--workload", choices=("k", "upto-k"), default=None,
+                         help="WFF workload (default k: all k-way marginals)")
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    from .datasets import load_dataset
     from .experiment import run_mechanism
     from .mechanisms import make_mechanism
+    from .progress import Progress
     from .seeds import POPULATION, stream
 
     t0 = time.perf_counter()
@@ -167,17 +340,29 @@ def _simulate(args: argparse.Namespace) -> int:
     warnings = shape_warnings(pop)
     if not args.json:
         _warn(warnings)
-    from .progress import Progress
-
     progress = Progress(args.reps, f"{args.mechanism} reps") if not args.json else None
     update = progress.update if progress is not None else None
     results = run_mechanism(pop, mechanism, args.epsilon, args.k, args.queries, args.reps,
                             rng=args.seed, progress=update)  # fmt: skip
     if progress is not None:
         progress.close()
+    out = _simulation(args, mechanism, pop, results, warnings)
+    out["seconds"] = round(time.perf_counter() - t0, 3)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    _print_simulation(out, pop, args)
+    return 0
+
+
+def _simulation(args: argparse.Namespace, mechanism: Any, pop: Any, results: list[Any],
+                warnings: list[str]) -> dict[str, Any]:  # fmt: skip
+    """What ``calmkit simulate --json`` prints (but the seconds it took)."""
+    import numpy as np
+
     errors = np.array([r.sse for r in results])
     chosen = results[0].chosen if results else {}
-    out = {
+    return {
         "mechanism": mechanism.name,
         "dataset": pop.name,
         "n": pop.n,
@@ -199,11 +384,11 @@ def _simulate(args: argparse.Namespace) -> int:
         "reps": [{"sse": r.sse, "uniform_sse": r.uniform_sse,
                   "queries": [list(q) for q in r.queries]} for r in results],
         "warnings": warnings,
-        "seconds": round(time.perf_counter() - t0, 3),
     }  # fmt: skip
-    if args.json:
-        print(json.dumps(out))
-        return 0
+
+
+def _print_simulation(out: dict[str, Any], pop: Any, args: argparse.Namespace) -> None:
+    chosen = out["chosen"]
     print(pop.describe())
     chose = ", ".join(f"{k_} = {v}" for k_, v in chosen.items())
     print(
@@ -217,7 +402,6 @@ def _simulate(args: argparse.Namespace) -> int:
     if chosen.get("not_collected"):
         print(f"  not collected (one category, or too few users): {chosen['not_collected']}")
     print(f"  {out['seconds']:.1f} s ({out['seconds_per_rep']:.2f} s per rep)")
-    return 0
 
 
 NO_DATA_EXIT = 3  # calmkit experiment: some task's dataset was absent
@@ -294,6 +478,39 @@ def _finish_grid(name: str, grid: dict[str, Any], paths: dict[str, Any] | None,
     return 0
 
 
+def _experiment_options(parser: argparse.ArgumentParser) -> None:
+    from .figures import FIGURES
+
+    parser.add_argument("figure", choices=[*sorted(FIGURES), "planner"],
+                        help="a figure of the paper, or planner: the default planner against "
+                        "a fixed grid of (l, m) (writes DIR/planner.md)")  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="a reduced grid (seconds)")
+    parser.add_argument("--out", default="results", metavar="DIR", help="output folder")
+    parser.add_argument("--seed", type=NON_NEGATIVE, default=0,
+                        help="seed of every task: fixes each population's resample, the "
+                        "queries of each repetition and the classification split, shared by "
+                        "every mechanism of a setting, and each task's own randomness")  # fmt: skip
+    parser.add_argument("--reps", type=POSITIVE, default=None,
+                        help="repetitions per setting (default: the paper's 20; --quick: 2)")
+    parser.add_argument("--queries", type=POSITIVE, default=50,
+                        help="random queries per repetition")
+    parser.add_argument("--n", type=POSITIVE, default=None, help="only the panels with this n")
+    parser.add_argument("--dataset", default=None, metavar="NAME",
+                        help="run every panel on this dataset instead of the paper's")
+    parser.add_argument("--data-dir", default=None, metavar="DIR",
+                        help="dataset folder (default: $CALMKIT_DATA, else the per-user "
+                        "folder that `calmkit datasets fetch` fills)")  # fmt: skip
+    parser.add_argument("--jobs", type=POSITIVE, default=None,
+                        help="worker processes (default: all cores)")
+    parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                        help="run the tasks on a Dask cluster: 'local' starts a LocalCluster "
+                        "of --jobs workers, tcp://host:8786 uses a running scheduler (its "
+                        "workers need calmkit installed); same results as --jobs")  # fmt: skip
+    parser.add_argument("--no-plot", action="store_true",
+                        help="skip the PNG (no matplotlib)")
+    json_option(parser, "print a JSON summary instead of text")
+
+
 def _experiment(args: argparse.Namespace) -> int:
     from .figures import build_figure
     from .report import write_outputs
@@ -324,10 +541,29 @@ def _planner_experiment(args: argparse.Namespace) -> int:
     return _finish_grid("planner", grid, paths, "md", args)
 
 
+def _datasets_options(parser: argparse.ArgumentParser) -> None:
+    from .catalog import MIRROR_ENV
+
+    parser.add_argument("action", choices=("list", "fetch", "path"), help="what to do")
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help="dataset names (fetch: one or more, or all; path: one)")
+    parser.add_argument("--data-dir", "--dir", default=None, metavar="DIR",
+                        help="data folder (default: $CALMKIT_DATA, else the per-user data "
+                        "folder)")  # fmt: skip
+    parser.add_argument("--mirror", default=None, metavar="URL_OR_DIR",
+                        help="a folder or URL with the source files under their original "
+                        f"names (default: the official sources; or ${MIRROR_ENV})")  # fmt: skip
+    json_option(parser, "machine-readable output")
+
+
 def _datasets(args: argparse.Namespace) -> int:
     from .catalog import CATALOG, dataset_path, fetch
     from .datasets import default_data_dir, user_data_dir
 
+    if args.action == "path" and len(args.names) != 1:
+        raise CalmkitError(f"datasets path takes one NAME ({len(args.names)} given)")
+    if args.action == "fetch" and not args.names:
+        raise CalmkitError("datasets fetch needs NAME... (or all)")
     if args.action == "list":
         return _list_datasets(args, CATALOG, dataset_path, default_data_dir, user_data_dir)
     if args.action == "path":

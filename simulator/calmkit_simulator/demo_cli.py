@@ -1,5 +1,6 @@
 """``calmkit demo``: the whole system on one machine (an embedded server, a synthetic
-population reporting through the real client, marginals beside the truth)."""
+population reporting through the real client, marginals beside the truth): its options
+and the code that runs it. It needs the aggregator extra (the server)."""
 
 from __future__ import annotations
 
@@ -11,31 +12,72 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from calmkit_client.cli import NON_NEGATIVE, POSITIVE, add_command, json_option, positive_float
 
-from calmkit_aggregator.service.cli import progress_bar
+from .progress import progress_bar
 
-# -- demo ---------------------------------------------------------------------------------
+__all__ = ["DEMO_QUERIES", "DEMO_SIZES", "register"]
+
 DEMO_SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
 DEMO_QUERIES = [(0, 1), (2, 4), (5, 7), (0, 1, 2), (3, 4, 6), (1, 5, 7)]
 DEMO_WAVES = 20
+
+
+def register(subparsers: Any) -> None:
+    """Add ``calmkit demo`` to the ``calmkit`` parser's ``subparsers``."""
+    add_command(subparsers, "demo",
+                "the whole system on one machine: a server, a synthetic population "
+                "reporting through the client, answers beside the truth (no files)",
+                run=_demo, options=_demo_options, extra="aggregator")  # fmt: skip
+
+
+def _demo_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--users", type=POSITIVE, default=100_000, help="synthetic users")
+    parser.add_argument("--epsilon", type=positive_float, default=1.0,
+                        help="each user's LDP budget")  # fmt: skip
+    parser.add_argument("--seed", type=NON_NEGATIVE, default=0,
+                        help="seed of the population, the plan and the simulated devices' "
+                        "randomness: the same seed prints the same tables")  # fmt: skip
+    json_option(parser, "print one JSON object (counts, phases, every table) instead of text")
 
 
 def _demo(args: argparse.Namespace) -> int:
     """Everything on one machine: an embedded server on a free loopback port with a
     temporary SQLite database, a synthetic population reporting through the real
     client over gRPC, then 2- and 3-way marginals beside the truth."""
-    from calmkit_aggregator.service.admin import AdminClient
-    from calmkit_aggregator.service.server import create_server, graceful_stop
-    from calmkit_aggregator.service.storage import Storage
-    from calmkit_client import wire as client_wire
-    from calmkit_client.collector import Collector
-
-    from .devices import SimulatedDevices
     from .synthetic import synthetic_population
 
     t0 = time.perf_counter()
     pop = synthetic_population(n=args.users, sizes=DEMO_SIZES, strength=1.5, rng=args.seed)
+    run = _serve_and_collect(pop, args)
+    info, closed = run["info"], run["closed"]
+    phases = [{"reports": int(r)} for r in closed.phase_reports]
+    phases[0]["views"] = info.plan.m
+    if len(phases) > 1:
+        phases[-1]["views"] = closed.plan.m
+    out = {
+        "users": pop.n, "epsilon": args.epsilon, "seed": args.seed,
+        "acknowledged": run["acknowledged"],
+        "counted": closed.reports,
+        "phases": phases,
+        "queries": _tables(pop, run["answers"]),
+    }  # fmt: skip
+    seconds = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    _print_demo(out, pop, info, closed, run["address"], seconds)
+    return 0
+
+
+def _serve_and_collect(pop: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Start the server, create the collection, let every user report, close it and
+    query :data:`DEMO_QUERIES`: the collection as created and as closed, the reports
+    acknowledged, the answers and the server's address."""
+    from calmkit_aggregator.service.admin import AdminClient
+    from calmkit_aggregator.service.server import create_server, graceful_stop
+    from calmkit_aggregator.service.storage import Storage
+
     with tempfile.TemporaryDirectory(prefix="calmkit-demo-") as tmp:
         storage = Storage(Path(tmp) / "aggregator.db")
         server, port = create_server("127.0.0.1:0", storage)
@@ -45,22 +87,7 @@ def _demo(args: argparse.Namespace) -> int:
                 info = admin.create_collection(
                     pop.schema, args.epsilon, pop.n, 3, collection_id="demo", seed=args.seed
                 )
-                bar = progress_bar(pop.n, "reports", sys.stderr.isatty() and not args.json)
-                # simulated devices: seeded, so the same --seed prints the same tables
-                state = SimulatedDevices.seeded(args.seed)
-                ids = np.arange(pop.n, dtype=np.uint64)
-                # users arrive in waves; each wave fetches the plan again, so once the
-                # pilot has its reports the next waves report under the second phase
-                waves = np.array_split(np.arange(pop.n), DEMO_WAVES)
-                with Collector(address, info.collection_id, info.submit_token, state) as client:
-                    ack = client_wire.Acknowledgement()
-                    for wave in waves:
-                        done = client.submit_many(pop.codes[wave], ids[wave],
-                                                  progress=bar.update if bar else None)  # fmt: skip
-                        ack = ack + done
-                state.close()
-                if bar is not None:
-                    bar.close()
+                acknowledged = _report(pop, address, info, args)
                 closed = admin.close_collection(info.collection_id)
                 answers = [
                     (q, admin.query(info.collection_id, [pop.schema.attributes[a].name for a in q]))
@@ -69,6 +96,42 @@ def _demo(args: argparse.Namespace) -> int:
         finally:
             graceful_stop(server, 5.0)
             storage.close()
+    return {"info": info, "closed": closed, "acknowledged": acknowledged, "answers": answers,
+            "address": address}  # fmt: skip
+
+
+def _report(pop: Any, address: str, info: Any, args: argparse.Namespace) -> int:
+    """Every user reports through the client; returns the reports acknowledged."""
+    import numpy as np
+
+    from calmkit_client import wire as client_wire
+    from calmkit_client.collector import Collector
+
+    from .devices import SimulatedDevices
+
+    bar = progress_bar(pop.n, "reports", sys.stderr.isatty() and not args.json)
+    # simulated devices: seeded, so the same --seed prints the same tables
+    state = SimulatedDevices.seeded(args.seed)
+    ids = np.arange(pop.n, dtype=np.uint64)
+    # users arrive in waves; each wave fetches the plan again, so once the
+    # pilot has its reports the next waves report under the second phase
+    waves = np.array_split(np.arange(pop.n), DEMO_WAVES)
+    with Collector(address, info.collection_id, info.submit_token, state) as client:
+        ack = client_wire.Acknowledgement()
+        for wave in waves:
+            done = client.submit_many(pop.codes[wave], ids[wave],
+                                      progress=bar.update if bar else None)  # fmt: skip
+            ack = ack + done
+    state.close()
+    if bar is not None:
+        bar.close()
+    return int(ack.accepted + ack.duplicates)
+
+
+def _tables(pop: Any, answers: list[tuple[tuple[int, ...], Any]]) -> list[dict[str, Any]]:
+    """Each answer as a labelled table beside the truth, with its SSE and Uniform's."""
+    import numpy as np
+
     schema = pop.schema
     rows = []
     for q, answer in answers:
@@ -86,23 +149,7 @@ def _demo(args: argparse.Namespace) -> int:
             "uniform_sse": float(((truth - 1.0 / truth.size) ** 2).sum()),
             "cells": cells,
         })  # fmt: skip
-    phases = [{"reports": int(r)} for r in closed.phase_reports]
-    phases[0]["views"] = info.plan.m
-    if len(phases) > 1:
-        phases[-1]["views"] = closed.plan.m
-    out = {
-        "users": pop.n, "epsilon": args.epsilon, "seed": args.seed,
-        "acknowledged": ack.accepted + ack.duplicates,
-        "counted": closed.reports,
-        "phases": phases,
-        "queries": rows,
-    }  # fmt: skip
-    seconds = time.perf_counter() - t0
-    if args.json:
-        print(json.dumps(out))
-        return 0
-    _print_demo(out, pop, info, closed, address, seconds)
-    return 0
+    return rows
 
 
 DEMO_CELLS = 12  # table rows printed per query (--json has every cell)

@@ -1,5 +1,6 @@
 """Progress of long runs: a tqdm bar on a terminal, and off one (CI logs, ``nohup``,
-pipes) a line every ``every`` seconds with tasks done, elapsed time and ETA."""
+pipes) a line every ``every`` seconds with tasks done, elapsed time and ETA
+(:class:`Progress`); or a bar only, none off a terminal (:func:`progress_bar`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "progress_bar"]
 
 
 def _clock(seconds: float) -> str:
@@ -61,3 +62,15 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def progress_bar(total: int, desc: str, enabled: bool) -> Any:
+    """A tqdm bar of ``total`` reports on stderr, or None when not ``enabled`` or tqdm
+    (the simulator extra) is not installed: progress bars are optional."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, unit="report", file=sys.stderr)

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from calmkit_client.cli import main
 from calmkit_simulator import synthetic_population
-from calmkit_simulator.cli import main
 
 
 def test_demo_json_counts_every_acknowledged_report(capsys: pytest.CaptureFixture[str]) -> None:
@@ -196,7 +196,7 @@ def test_a_closed_pipe_ends_the_output_quietly() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from calmkit_simulator.cli import main; "
+    code = ("import sys; from calmkit_client.cli import main; "
             "sys.exit(main(['plan', '--domain', '2,2,2,2', '--n', '1000', '--k', '2', "
             "'--epsilon', '1']))")  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,

@@ -1,6 +1,6 @@
-"""The command line a newcomer meets (issue 13): help for every option, one-line errors
-naming the option and value (exit 2), warnings instead of silence, and a parser that
-loads without numpy, gRPC or the aggregator."""
+"""The command line a newcomer meets: help for every option, one-line errors naming
+the option and value (exit 2), warnings instead of silence, and a parser that loads
+without numpy, gRPC or the aggregator's numerics."""
 
 from __future__ import annotations
 
@@ -11,21 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from calmkit_simulator import cli
-from calmkit_simulator.cli import build_parser, main
+from calmkit_client.cli import CommandParser, build_parser, commands, main
 
 INTERNAL = ("issue ", "expected_n", "``", ":func:", ":class:", "DESIGN.md", "../shared")
 
 
-def _subparsers() -> dict[str, argparse.ArgumentParser]:
-    parser = build_parser()
-    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(action.choices)
+def _subparsers() -> dict[str, CommandParser]:
+    return commands(build_parser())
 
 
 @pytest.mark.parametrize("command", sorted(_subparsers()))
 def test_every_option_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     parser = _subparsers()[command]
+    parser.load_options()
     for action in parser._actions:
         if action.help == argparse.SUPPRESS:  # an old name kept as a hidden alias
             assert action.option_strings == ["--id"], action
@@ -44,33 +42,24 @@ def test_defaults_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
     text = " ".join(capsys.readouterr().out.split())
     for shown in ("repetitions (fresh reports each); the SSE is their mean ± sd (default: 20)",
                   "random k-way queries per repetition (default: 50)",
-                  "(default: fast)"):  # fmt: skip
+                  "(default: fast)", "same queries on the same users (default: 0)"):  # fmt: skip
         assert shown in text
 
 
-def test_the_parser_mirrors_the_real_names() -> None:
-    from calmkit_aggregator.planning.collection import PLANNERS
-    from calmkit_aggregator.planning.pilot import PILOT_FRACTION
-    from calmkit_aggregator.reconstruction.methods import RECONSTRUCTIONS
-    from calmkit_aggregator.service.cli import DEFAULT_ADDRESS
-    from calmkit_simulator.catalog import MIRROR_ENV
-    from calmkit_simulator.collect import PATHS
-    from calmkit_simulator.datasets import DATASETS
-    from calmkit_simulator.figures import FIGURES
-    from calmkit_simulator.mechanisms import MECHANISMS
-
-    assert cli.DATASETS == DATASETS
-    assert cli.MECHANISMS == tuple(MECHANISMS)
-    assert cli.FIGURES == tuple(sorted(FIGURES))
-    assert (cli.PLANNERS, cli.PILOT_FRACTION, cli.PATHS) == (PLANNERS, PILOT_FRACTION, PATHS)
-    assert (cli.MIRROR_ENV, cli.DEFAULT_ADDRESS) == (MIRROR_ENV, DEFAULT_ADDRESS)
-    assert cli.RECONSTRUCTIONS == RECONSTRUCTIONS
+@pytest.mark.parametrize("command", ["demo", "collection", "simulate", "experiment"])
+def test_a_default_of_zero_is_shown(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([command, "--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("  --seed SEED"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("  -"))
+    assert "(default: 0)" in " ".join(" ".join(lines[start:end]).split())
 
 
 def test_help_loads_nothing_heavy() -> None:
-    code = ("import sys\nfrom calmkit_simulator.cli import main\n"
+    code = ("import sys\nfrom calmkit_client.cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "heavy = ('numpy', 'grpc', 'calmkit_client', 'calmkit_aggregator', 'scipy')\n"
+            "heavy = ('numpy', 'grpc', 'scipy', 'calmkit_aggregator.planning',\n"
+            "         'calmkit_aggregator.reconstruction', 'calmkit_simulator.datasets')\n"
             "print(sorted(m for m in heavy if m in sys.modules))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
 
 POP = synthetic_population(n=40_000, sizes=(2, 3, 2, 2), strength=1.0, rng=8)
 BATCH = 100
-SERVE = "from calmkit_simulator.cli import main; raise SystemExit(main())"
+SERVE = "from calmkit_client.cli import main; raise SystemExit(main())"
 
 
 _LOGS: dict[int, Any] = {}  # server pid -> its stderr (a temporary file)

@@ -290,7 +290,7 @@ def test_cli_collection_and_query_commands(
 ) -> None:
     import json
 
-    from calmkit_simulator.cli import main
+    from calmkit_client.cli import main
 
     base = ["--address", server.address]
     assert main(["collection", "create", *base, "--domain", "2,3,2,2,4", "--epsilon", "1",

@@ -19,12 +19,12 @@ from calmkit_aggregator.service.server import create_server, graceful_stop
 from calmkit_aggregator.service.storage import Storage
 from calmkit_client import CalmkitError, Plan, Report
 from calmkit_client import wire as client_wire
+from calmkit_client.cli import main
 from calmkit_client.collector import ERROR_KEY, Collector, open_channel
 from calmkit_client.device import DeviceState
 from calmkit_client.echo import MAX_DETAIL_CHARS, show
 from calmkit_client.ids import check_collection_id
 from calmkit_simulator import synthetic_population
-from calmkit_simulator.cli import main
 
 POP = synthetic_population(n=3000, sizes=(2, 3, 2, 2, 4), strength=1.5, rng=9)
 IDS = np.arange(POP.n, dtype=np.uint64)

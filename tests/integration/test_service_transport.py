@@ -23,6 +23,7 @@ from calmkit_aggregator.service.server import ServerTls, create_server, graceful
 from calmkit_aggregator.service.storage import Storage
 from calmkit_client import CalmkitError
 from calmkit_client import wire as client_wire
+from calmkit_client.cli import main
 from calmkit_client.collector import (
     ERROR_KEY,
     Collector,
@@ -32,7 +33,6 @@ from calmkit_client.collector import (
 )
 from calmkit_client.device import DeviceState
 from calmkit_simulator import synthetic_population
-from calmkit_simulator.cli import main
 
 SIZES = (2, 3, 2, 2, 4)
 POP = synthetic_population(n=40_000, sizes=SIZES, strength=1.5, rng=5)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from calmkit_client.cli import main
 from calmkit_simulator import catalog
 from calmkit_simulator.catalog import CATALOG, Download, Source, fetch, sha256_of
-from calmkit_simulator.cli import main
 from calmkit_simulator.datasets import DatasetError, load_dataset
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from calmkit_simulator import cli
+from calmkit_client import cli
 from calmkit_simulator.figures import build_figure
 from calmkit_simulator.mechanisms import MECHANISMS, make_mechanism
 

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from calmkit_client import CalmkitError
-from calmkit_simulator import cli
+from calmkit_client import CalmkitError, cli
 from calmkit_simulator.figures import build_figure
 from calmkit_simulator.grid import ResultCache, Task, run_tasks
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calmkit_client import CalmkitError
-from calmkit_simulator import cli
+from calmkit_client import CalmkitError, cli
 from calmkit_simulator.figures import build_figure
 from calmkit_simulator.grid import ResultCache, Task, run_task, run_tasks
 from calmkit_simulator.paper_values import PAPER_VALUES
@@ -198,7 +197,7 @@ def test_classification_task_runs_on_adult(datasets_dir: Path) -> None:
 
 
 def test_planner_experiment_writes_its_own_report(tmp_path: Path) -> None:
-    from calmkit_simulator.cli import main
+    from calmkit_client.cli import main
 
     out = tmp_path / "bench"
     assert main(["experiment", "planner", "--quick", "--out", str(out), "--no-plot",

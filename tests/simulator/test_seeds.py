@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from calmkit_client import cli
 from calmkit_simulator import classify as classify_module
-from calmkit_simulator import cli, grid, synthetic_population
+from calmkit_simulator import grid, synthetic_population
 from calmkit_simulator.classify import ClassificationSetting
 from calmkit_simulator.experiment import run_calm, run_mechanism
 from calmkit_simulator.grid import Task, run_task

@@ -1,5 +1,12 @@
-"""The operator commands of ``calmkit``: serve, collection, query (the ``calmkit``
-command line in calmkit_simulator registers them; the demo lives there)."""
+"""The service's commands of ``calmkit``: serve, collection and query, each with its
+options beside the code that runs it (:func:`register` adds them to the ``calmkit``
+parser), and the planner's options that ``calmkit plan`` and ``calmkit simulate`` share
+with ``collection create``.
+
+Importing this module loads neither numpy nor anything of the aggregator extra: the
+server, the admin client and the planner are imported when a command runs or its
+options are added.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +20,22 @@ import stat
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from calmkit_client import CalmkitError, SchemaError
+from calmkit_client.cli import (
+    NON_NEGATIVE,
+    POSITIVE,
+    add_command,
+    fraction,
+    json_option,
+    positive_float,
+)
 
-from calmkit_client import CalmkitError, Schema, SchemaError
+if TYPE_CHECKING:
+    from calmkit_client import Schema
+
+__all__ = ["DEFAULT_ADDRESS", "planning_options", "register"]
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 
@@ -69,17 +87,73 @@ def _admin(args: argparse.Namespace) -> Any:
                        root_certificates=_read_ca(args.tls_ca))  # fmt: skip
 
 
-def progress_bar(total: int, desc: str, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # progress bars are optional
-        return None
-    return tqdm(total=total, desc=desc, unit="report", file=sys.stderr)
+# -- options shared by commands -----------------------------------------------------------
+def _address_options(parser: argparse.ArgumentParser) -> None:
+    """Where the admin commands (collection, query) find the service."""
+    parser.add_argument("--address", default=DEFAULT_ADDRESS, metavar="HOST:PORT",
+                        help="the aggregator service")  # fmt: skip
+    parser.add_argument("--token-file", default=None, metavar="FILE",
+                        help="file holding the admin bearer token (mode 0600; needed when "
+                        "the server has one)")  # fmt: skip
+    parser.add_argument("--tls-ca", default=None, metavar="FILE",
+                        help="PEM certificate that signs (or is) the server's: connect with "
+                        "TLS (default: plaintext, for a loopback server)")  # fmt: skip
+
+
+def planning_options(parser: argparse.ArgumentParser, create: bool = False) -> None:
+    """The planner's options (``calmkit plan``, ``simulate`` and ``collection create``):
+    --planner, --pilot, --theta, --l, --m. With ``create`` the planner defaults to
+    pipeline; otherwise the options default to None and the command sets its own."""
+    from calmkit_aggregator.planning.algorithm1 import DEFAULT_THETA
+    from calmkit_aggregator.planning.collection import PLANNERS
+    from calmkit_aggregator.planning.pilot import PILOT_FRACTION
+
+    parser.add_argument("--planner", choices=PLANNERS, default="pipeline" if create else None,
+                        help="pipeline: a pilot phase, then the views with the lowest "
+                        "predicted error of the whole reconstruction; paper: CALM's "
+                        "Algorithm 1, one phase (default: pipeline)")  # fmt: skip
+    parser.add_argument("--pilot", type=fraction, default=None, metavar="SHARE",
+                        help=f"share of the users in the pilot phase (pipeline planner; 0: "
+                        f"no pilot; default {PILOT_FRACTION})")  # fmt: skip
+    parser.add_argument("--theta", type=positive_float, default=None,
+                        help="Algorithm 1's threshold on the sampling/noise trade-off "
+                        f"(paper planner; default {DEFAULT_THETA})")  # fmt: skip
+    parser.add_argument("--l", type=POSITIVE, default=None,
+                        help="fix the view size (default: the planner chooses)")
+    parser.add_argument("--m", type=POSITIVE, default=None,
+                        help="fix the number of views (default: the planner chooses)")
 
 
 # -- serve --------------------------------------------------------------------------------
+def _serve_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", default=DEFAULT_ADDRESS, metavar="HOST:PORT",
+                        help="where to listen (port 0: any free port; off loopback needs "
+                        "--token-file and TLS)")  # fmt: skip
+    parser.add_argument("--db", required=True, metavar="FILE|URL",
+                        help="SQLite database file (created with mode 0600 if missing), or a "
+                        "postgresql://user@host/db URL shared by replica servers")  # fmt: skip
+    parser.add_argument("--key-snapshots", default=None, metavar="DIR",
+                        help="with a postgresql:// --db: a folder for this replica's "
+                        "snapshots of its deduplication tables, so a restart loads them "
+                        "instead of reading the whole log (SQLite: always FILE-keys/)")  # fmt: skip
+    parser.add_argument("--token-file", default=None, metavar="FILE",
+                        help="admin bearer token, mode 0600 (default: none, admin calls "
+                        "open: loopback only)")  # fmt: skip
+    parser.add_argument("--grace", type=positive_float, default=10.0, metavar="SECONDS",
+                        help="on SIGTERM, how long in-flight calls may finish")
+    parser.add_argument("--tls-cert", default=None, metavar="FILE",
+                        help="PEM certificate chain: serve TLS (with --tls-key)")
+    parser.add_argument("--tls-key", default=None, metavar="FILE",
+                        help="PEM private key of --tls-cert (mode 0600)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow a non-loopback --address without TLS (only behind a "
+                        "TLS-terminating proxy or on a private network)")  # fmt: skip
+    parser.add_argument("--rate-limit", type=positive_float, default=None,
+                        metavar="REPORTS_PER_S",
+                        help="cap each submit token at this many reports per second "
+                        "(default: no cap)")  # fmt: skip
+
+
 def _serve(args: argparse.Namespace) -> int:
     from calmkit_aggregator.service.handlers import log_json
     from calmkit_aggregator.service.pg_storage import PgStorage, is_postgres_url
@@ -136,7 +210,45 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 # -- collection ---------------------------------------------------------------------------
+def _collection_options(parser: argparse.ArgumentParser) -> None:
+    from calmkit_aggregator.reconstruction.methods import RECONSTRUCTIONS
+
+    parser.add_argument("action", choices=["create", "close", "status", "list"],
+                        help="create a collection (prints its plan and submit token), close "
+                        "it (no more reports), show its status, or list all")  # fmt: skip
+    _address_options(parser)
+    parser.add_argument("--collection", default=None, metavar="ID",
+                        help="the collection id (create: the new id, 1-64 characters of "
+                        "A-Z a-z 0-9 . _ -; default: the server picks one)")  # fmt: skip
+    parser.add_argument("--id", dest="collection", help=argparse.SUPPRESS)  # old name
+    parser.add_argument("--domain", default=None, metavar="SIZES",
+                        help="create: category counts of the attributes a0, a1, ..., e.g. "
+                        "2,3,2")  # fmt: skip
+    parser.add_argument("--schema", default=None, metavar="FILE",
+                        help="create: a schema JSON file (names and categories; "
+                        "Schema.to_dict) instead of --domain")  # fmt: skip
+    parser.add_argument("--epsilon", type=positive_float, default=None,
+                        help="create: each user's LDP budget (required)")
+    parser.add_argument("--n", type=POSITIVE, default=None,
+                        help="create: how many users are expected to report (the planner "
+                        "needs it; may be omitted with --views)")  # fmt: skip
+    parser.add_argument("--k", type=POSITIVE, default=3,
+                        help="create: the size of the marginals to be queried")
+    planning_options(parser, create=True)
+    parser.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
+                        help="create: the reconstruction the pipeline planner plans for, local "
+                        "or global (it predicts that one's error); queries can still ask for "
+                        "either (query --reconstruct)")  # fmt: skip
+    parser.add_argument("--views", default=None, metavar="VIEWS",
+                        help="create: explicit views instead of a planner, e.g. '0,1;1,2'")
+    parser.add_argument("--seed", type=NON_NEGATIVE, default=0,
+                        help="create: seed of the plan's view assignment")
+    json_option(parser)
+
+
 def _schema_from_args(args: argparse.Namespace) -> Schema:
+    from calmkit_client import Schema
+
     if args.schema:
         try:
             return Schema.from_dict(json.loads(Path(args.schema).read_text(encoding="utf-8")))
@@ -216,9 +328,42 @@ def _collection(args: argparse.Namespace) -> int:
     return 0
 
 
+def _collection_checked(args: argparse.Namespace) -> int:
+    if args.action in ("close", "status") and not args.collection:
+        raise CalmkitError(f"collection (none given) must be set for '{args.action}'")
+    if args.action == "create" and args.epsilon is None:
+        raise CalmkitError("epsilon (none given) must be set for 'create'")
+    if args.action == "create" and args.n is None and not args.views:
+        raise CalmkitError(
+            "n (none given) must be set for 'create': how many users are expected to report "
+            "(the planner needs it), or give --views"
+        )
+    return _collection(args)
+
+
 # -- query --------------------------------------------------------------------------------
+def _query_options(parser: argparse.ArgumentParser) -> None:
+    from calmkit_aggregator.reconstruction.methods import RECONSTRUCTIONS
+
+    _address_options(parser)
+    parser.add_argument("--collection", required=True, metavar="ID", help="the collection id")
+    parser.add_argument("--attrs", required=True, metavar="NAMES",
+                        help="attribute names, comma-separated, e.g. a0,a2")
+    parser.add_argument("--format", choices=["table", "csv", "json"], default="table",
+                        help="output format")
+    parser.add_argument("--replicates", type=NON_NEGATIVE, default=0,
+                        help="bootstrap replicates behind the total errors (noise + "
+                        "estimated bias; 0: the server's default, 32; at most 1000)")  # fmt: skip
+    parser.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
+                        help="local: maximum entropy per query over the views' projections; "
+                        "global: also one model fitted to all views at once, which answers "
+                        "the pairs no view holds")  # fmt: skip
+
+
 def _format_table(answer: Any, fmt: str) -> str:
     from itertools import product
+
+    import numpy as np
 
     values, variance = answer.values, answer.variance
     cells = list(product(*(range(s) for s in values.shape)))
@@ -258,14 +403,14 @@ def _query(args: argparse.Namespace) -> int:
     return 0
 
 
-def _collection_checked(args: argparse.Namespace) -> int:
-    if args.action in ("close", "status") and not args.collection:
-        raise CalmkitError(f"collection (none given) must be set for '{args.action}'")
-    if args.action == "create" and args.epsilon is None:
-        raise CalmkitError("epsilon (none given) must be set for 'create'")
-    if args.action == "create" and args.n is None and not args.views:
-        raise CalmkitError(
-            "n (none given) must be set for 'create': how many users are expected to report "
-            "(the planner needs it), or give --views"
-        )
-    return _collection(args)
+# -- registration -------------------------------------------------------------------------
+def register(subparsers: Any) -> None:
+    """Add serve, collection and query to the ``calmkit`` parser's ``subparsers``; they
+    need the aggregator extra (``pip install 'calmkit[aggregator]'``)."""
+    add_command(subparsers, "serve", "run the aggregator service", run=_serve,
+                options=_serve_options, extra="aggregator")  # fmt: skip
+    add_command(subparsers, "collection", "create, close, list or show collections",
+                run=_collection_checked, options=_collection_options,
+                extra="aggregator")  # fmt: skip
+    add_command(subparsers, "query", "a marginal table of a collection, with standard errors",
+                run=_query, options=_query_options, extra="aggregator")  # fmt: skip
