@@ -405,12 +405,13 @@ def _query(args: argparse.Namespace) -> int:
 
 # -- registration -------------------------------------------------------------------------
 def register(subparsers: Any) -> None:
-    """Add serve, collection and query to the ``calmkit`` parser's ``subparsers``; they
-    need the aggregator extra (``pip install 'calmkit[aggregator]'``)."""
+    """Add serve, collection and query to the ``calmkit`` parser's ``subparsers``. serve
+    and collection need the aggregator extra (``pip install 'calmkit[aggregator]'``);
+    query only talks to a running service, so the base install runs it."""
     add_command(subparsers, "serve", "run the aggregator service", run=_serve,
                 options=_serve_options, extra="aggregator")  # fmt: skip
     add_command(subparsers, "collection", "create, close, list or show collections",
                 run=_collection_checked, options=_collection_options,
                 extra="aggregator")  # fmt: skip
     add_command(subparsers, "query", "a marginal table of a collection, with standard errors",
-                run=_query, options=_query_options, extra="aggregator")  # fmt: skip
+                run=_query, options=_query_options, extra=None)  # fmt: skip
