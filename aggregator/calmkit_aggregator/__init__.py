@@ -8,7 +8,7 @@
 - :mod:`.service`: the gRPC collection service and its storage.
 
 The names below are what most users need; each package lists the rest. They are
-imported on first use (:mod:`.lazy`), so importing a light module such as the storage
+imported on first use (:mod:`calmkit_client.lazy`), so importing a light module such as the storage
 loads neither the planner nor scipy.
 """
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
         reconstruct_by,
     )
 else:
-    from .lazy import lazy_exports
+    from calmkit_client.lazy import lazy_exports
 
     __getattr__, __dir__ = lazy_exports(__name__, {
         ".phases": ("PhasedDesign", "combine_phases"),

@@ -23,8 +23,7 @@ line, imports only the modules it uses.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .assignment import UserId
@@ -49,23 +48,44 @@ if TYPE_CHECKING:
     from .plan import MAX_VIEW_CELLS, Plan
     from .report import Report, ViewReports, make_report, make_reports
     from .schema import Attribute, Schema
+else:
+    from .lazy import lazy_exports
 
-_WHERE = {
-    "UserId": "assignment",
-    "DEFAULT_BUDGET": "budget", "PrivacyBudget": "budget",
-    "Collector": "collector", "RetryPolicy": "collector",
-    "DeviceState": "device", "default_state_path": "device",
-    "AccessDenied": "errors", "BudgetExceeded": "errors", "CalmkitError": "errors",
-    "CollectionClosed": "errors", "CollectionError": "errors", "CollectionExists": "errors",
-    "CollectionNotFound": "errors", "OracleError": "errors", "PlanError": "errors",
-    "PlanMismatch": "errors", "ReportConflict": "errors", "SchemaError": "errors",
-    "GRR": "oracles", "OUE": "oracles", "FrequencyOracle": "oracles",
-    "choose_oracle": "oracles", "make_oracle": "oracles", "validate_epsilon": "oracles",
-    "MAX_VIEW_CELLS": "plan", "Plan": "plan",
-    "Report": "report", "ViewReports": "report",
-    "make_report": "report", "make_reports": "report",
-    "Attribute": "schema", "Schema": "schema",
-}  # fmt: skip
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            ".assignment": ("UserId",),
+            ".budget": ("DEFAULT_BUDGET", "PrivacyBudget"),
+            ".collector": ("Collector", "RetryPolicy"),
+            ".device": ("DeviceState", "default_state_path"),
+            ".errors": (
+                "AccessDenied",
+                "BudgetExceeded",
+                "CalmkitError",
+                "CollectionClosed",
+                "CollectionError",
+                "CollectionExists",
+                "CollectionNotFound",
+                "OracleError",
+                "PlanError",
+                "PlanMismatch",
+                "ReportConflict",
+                "SchemaError",
+            ),
+            ".oracles": (
+                "GRR",
+                "OUE",
+                "FrequencyOracle",
+                "choose_oracle",
+                "make_oracle",
+                "validate_epsilon",
+            ),
+            ".plan": ("MAX_VIEW_CELLS", "Plan"),
+            ".report": ("Report", "ViewReports", "make_report", "make_reports"),
+            ".schema": ("Attribute", "Schema"),
+        },
+    )
+    del lazy_exports
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -104,17 +124,3 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
-assert sorted(__all__) == sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'calmkit_client' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})

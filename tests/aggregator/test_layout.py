@@ -66,16 +66,17 @@ def test_storage_loads_neither_the_planner_nor_scipy() -> None:
     assert _run(probe) == "[]"
 
 
-PACKAGES = ("calmkit_aggregator", "calmkit_aggregator.planning",
-            "calmkit_aggregator.reconstruction")  # fmt: skip
+PACKAGES = ("calmkit_client", "calmkit_aggregator", "calmkit_aggregator.planning",
+            "calmkit_aggregator.reconstruction", "calmkit_simulator")  # fmt: skip
 
 
 def _exports(package: str) -> tuple[dict[str, str], dict[str, str]]:
     """Of ``package``'s ``__init__``: what type checkers see (name -> the module its
     ``if TYPE_CHECKING:`` block imports it from) and what runs (name -> the module its
     ``lazy_exports`` map names), both as absolute module names."""
-    init = Path(calmkit_aggregator.__file__).parent.parent / package.replace(".", "/")
-    tree = ast.parse((init / "__init__.py").read_text())
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.origin is not None
+    tree = ast.parse(Path(spec.origin).read_text())
     block = next(node for node in tree.body if isinstance(node, ast.If)
                  and ast.unparse(node.test) == "TYPE_CHECKING")  # fmt: skip
     seen, lazy = {}, {}

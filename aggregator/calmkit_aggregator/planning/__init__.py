@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .profile import DataProfile, estimate_profile
     from .search import Candidate, PlannedViews, choose_plan
 else:
-    from ..lazy import lazy_exports
+    from calmkit_client.lazy import lazy_exports
 
     __getattr__, __dir__ = lazy_exports(__name__, {
         "..phases": ("PhasedDesign", "combine_phases"),

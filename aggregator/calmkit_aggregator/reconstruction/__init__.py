@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .support import SupportCounts
     from .uncertainty import Bootstrap, bootstrap
 else:
-    from ..lazy import lazy_exports
+    from calmkit_client.lazy import lazy_exports
 
     __getattr__, __dir__ = lazy_exports(__name__, {
         ".consistency": ("ConsistentViews", "intersection_closure", "make_consistent",

@@ -1,10 +1,11 @@
 """Lazy package exports (PEP 562, module ``__getattr__``).
 
 A package names the module that defines each of its exports; a name's module is
-imported on first use. So importing one light module of the aggregator (the storage
+imported on first use. So importing one light module (the aggregator's storage
 backends, :mod:`calmkit_aggregator.phases`) does not run the planner's or the
-reconstruction's imports (scipy), while ``from calmkit_aggregator import
-plan_collection`` works as it would with eager imports.
+reconstruction's imports (scipy), and the ``calmkit`` command starts without numpy,
+while ``from calmkit_aggregator import plan_collection`` works as it would with eager
+imports. Every calmkit package's ``__init__`` uses it.
 """
 
 from __future__ import annotations
