@@ -19,6 +19,7 @@ import numpy.typing as npt
 import xxhash
 
 from .errors import PlanError
+from .validation import is_int
 
 __all__ = [
     "UserId",
@@ -46,18 +47,14 @@ def encode_user_id(user_id: UserId) -> bytes:
         return bytes(user_id)
     if isinstance(user_id, str):
         return user_id.encode("utf-8")
-    if isinstance(user_id, (int, np.integer)) and not isinstance(user_id, bool):
+    if is_int(user_id):
         if 0 <= int(user_id) <= _U64_MAX:
             return int(user_id).to_bytes(8, "little")
     raise PlanError(f"user_id ({user_id!r}) must be an int in [0, 2**64), a str, or bytes")
 
 
 def _check_seed(seed: int) -> int:
-    if (
-        isinstance(seed, bool)
-        or not isinstance(seed, (int, np.integer))
-        or not (0 <= int(seed) <= _U64_MAX)
-    ):
+    if not is_int(seed) or not 0 <= int(seed) <= _U64_MAX:
         raise PlanError(f"seed ({seed!r}) must be an int in [0, 2**64)")
     return int(seed)
 

@@ -34,6 +34,7 @@ from .randomness import (
     random_byte_array,
     random_words,
 )
+from .validation import check_int, is_int
 
 __all__ = ["GRR", "OUE", "FrequencyOracle", "choose_oracle", "make_oracle", "validate_epsilon"]
 
@@ -85,9 +86,7 @@ class FrequencyOracle(ABC):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", validate_oracle_epsilon(self.epsilon))
-        if isinstance(self.L, bool) or not isinstance(self.L, (int, np.integer)) or self.L < 2:
-            raise OracleError(f"L ({self.L!r}) must be an int >= 2")
-        object.__setattr__(self, "L", int(self.L))
+        object.__setattr__(self, "L", check_int("L", self.L, 2, OracleError))
         realised = self.realised_epsilon
         if not abs(realised - self.epsilon) <= _EPS_RTOL * max(1.0, self.epsilon):
             raise OracleError(
@@ -129,7 +128,7 @@ class FrequencyOracle(ABC):
         return arr.astype(np.int64, copy=False)
 
     def _cell(self, cell: int) -> int:
-        if isinstance(cell, bool) or not isinstance(cell, (int, np.integer)):
+        if not is_int(cell):
             raise OracleError(f"cell ({cell!r}) must be an int in [0, {self.L})")
         if not 0 <= int(cell) < self.L:
             raise OracleError(f"cell ({int(cell)}) must be in [0, {self.L})")
@@ -166,7 +165,7 @@ class FrequencyOracle(ABC):
         counts = np.asarray(support, dtype=np.float64)
         if counts.shape != (self.L,):
             raise OracleError(f"support (shape {counts.shape}) must have shape ({self.L},)")
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+        if not is_int(n) or n <= 0:
             raise OracleError(f"n ({n!r}) must be an int > 0")
         return (counts / n - self.q) / (self.p - self.q)
 
@@ -179,7 +178,7 @@ class FrequencyOracle(ABC):
         per-cell variance for that fixed population, each count being a sum of
         independent Bernoullis: ``(f p (1-p) + (1-f) q (1-q)) / (n (p-q)^2)``.
         """
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+        if not is_int(n) or n <= 0:
             raise OracleError(f"n ({n!r}) must be an int > 0")
         p, q = self.p, self.q
         if f is None:
@@ -197,9 +196,9 @@ class FrequencyOracle(ABC):
         ``b = cells q`` (one cell per report); OUE sums independent bits, so
         ``F p (1-p) + (cells - F) q (1-q)``. Divided by ``n (p-q)^2``.
         """
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+        if not is_int(n) or n <= 0:
             raise OracleError(f"n ({n!r}) must be an int > 0")
-        if isinstance(cells, bool) or not isinstance(cells, (int, np.integer)):
+        if not is_int(cells):
             raise OracleError(f"cells ({cells!r}) must be an int in [1, {self.L}]")
         if not 1 <= cells <= self.L:
             raise OracleError(f"cells ({cells}) must be in [1, {self.L}]")
@@ -223,7 +222,7 @@ class FrequencyOracle(ABC):
         covariance ``diag(P) - P P^T`` leaves ``1 - (p-q)^2`` on such spaces); OUE:
         ``(p (1-p) + (L-1) q (1-q)) / (L n (p-q)^2)`` (independent bits).
         """
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+        if not is_int(n) or n <= 0:
             raise OracleError(f"n ({n!r}) must be an int > 0")
         return self._contrast_power() / (self.L * n * (self.p - self.q) ** 2)
 
@@ -484,6 +483,5 @@ def make_oracle(name: str, L: int, epsilon: float) -> FrequencyOracle:
 def choose_oracle(L: int, epsilon: float) -> FrequencyOracle:
     """The oracle with the smaller variance (§2.2.3): GRR iff ``L < 3 e^eps + 2``."""
     eps = validate_oracle_epsilon(epsilon)
-    if isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 2:
-        raise OracleError(f"L ({L!r}) must be an int >= 2")
-    return GRR(eps, int(L)) if L < 3 * math.exp(eps) + 2 else OUE(eps, int(L))
+    cells = check_int("L", L, 2, OracleError)
+    return GRR(eps, cells) if cells < 3 * math.exp(eps) + 2 else OUE(eps, cells)

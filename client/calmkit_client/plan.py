@@ -24,6 +24,7 @@ from .assignment import UserId, hash_user_id, hash_user_ids, share_bounds, views
 from .errors import CalmkitError, PlanError
 from .oracles import FrequencyOracle, choose_oracle, make_oracle, validate_oracle_epsilon
 from .schema import AttrRef, Schema
+from .validation import is_int
 
 __all__ = ["MAX_VIEW_CELLS", "PLAN_FORMAT", "Plan"]
 
@@ -93,11 +94,7 @@ class Plan:
             shares = tuple(float(s) / total for s in raw)
         object.__setattr__(self, "shares", shares)
         seed = self.seed
-        if (
-            isinstance(seed, bool)
-            or not isinstance(seed, (int, np.integer))
-            or not (0 <= int(seed) < 1 << 64)
-        ):
+        if not is_int(seed) or not 0 <= int(seed) < 1 << 64:
             raise PlanError(f"seed ({seed!r}) must be an int in [0, 2**64)")
         object.__setattr__(self, "seed", int(seed))
 
@@ -146,11 +143,7 @@ class Plan:
         return self.view_oracles[self.check_view(view)]
 
     def check_view(self, view: int) -> int:
-        if (
-            isinstance(view, bool)
-            or not isinstance(view, (int, np.integer))
-            or not (0 <= int(view) < self.m)
-        ):
+        if not is_int(view) or not 0 <= int(view) < self.m:
             raise PlanError(f"view ({view!r}) must be an int in [0, {self.m})")
         return int(view)
 

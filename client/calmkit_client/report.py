@@ -23,6 +23,7 @@ from .errors import CalmkitError, PlanError
 from .plan import Plan
 from .randomness import OsEntropy, SourceLike, as_random_source, random_bytes, random_words
 from .schema import Label
+from .validation import check_int
 
 __all__ = ["REPORT_ID_BYTES", "Report", "ViewReports", "make_report", "make_reports"]
 
@@ -46,13 +47,7 @@ class Report:
     def __post_init__(self) -> None:
         if not isinstance(self.plan_digest, str) or not _DIGEST.match(self.plan_digest):
             raise PlanError(f"plan_digest ({self.plan_digest!r}) must be 64 lowercase hex digits")
-        if (
-            isinstance(self.view, bool)
-            or not isinstance(self.view, (int, np.integer))
-            or (self.view < 0)
-        ):
-            raise PlanError(f"view ({self.view!r}) must be an int >= 0")
-        object.__setattr__(self, "view", int(self.view))
+        object.__setattr__(self, "view", check_int("view", self.view, 0, PlanError))
         payload = self.payload
         if isinstance(payload, (bytearray, memoryview)):
             payload = bytes(payload)

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import SchemaError
+from .validation import check_int, is_int
 
 __all__ = ["AttrRef", "Attribute", "Schema"]
 
@@ -32,7 +33,7 @@ def _label(value: object, where: str) -> str:
     """Labels are strings; ints (not bools or floats) are accepted as their decimal text."""
     if isinstance(value, str):
         return value
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+    if is_int(value):
         return str(int(value))
     raise SchemaError(f"{where} ({value!r}) must be a str label (or an int standing for one)")
 
@@ -131,9 +132,8 @@ class Schema:
             raise SchemaError(f"names ({len(names)} given) must match sizes ({len(sizes)} given)")
         attrs = []
         for name, c in zip(names, sizes):
-            if not isinstance(c, (int, np.integer)) or isinstance(c, bool) or c < 1:
-                raise SchemaError(f"size of {name!r} ({c!r}) must be an int >= 1")
-            attrs.append(Attribute(name, tuple(str(i) for i in range(int(c)))))
+            size = check_int(f"size of {name!r}", c, 1, SchemaError)
+            attrs.append(Attribute(name, tuple(str(i) for i in range(size))))
         return cls(tuple(attrs))
 
     @classmethod
@@ -141,10 +141,9 @@ class Schema:
         """From ``{name: categories}`` or ``{name: count}`` (labels ``"0".."c-1"``)."""
         attrs = []
         for name, dom in domains.items():
-            if isinstance(dom, (int, np.integer)) and not isinstance(dom, bool):
-                if dom < 1:
-                    raise SchemaError(f"size of {name!r} ({dom!r}) must be an int >= 1")
-                attrs.append(Attribute(name, tuple(str(i) for i in range(int(dom)))))
+            if is_int(dom):
+                size = check_int(f"size of {name!r}", dom, 1, SchemaError)
+                attrs.append(Attribute(name, tuple(str(i) for i in range(size))))
             else:
                 attrs.append(Attribute(name, tuple(dom)))  # type: ignore[arg-type]
         return cls(tuple(attrs))
@@ -200,7 +199,7 @@ class Schema:
                 raise SchemaError(
                     f"attribute ({attr!r}) must be one of {list(self.names)}"
                 ) from None
-        if isinstance(attr, (int, np.integer)) and not isinstance(attr, bool):
+        if is_int(attr):
             if 0 <= int(attr) < self.d:
                 return int(attr)
         raise SchemaError(f"attribute ({attr!r}) must be a name or an index in [0, {self.d})")

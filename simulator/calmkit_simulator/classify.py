@@ -52,6 +52,7 @@ from scipy.special import xlogy
 from calmkit_client import CalmkitError, validate_epsilon
 from calmkit_client.randomness import RngLike
 from calmkit_client.schema import AttrRef
+from calmkit_client.validation import check_int, is_int
 
 from .datasets import load_dataset
 from .mechanisms import Mechanism
@@ -113,12 +114,6 @@ def _sklearn() -> tuple[Any, Any]:
     return OneHotEncoder, LinearSVC
 
 
-def _count(value: object, name: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ClassificationError(f"{name} ({value!r}) must be an int >= {low}")
-    return int(value)
-
-
 # -- sampling a synthetic dataset from a marginal -------------------------------------------
 def sample_records(table: np.ndarray, n: int, rng: RngLike = None) -> np.ndarray:
     """``n`` records drawn i.i.d. from the marginal ``table`` (any shape (s_1..s_j)).
@@ -128,7 +123,7 @@ def sample_records(table: np.ndarray, n: int, rng: RngLike = None) -> np.ndarray
     Returns int64 codes of shape ``(n, table.ndim)``: column i is the code along axis i.
     """
     t = np.asarray(table, dtype=np.float64)
-    n = _count(n, "n", 0)
+    n = check_int("n", n, 0, ClassificationError)
     if t.ndim < 1 or t.size == 0:
         raise ClassificationError(f"table (shape {t.shape}) must have at least one cell")
     if not np.all(np.isfinite(t)):
@@ -239,7 +234,7 @@ class ClassificationSetting:
         d = self.population.d
         features = tuple(self.features)
         for pos in (*features, self.label):
-            if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or not 0 <= pos < d:
+            if not is_int(pos) or not 0 <= pos < d:
                 raise ClassificationError(
                     f"attribute position ({pos!r}) must be an int in [0, {d})"
                 )
@@ -306,7 +301,7 @@ def adult_setting(
     """Adult with the paper's features (age, workclass, education, education-num,
     occupation) and label income, every attribute capped at ``max_categories``
     (3: the paper's "non-binary partition"; 2: its "binary partition")."""
-    _count(max_categories, "max_categories", 2)
+    check_int("max_categories", max_categories, 2, ClassificationError)
     pop = load_dataset("adult", data_dir, max_categories=max_categories)
     return ClassificationSetting.from_names(
         pop,
@@ -345,7 +340,7 @@ def balanced_label(population: Population) -> int:
 def top_features(population: Population, label: int, count: int = 5) -> tuple[int, ...]:
     """The ``count`` attributes with the highest empirical mutual information with
     ``label`` (ties: smallest position), in decreasing order of it."""
-    count = _count(count, "count", 1)
+    count = check_int("count", count, 1, ClassificationError)
     others = [j for j in range(population.d) if j != label]
     if count > len(others):
         raise ClassificationError(
@@ -440,7 +435,7 @@ def run_classification(
     before any work.
     """
     eps = validate_epsilon(epsilon)
-    duplicate = _count(duplicate, "duplicate", 1)
+    duplicate = check_int("duplicate", duplicate, 1, ClassificationError)
     if scope not in SCOPES:
         raise ClassificationError(f"scope ({scope!r}) must be one of {list(SCOPES)}")
     frac = float(test_fraction)

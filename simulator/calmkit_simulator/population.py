@@ -10,6 +10,7 @@ import numpy as np
 from calmkit_client import Attribute, CalmkitError, Schema, SchemaError
 from calmkit_client.randomness import RngLike
 from calmkit_client.schema import AttrRef
+from calmkit_client.validation import check_int
 
 __all__ = ["Population"]
 
@@ -70,8 +71,7 @@ class Population:
 
     def resample(self, n: int, rng: RngLike = None) -> Population:
         """n users drawn uniformly **with replacement** (stated in ``notes``)."""
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise CalmkitError(f"n ({n!r}) must be an int >= 1")
+        check_int("n", n, 1)
         if self.n == 0:
             raise CalmkitError("population (n=0) must have users to resample")
         gen = np.random.default_rng(None if rng is None else rng)
@@ -101,8 +101,7 @@ class Population:
         about equal frequency; nominal ones keep the ``c - 1`` most frequent categories
         and merge the rest into ``"other"`` (the paper caps Adult and US at 3).
         """
-        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 2:
-            raise SchemaError(f"max_categories ({c!r}) must be an int >= 2")
+        check_int("max_categories", c, 2, SchemaError)
         attrs: list[Attribute] = []
         codes = np.empty_like(self.codes)
         for j, attr in enumerate(self.schema.attributes):

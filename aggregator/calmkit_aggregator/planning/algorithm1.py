@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from calmkit_client import CalmkitError, PlanError, validate_epsilon
+from calmkit_client.validation import check_int, is_int
 
 from .covering import Blocks, _greedy, construct_cover, cover_lower_bound, verify_cover
 
@@ -78,7 +79,7 @@ def noise_error(n: int, sizes: Sequence[int], epsilon: float, l: int) -> float: 
     """NE(n, d, eps, l) of eq. (7) for one attribute (multiply by k for k-way)."""
     sizes = _sizes(sizes)
     eps = _finite_positive("epsilon", epsilon)
-    n = _positive("n", n)
+    n = check_int("n", n, 1, PlanError)
     l = _view_size(l, len(sizes))  # noqa: E741
     L = expected_cells(sizes, l)
     return _fo_variance(L, eps) * (L / l) * (len(sizes) / n)
@@ -86,7 +87,7 @@ def noise_error(n: int, sizes: Sequence[int], epsilon: float, l: int) -> float: 
 
 def sampling_error(n: int, m: int) -> float:
     """SE(n, m) = m / n of eq. (8)."""
-    return _positive("m", m) / _positive("n", n)
+    return check_int("m", m, 1, PlanError) / check_int("n", n, 1, PlanError)
 
 
 # -- results ---------------------------------------------------------------------------
@@ -196,23 +197,17 @@ class Choice:
 
 
 # -- validation ------------------------------------------------------------------------
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise PlanError(f"{name} ({value!r}) must be an int >= 1")
-    return int(value)
-
-
 def _sizes(sizes: Sequence[int]) -> tuple[int, ...]:
     if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence | np.ndarray):
         raise PlanError(f"sizes ({sizes!r}) must be a sequence of category counts")
-    out = tuple(_positive(f"sizes[{i}]", s) for i, s in enumerate(sizes))
+    out = tuple(check_int(f"sizes[{i}]", s, 1, PlanError) for i, s in enumerate(sizes))
     if not out:
         raise PlanError("sizes (()) must name at least one attribute")
     return out
 
 
 def _view_size(l: object, d: int) -> int:  # noqa: E741
-    if isinstance(l, bool) or not isinstance(l, (int, np.integer)) or not 1 <= l <= d:
+    if not is_int(l) or not 1 <= l <= d:
         raise PlanError(f"l ({l!r}) must be an int in [1, {d}] (d = {d} attributes)")
     return int(l)
 
@@ -273,15 +268,15 @@ def choose_views(
     sizes = _sizes(sizes)
     d = len(sizes)
     eps = _finite_positive("epsilon", epsilon)
-    n = _positive("n", n)
-    k = _positive("k", k)
+    n = check_int("n", n, 1, PlanError)
+    k = check_int("k", k, 1, PlanError)
     if k > d:
         raise PlanError(f"k ({k}) must be <= d ({d} attributes)")
     theta = _finite_positive("theta", theta)
     if l is not None:
         l = _view_size(l, d)  # noqa: E741
     if m is not None:
-        m = _positive("m", m)
+        m = check_int("m", m, 1, PlanError)
         if l is not None and m > math.comb(d, l):
             raise PlanError(f"m ({m}) must be <= C({d}, {l}) = {math.comb(d, l)} distinct views")
     gen = np.random.default_rng(rng)
@@ -423,10 +418,9 @@ def balanced_views(
     **attribute counts differ by at most 1**. Pair counts are balanced greedily,
     without a guarantee. Returns sorted tuples.
     """
-    d = _positive("d", d)
+    d = check_int("d", d, 1, PlanError)
     l = _view_size(l, d)  # noqa: E741
-    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0:
-        raise PlanError(f"m ({m!r}) must be an int >= 0")
+    m = check_int("m", m, 0, PlanError)
     gen = np.random.default_rng(rng)
     used = {tuple(sorted(int(a) for a in v)) for v in start}
     if len(used) + m > math.comb(d, l):

@@ -48,6 +48,7 @@ from random import Random  # seeded local instances only (no global state)
 import numpy as np
 
 from calmkit_client import CalmkitError
+from calmkit_client.validation import check_int, is_int
 
 __all__ = [
     "Blocks",
@@ -87,11 +88,7 @@ class CoveringError(CalmkitError):
 
 # -- validation ----------------------------------------------------------------------
 def _int(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise CoveringError(f"{name} ({value!r}) must be an int >= {low}")
-    if int(value) < low:
-        raise CoveringError(f"{name} ({int(value)}) must be an int >= {low}")
-    return int(value)
+    return check_int(name, int(value) if is_int(value) else value, low, CoveringError)
 
 
 def _check_dk(d: object, k: object) -> tuple[int, int]:
@@ -165,7 +162,7 @@ def _blocks_arrays(blocks: Iterable[Iterable[int]], d: int) -> dict[int, np.ndar
             raise CoveringError(f"blocks[{j}] ({block!r}) must be a sequence of ints")
         pts = []
         for p in block:
-            if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= p < d:
+            if not is_int(p) or not 0 <= p < d:
                 raise CoveringError(f"blocks[{j}] point ({p!r}) must be an int in [0, {d})")
             pts.append(int(p))
         if len(set(pts)) != len(pts):

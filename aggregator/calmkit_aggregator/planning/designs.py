@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from calmkit_client import PlanError
+from calmkit_client.validation import is_int
 
 __all__ = [
     "DependentStream",
@@ -89,7 +90,7 @@ class SpreadStream:
     ) -> None:
         self.pool = sorted({int(a) for a in attrs})
         d = len(self.pool)
-        if isinstance(l, bool) or not isinstance(l, (int, np.integer)) or not 1 <= l <= d:
+        if not is_int(l) or not 1 <= l <= d:
             raise PlanError(f"l ({l!r}) must be an int in [1, {d}] ({d} attributes)")
         self.l = int(l)
         self.used = {tuple(sorted(int(a) for a in v)) for v in start}
@@ -118,7 +119,7 @@ class SpreadStream:
         self.tail: list[tuple[int, ...]] | None = None  # the fallback's sets, in order
 
     def first(self, m: int) -> tuple[tuple[int, ...], ...]:
-        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not 0 <= m <= self.room:
+        if not is_int(m) or not 0 <= m <= self.room:
             raise PlanError(f"m ({m!r}) must be an int in [0, {self.room}] (new distinct "
                             f"{self.l}-sets)")  # fmt: skip
         d = len(self.pool)
@@ -188,7 +189,7 @@ class DependentStream:
     ) -> None:
         self.pool = sorted({int(a) for a in attrs})
         d = len(self.pool)
-        if isinstance(l, bool) or not isinstance(l, (int, np.integer)) or not 2 <= l <= d:
+        if not is_int(l) or not 2 <= l <= d:
             raise PlanError(f"l ({l!r}) must be an int in [2, {d}] ({d} attributes)")
         self.l = int(l)
         arr = np.array(self.pool, dtype=np.int64)
@@ -230,7 +231,7 @@ class DependentStream:
                     gain[a, b] = gain[b, a] = 0.0
 
     def first(self, m: int) -> tuple[tuple[int, ...], ...]:
-        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not 0 <= m <= self.room:
+        if not is_int(m) or not 0 <= m <= self.room:
             raise PlanError(f"m ({m!r}) must be an int in [0, {self.room}] (new distinct "
                             f"{self.l}-sets)")  # fmt: skip
         while len(self.out) < m and self.rest is None:

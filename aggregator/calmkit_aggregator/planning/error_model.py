@@ -74,6 +74,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import shortest_path
 
 from calmkit_client import CalmkitError, FrequencyOracle, choose_oracle, make_oracle
+from calmkit_client.validation import check_int
 
 from ..reconstruction.consistency import norm_sub_rows
 from ..reconstruction.methods import check_reconstruction
@@ -113,10 +114,8 @@ class Workload:
     def __post_init__(self) -> None:
         if (self.k is None) == (self.queries is None):
             raise CalmkitError("workload must give either k or queries")
-        if self.k is not None and (
-            isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or self.k < 1
-        ):
-            raise CalmkitError(f"k ({self.k!r}) must be an int >= 1")
+        if self.k is not None:
+            check_int("k", self.k, 1)
         if self.queries is not None:
             qs = tuple(tuple(sorted({int(a) for a in q})) for q in self.queries)
             if not qs or any(not q for q in qs):

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from calmkit_client import Plan, PlanError, Schema, choose_oracle
+from calmkit_client.validation import is_int
 
 from ..phases import PhasedDesign
 from ..reconstruction.estimate import estimate_views
@@ -45,7 +46,7 @@ PILOT_FRACTION = 0.2
 
 def pilot_size(n: int, fraction: float = PILOT_FRACTION) -> int:
     """How many of ``n`` expected users report in the pilot (at least 1, at most n-1)."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
+    if not is_int(n) or n < 2:
         raise PlanError(f"n ({n!r}) must be an int >= 2 for a pilot")
     if not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
         raise PlanError(f"pilot fraction ({fraction!r}) must be in (0, 1)")

@@ -49,6 +49,7 @@ import numpy as np
 
 from calmkit_client import MAX_VIEW_CELLS, PlanError, validate_epsilon
 from calmkit_client.errors import CalmkitError
+from calmkit_client.validation import check_int, is_int
 
 from ..reconstruction.methods import check_reconstruction
 from .algorithm1 import choose_views, expected_cells
@@ -257,8 +258,7 @@ def _problem(
         raise PlanError(f"sizes ({list(sizes_t)}) must be category counts >= 1")
     eps = _epsilon(epsilon)
     check_reconstruction(reconstruction)
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise PlanError(f"n ({n!r}) must be an int >= 1")
+    check_int("n", n, 1, PlanError)
     workload.check(d)
     if profile is None:
         from calmkit_client import Schema
@@ -277,13 +277,12 @@ def _problem(
             "(each marginal is known exactly)"
         )
     dc = len(collect)
-    if l is not None and (isinstance(l, bool) or not isinstance(l, (int, np.integer))
-                          or not 1 <= l <= dc):  # fmt: skip
+    if l is not None and (not is_int(l) or not 1 <= l <= dc):
         raise PlanError(
             f"l ({l!r}) must be an int in [1, {dc}] ({dc} attributes with >= 2 categories)"
         )
-    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1):
-        raise PlanError(f"m ({m!r}) must be an int >= 1")
+    if m is not None:
+        check_int("m", m, 1, PlanError)
     single = tuple(a for a in range(d) if sizes_t[a] == 1)
     return _Problem(sizes_t, eps, int(n), workload, profile, fixed, users_fixed, l, m, rng,
                     shrink, covering_dir, reconstruction, collect, single)  # fmt: skip

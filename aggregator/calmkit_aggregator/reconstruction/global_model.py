@@ -62,6 +62,7 @@ import numpy as np
 
 from calmkit_client import CalmkitError, Plan
 from calmkit_client.schema import AttrRef
+from calmkit_client.validation import check_int
 
 from .consistency import ConsistentViews, make_consistent
 from .estimate import estimate_views
@@ -310,9 +311,8 @@ def fit_global(
     (module docstring). ``max_clique``: cells of the model's largest clique;
     ``max_cells``: of the largest dense answer; ``answers``: see
     :class:`GlobalEstimator`."""
-    for name, value in (("max_clique", max_clique), ("max_cells", max_cells)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise CalmkitError(f"{name} ({value!r}) must be an int >= 1")
+    check_int("max_clique", max_clique, 1)
+    check_int("max_cells", max_cells, 1)
     if answers not in ANSWERS:
         raise CalmkitError(f"answers ({answers!r}) must be one of {list(ANSWERS)}")
     if len(tables) != plan.m:

@@ -19,6 +19,7 @@ import numpy as np
 
 from calmkit_client import CalmkitError, Plan
 from calmkit_client.schema import AttrRef
+from calmkit_client.validation import is_int
 
 from .estimate import estimate_views
 from .pipeline import Estimator, reconstruct_by
@@ -139,7 +140,7 @@ PLUG_INS = ("unshrunk", "served")
 
 
 def _check_replicates(replicates: object) -> int:
-    if isinstance(replicates, bool) or not isinstance(replicates, (int, np.integer)):
+    if not is_int(replicates):
         raise CalmkitError(f"replicates ({replicates!r}) must be an int in [2, {MAX_REPLICATES}]")
     if not 2 <= replicates <= MAX_REPLICATES:
         raise CalmkitError(f"replicates ({replicates}) must be in [2, {MAX_REPLICATES}]")

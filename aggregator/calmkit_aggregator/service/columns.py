@@ -26,6 +26,7 @@ import numpy as np
 from calmkit_client import CalmkitError, Plan
 from calmkit_client.echo import show as _show
 from calmkit_client.report import REPORT_ID_BYTES
+from calmkit_client.validation import is_int
 
 __all__ = [
     "KEY_BYTES",
@@ -137,7 +138,7 @@ def decode_columns(
 
     Raises :class:`CalmkitError` naming the first bad field: blob lengths, a view out of
     range, a GRR cell >= L, an OUE payload with nonzero padding bits."""
-    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+    if not is_int(count) or count < 0:
         raise CalmkitError(f"count ({_show(count)}) must be an int >= 0")
     n = int(count)
     for name, blob, size in (
@@ -215,20 +216,12 @@ def columns_from_reports(plan: Plan, reports: Sequence[Any]) -> ReportColumns:
             if not isinstance(value, bytes) or len(value) != size:
                 raise _fail(i, name, value, f"must be {size} bytes")
         view = getattr(r, "view", None)
-        if (
-            isinstance(view, bool)
-            or not isinstance(view, (int, np.integer))
-            or not (0 <= view < plan.m)
-        ):
+        if not is_int(view) or not 0 <= view < plan.m:
             raise _fail(i, "view", view, f"must be in [0, {plan.m})")
         oracle = plan.view_oracles[int(view)]
         payload = getattr(r, "payload", None)
         if oracle.name == "GRR":
-            if (
-                isinstance(payload, bool)
-                or not isinstance(payload, (int, np.integer))
-                or not (0 <= payload < oracle.L)
-            ):
+            if not is_int(payload) or not 0 <= payload < oracle.L:
                 raise _fail(
                     i,
                     "payload",

@@ -41,6 +41,7 @@ from calmkit_client import Plan
 from calmkit_client.echo import show as _show
 from calmkit_client.errors import CalmkitError, CollectionClosed, PlanMismatch, ReportConflict
 from calmkit_client.ids import check_collection_id
+from calmkit_client.validation import is_int
 
 from ..phases import PhasedDesign, combine_phases
 from ..reconstruction.support import SupportCounts
@@ -220,7 +221,7 @@ def check_collection_args(
     submit token's SHA-256 and a :class:`PhasedDesign` or None."""
     check_collection_id(collection_id)
     check_plan(plan)
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= plan.schema.d:
+    if not is_int(k) or not 1 <= k <= plan.schema.d:
         raise CalmkitError(f"k ({k!r}) must be an int in [1, {plan.schema.d}]")
     if not isinstance(token_hash, bytes) or len(token_hash) != TOKEN_HASH_BYTES:
         raise CalmkitError(

@@ -30,6 +30,7 @@ import numpy as np
 from calmkit_aggregator import MarginalTable
 from calmkit_client import MAX_VIEW_CELLS, CalmkitError, Plan, Schema, validate_epsilon
 from calmkit_client.randomness import RngLike
+from calmkit_client.validation import is_int
 
 from ..population import Population
 from .base import Mechanism, NotScalable, Release
@@ -125,7 +126,7 @@ class AllMarginals(Mechanism):
     def check(self, schema: Schema, n: int, epsilon: float, k: int) -> None:
         validate_epsilon(epsilon)
         d = schema.d
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= d:
+        if not is_int(k) or not 1 <= k <= d:
             raise CalmkitError(f"k ({k!r}) must be an int in [1, d={d}]")
         groups = math.comb(d, int(k))
         if groups > MAX_VIEWS:

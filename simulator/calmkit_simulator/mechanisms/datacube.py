@@ -90,6 +90,7 @@ from scipy import optimize, stats
 from calmkit_aggregator.reconstruction import norm_sub
 from calmkit_client import CalmkitError, Schema, validate_epsilon
 from calmkit_client.randomness import RngLike
+from calmkit_client.validation import check_int, is_int
 
 from ..population import Population
 from .base import Mechanism, NotScalable, Release
@@ -137,7 +138,7 @@ def _check_delta(delta: object) -> float:
 
 
 def _check_k(k: object, d: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= int(k) <= d:
+    if not is_int(k) or not 1 <= int(k) <= d:
         raise CalmkitError(f"k ({k!r}) must be an int in [1, d={d}]")
     return int(k)
 
@@ -314,8 +315,7 @@ def kway_fourier_variance(
     ``f (sum_i C(d,i) C(d-i,k-i)^{1/2})^2 / (2^k eps^2)``, uniform ``f m C(d,k) / eps^2``;
     ``m = sum_{i<=k} C(d,i)`` coefficients, ``f`` as in :func:`gaussian_allocation`."""
     eps = validate_epsilon(epsilon)
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
-        raise CalmkitError(f"d ({d!r}) must be an int >= 1")
+    check_int("d", d, 1)
     k = _check_k(k, int(d))
     m = sum(math.comb(d, i) for i in range(k + 1))
     terms = [(math.comb(d, i), math.comb(d - i, k - i)) for i in range(k + 1)]
@@ -706,14 +706,8 @@ class Datacube(Mechanism):
             delta = _check_delta(delta)
         elif delta is not None:
             raise CalmkitError(f"delta ({delta!r}) applies only to noise='gaussian'")
-        if (
-            isinstance(max_cells, bool)
-            or not isinstance(max_cells, (int, np.integer))
-            or (max_cells < 1)
-        ):
-            raise CalmkitError(f"max_cells ({max_cells!r}) must be an int >= 1")
-        self.strategy, self.budgets, self.noise = strategy, budgets, noise
-        self.delta, self.max_cells = delta, int(max_cells)
+        self.max_cells = check_int("max_cells", max_cells, 1)
+        self.strategy, self.budgets, self.noise, self.delta = strategy, budgets, noise, delta
         label = "F" if strategy == "fourier" else "Q"
         plus = "+" if budgets == "optimal" else ""
         self.name = f"DC-{label}{plus}" + ("/G" if noise == "gaussian" else "")
@@ -726,8 +720,7 @@ class Datacube(Mechanism):
     def check(self, schema: Schema, n: int, epsilon: float, k: int) -> None:
         validate_epsilon(epsilon)
         k = _check_k(k, schema.d)
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise CalmkitError(f"n ({n!r}) must be an int >= 1")
+        check_int("n", n, 1)
         sizes = schema.sizes
         if self.strategy == "fourier":
             wide = [i for i, s in enumerate(sizes) if s != 2]

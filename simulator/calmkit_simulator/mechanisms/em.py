@@ -44,6 +44,7 @@ from calmkit_client import (
     validate_epsilon,
 )
 from calmkit_client.randomness import RngLike
+from calmkit_client.validation import is_int
 
 from ..population import Population
 from .base import Mechanism, NotScalable, Release
@@ -343,7 +344,7 @@ class ExpectationMaximization(Mechanism):
 
     def check(self, schema: Schema, n: int, epsilon: float, k: int) -> None:
         oracles = self.oracles(schema, epsilon)
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= schema.d:
+        if not is_int(k) or not 1 <= k <= schema.d:
             raise CalmkitError(f"k ({k!r}) must be an int in [1, {schema.d}]")
         kept = sum(_report_bytes(o, n) for o in oracles)
         if kept > MAX_BYTES:

@@ -37,6 +37,7 @@ from calmkit_client import (
     validate_epsilon,
 )
 from calmkit_client.randomness import RngLike
+from calmkit_client.validation import is_int
 
 from ..population import Population
 from .base import Mechanism, NotScalable, Release
@@ -56,10 +57,10 @@ def fo_variance(cells: int, n: float, epsilon: float) -> float:
 
 def _as_sizes(sizes: int | Sequence[int]) -> tuple[int, ...]:
     """An int d means d binary attributes."""
-    if isinstance(sizes, (int, np.integer)) and not isinstance(sizes, bool):
+    if is_int(sizes):
         out: tuple[int, ...] = (2,) * int(sizes)
     else:
-        out = tuple(int(s) for s in sizes)  # type: ignore[union-attr]
+        out = tuple(int(s) for s in sizes)
     if not out or any(s < 2 for s in out):
         raise CalmkitError(f"sizes ({sizes!r}) must be d >= 1 or attribute sizes >= 2")
     return out
@@ -69,7 +70,7 @@ def kset_cells(sizes: int | Sequence[int], k: int) -> dict[int, int]:
     """How many k-subsets of the attributes have each marginal cell count:
     ``{cells: count}`` (a DP over attributes; no enumeration of the C(d, k) sets)."""
     sz = _as_sizes(sizes)
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= len(sz):
+    if not is_int(k) or not 0 <= k <= len(sz):
         raise CalmkitError(f"k ({k!r}) must be an int in [0, d={len(sz)}]")
     # layer[j] = {cells: number of j-subsets of the attributes seen so far}
     layer: list[dict[int, int]] = [{1: 1}] + [{} for _ in range(k)]

@@ -51,6 +51,7 @@ import numpy as np
 from calmkit_aggregator.reconstruction import norm_sub
 from calmkit_client import GRR, CalmkitError, Schema, validate_epsilon
 from calmkit_client.randomness import RngLike
+from calmkit_client.validation import check_int, is_int
 
 from ..population import Population
 from .base import Mechanism, NotScalable, Release
@@ -62,7 +63,7 @@ _CHUNK_BYTES = 1 << 26
 
 
 def _check_k(k: object, d: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= int(k) <= d:
+    if not is_int(k) or not 1 <= int(k) <= d:
         raise CalmkitError(f"k ({k!r}) must be an int in [1, {d}]")
     return int(k)
 
@@ -90,10 +91,8 @@ def ft_variance(
     (1.6% at eps = 0.25, 27% at eps = 1, equal at eps = 1.76).
     """
     eps = validate_epsilon(epsilon)
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise CalmkitError(f"n ({n!r}) must be an int >= 1")
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
-        raise CalmkitError(f"d ({d!r}) must be an int >= 1")
+    check_int("n", n, 1)
+    check_int("d", d, 1)
     k = _check_k(k, int(d))
     var0 = 4.0 * GRR(eps, 2).variance(int(n))  # one +-1 coefficient from all n users
     coefficients = sum(math.comb(int(d), s) for s in range(1, k + 1))

@@ -56,6 +56,7 @@ import numpy as np
 
 from calmkit_client import CalmkitError, Schema, validate_epsilon
 from calmkit_client.randomness import RngLike
+from calmkit_client.validation import check_int, is_int
 
 from ..population import Population
 from .base import Mechanism, NotScalable, Release
@@ -98,7 +99,7 @@ def all_marginals(table: np.ndarray, k: int) -> dict[tuple[int, ...], np.ndarray
     the work is about ``2^(k+1) |D|`` instead of ``C(d, k) |D|`` (one sum per marginal).
     """
     d = table.ndim
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= d:
+    if not is_int(k) or not 0 <= k <= d:
         raise CalmkitError(f"k ({k!r}) must be an int in [0, d={d}]")
     out: dict[tuple[int, ...], np.ndarray] = {}
 
@@ -179,11 +180,9 @@ def default_rounds(n: int, epsilon: float, domain_cells: int, marginal_cells: fl
     domain needs more of them; larger marginals carry more per measurement.
     """
     eps = validate_epsilon(epsilon, "epsilon")
-    if not _is_int(n, 1):
-        raise CalmkitError(f"n ({n!r}) must be an int >= 1")
-    if not _is_int(candidates, 1):
-        raise CalmkitError(f"candidates ({candidates!r}) must be an int >= 1")
-    if not _is_int(domain_cells, 1) or not 1 <= marginal_cells <= domain_cells:
+    check_int("n", n, 1)
+    check_int("candidates", candidates, 1)
+    if not is_int(domain_cells) or domain_cells < 1 or not 1 <= marginal_cells <= domain_cells:
         raise CalmkitError(
             f"marginal_cells ({marginal_cells!r}) must be in [1, domain_cells "
             f"({domain_cells!r})], an int >= 1"
@@ -337,10 +336,9 @@ class Mwem(Mechanism):
         penalize_cells: bool = True,
         max_cells: int = MAX_CELLS,
     ) -> None:
-        if rounds is not None and not _is_int(rounds, 1):
+        if rounds is not None and (not is_int(rounds) or rounds < 1):
             raise CalmkitError(f"rounds ({rounds!r}) must be None or an int >= 1")
-        if not _is_int(replays, 0):
-            raise CalmkitError(f"replays ({replays!r}) must be an int >= 0")
+        check_int("replays", replays, 0)
         if iterate not in ITERATES:
             raise CalmkitError(f"iterate ({iterate!r}) must be one of {ITERATES}")
         if (
@@ -351,18 +349,16 @@ class Mwem(Mechanism):
             raise CalmkitError(f"step ({step!r}) must be finite and > 0")
         if not isinstance(penalize_cells, (bool, np.bool_)):
             raise CalmkitError(f"penalize_cells ({penalize_cells!r}) must be a bool")
-        if not _is_int(max_cells, 2):
-            raise CalmkitError(f"max_cells ({max_cells!r}) must be an int >= 2")
+        check_int("max_cells", max_cells, 2)
         self.rounds = None if rounds is None else int(rounds)
         self.replays, self.iterate, self.step = int(replays), iterate, float(step)
         self.penalize_cells, self.max_cells = bool(penalize_cells), int(max_cells)
 
     def check(self, schema: Schema, n: int, epsilon: float, k: int) -> None:
         validate_epsilon(epsilon)
-        if not _is_int(k, 1) or k > schema.d:
+        if not is_int(k) or not 1 <= k <= schema.d:
             raise CalmkitError(f"k ({k!r}) must be an int in [1, d={schema.d}]")
-        if not _is_int(n, 1):
-            raise CalmkitError(f"n ({n!r}) must be an int >= 1")
+        check_int("n", n, 1)
         cells = math.prod(schema.sizes)  # exact: int64 products overflow past d = 62
         if cells > self.max_cells:
             sizes = "x".join(str(s) for s in schema.sizes)
@@ -427,9 +423,3 @@ class Mwem(Mechanism):
             "selected": [attrs for attrs, _ in history],
         }
         return _MwemRelease(schema, final, chosen)
-
-
-def _is_int(value: object, low: int) -> bool:
-    return (
-        not isinstance(value, bool) and isinstance(value, (int, np.integer)) and int(value) >= low
-    )

@@ -61,6 +61,7 @@ from scipy.special import log_ndtr
 from calmkit_aggregator.reconstruction import norm_sub
 from calmkit_client import CalmkitError, Schema, validate_epsilon
 from calmkit_client.randomness import RngLike
+from calmkit_client.validation import check_int, is_int
 
 from ..population import Population
 from .base import Mechanism, NotScalable, Release
@@ -207,7 +208,7 @@ class Workload:
 
 
 def _check_k(k: object, d: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= int(k) <= d:
+    if not is_int(k) or not 1 <= int(k) <= d:
         raise CalmkitError(f"k ({k!r}) must be an int in [1, {d}]")
     return int(k)
 
@@ -477,10 +478,8 @@ class WeightedFourier(Mechanism):
             self.workload = Workload.from_mapping(workload)
         else:
             raise CalmkitError(f"workload ({workload!r}) must be 'k', 'upto-k' or a Workload")
-        for name, value in (("max_coefficients", max_coefficients), ("max_supports", max_supports)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise CalmkitError(f"{name} ({value!r}) must be an int >= 1")
-        self.max_coefficients, self.max_supports = int(max_coefficients), int(max_supports)
+        self.max_coefficients = check_int("max_coefficients", max_coefficients, 1)
+        self.max_supports = check_int("max_supports", max_supports, 1)
         self.privacy_unit = (
             f"central (epsilon, delta)-DP via mu-GDP, delta={self.delta:g}, "
             "add/remove one record; trusted curator"
