@@ -17,6 +17,7 @@ can check against epsilon.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -60,8 +61,9 @@ class OsEntropy:
 RandomSource = OsEntropy | np.random.Generator
 # What the client's batch primitives accept (never a seed).
 SourceLike = OsEntropy | np.random.Generator | None
-# What simulation functions accept (they call numpy.random.default_rng on it).
-RngLike = np.random.Generator | np.random.SeedSequence | int | None
+# What simulation and planning functions accept (they call numpy.random.default_rng on
+# it): a generator, a seed sequence, an int seed or a sequence of them.
+RngLike = np.random.Generator | np.random.SeedSequence | int | Sequence[int] | None
 
 
 def as_random_source(rng: object) -> RandomSource:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from calmkit_client import CalmkitError, PlanError, validate_epsilon
+from calmkit_client.randomness import RngLike
 from calmkit_client.validation import check_int, is_int
 
 from .covering import Blocks, _greedy, construct_cover, cover_lower_bound, verify_cover
@@ -47,8 +48,6 @@ DEFAULT_THETA = 0.001
 _MAX_ENUMERATE = 4096
 # Randomised greedy tries otherwise.
 _GREEDY_TRIES = 8
-
-RngLike = int | np.random.Generator | np.random.SeedSequence | None
 
 
 # -- error formulas --------------------------------------------------------------------

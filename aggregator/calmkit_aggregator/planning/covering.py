@@ -48,6 +48,7 @@ from random import Random  # seeded local instances only (no global state)
 import numpy as np
 
 from calmkit_client import CalmkitError
+from calmkit_client.randomness import RngLike
 from calmkit_client.validation import check_int, is_int
 
 __all__ = [
@@ -305,7 +306,7 @@ def construct_cover(
     d: int,
     k: int,
     l: int,  # noqa: E741 (the paper's name)
-    rng: int | np.random.Generator | np.random.SeedSequence | None = 0,
+    rng: RngLike = 0,
     covering_dir: PathLike | None = None,
 ) -> Blocks:
     """A small set of l-subsets of ``0..d-1`` covering every k-subset.

@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from calmkit_client import PlanError
+from calmkit_client.randomness import RngLike
 from calmkit_client.validation import is_int
 
 __all__ = [
@@ -53,7 +54,6 @@ __all__ = [
     "spread_views",
 ]
 
-RngLike = int | Sequence[int] | np.random.Generator | np.random.SeedSequence | None
 # Random rounds that add no new block before falling back to enumeration.
 _STALL_ROUNDS = 8
 # Pairs a weighted round checks at a time for the heaviest one still free.

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from calmkit_client import CalmkitError, Plan
+from calmkit_client.randomness import RngLike
 from calmkit_client.schema import AttrRef
 from calmkit_client.validation import is_int
 
@@ -151,7 +152,7 @@ def bootstrap(
     support: SupportCounts,
     estimator: Estimator | None = None,
     replicates: int = 32,
-    rng: np.random.Generator | int | None = None,
+    rng: RngLike = None,
     shrink: bool = True,
     reconstruction: str = "local",
     plug_in: str = "unshrunk",
