@@ -1,4 +1,4 @@
-"""Issue 3's accuracy grid on the shared Kosarak prefix (papers/calm-ccs18.txt Fig. 4b, 7f).
+"""Issue 3's accuracy grid on the shared Kosarak prefix (the CALM paper's Fig. 4b, 7f).
 
     python benchmarks/accuracy_kosarak.py [--reps 3] [--queries 50] [--json]
 

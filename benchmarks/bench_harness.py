@@ -2,7 +2,7 @@
 
     python benchmarks/bench_harness.py [--runs 3]
 
-1. EM (papers/calm-ccs18.txt §3.6) answering one repetition's 50 random 3-way queries
+1. EM (the CALM paper's §3.6) answering one repetition's 50 random 3-way queries
    at d = 16, n = 2^16, eps = 1: ``Release.answer_many`` (all queries' EM iterations
    at once) against the named baseline, ``answer`` one query at a time.
 2. One Fig. 4 point (CALM, FC, AM, FT, Uni at eps = 1, 5 repetitions, Kosarak or

@@ -1,4 +1,6 @@
-"""Assignment of users to views (DESIGN.md data flow step 2).
+"""Assignment of users to views (a step the CALM paper leaves open: Zhang et al., "CALM:
+Consistent Adaptive Local Marginal for Marginal Release under Local Differential
+Privacy", CCS 2018, §4.2).
 
 A user's view is a public, deterministic function of a pseudonymous id and the plan's
 hash seed: ``h = xxh64(id, seed)`` placed on the cumulative view shares scaled to

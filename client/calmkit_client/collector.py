@@ -1,5 +1,5 @@
-"""Client transport: fetch a collection's plan and submit reports over gRPC
-(DESIGN.md "Service").
+"""Client transport: fetch a collection's plan from the aggregator service and submit
+reports to it over gRPC.
 
 :class:`Collector` is what an app embeds: ``submit(record)`` makes (or recalls, see
 :class:`~calmkit_client.device.DeviceState`) the user's one report for the collection

@@ -1,4 +1,6 @@
-"""Frequency oracles GRR and OUE (papers/calm-ccs18.txt §2.2), used by both sides.
+"""Frequency oracles GRR and OUE (CALM (Zhang et al., "CALM: Consistent Adaptive Local
+Marginal for Marginal Release under Local Differential Privacy", CCS 2018), §2.2), used
+by both sides.
 
 The client calls :meth:`~FrequencyOracle.perturb` / :meth:`~FrequencyOracle.perturb_one`;
 the aggregator calls :meth:`~FrequencyOracle.support`, :meth:`~FrequencyOracle.estimate`

@@ -2,9 +2,11 @@
 
 A :class:`Plan` fixes the schema, epsilon, the m views (attribute subsets), the
 frequency oracle of each view, the users' shares per view and the public hash seed of
-the assignment (DESIGN.md data flow steps 1-2). It is immutable, validated on
-construction, and identified by :attr:`Plan.digest`, a SHA-256 of its canonical form
-that every report carries.
+the assignment (what the aggregator specifies before any user reports: CALM (Zhang et
+al., "CALM: Consistent Adaptive Local Marginal for Marginal Release under Local
+Differential Privacy", CCS 2018), §4.2). It is immutable, validated on construction, and
+identified by :attr:`Plan.digest`, a SHA-256 of its canonical form that every report
+carries.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Reports: the only thing that leaves a user's device (DESIGN.md data flow step 3).
+"""Reports: the only thing that leaves a user's device. Each user reports the projection
+of her record onto her view through the view's frequency oracle (CALM (Zhang et al.,
+"CALM: Consistent Adaptive Local Marginal for Marginal Release under Local Differential
+Privacy", CCS 2018), §4.2).
 
 :func:`make_report` projects one record onto the user's view, perturbs the cell with
 the view's oracle and returns ``Report(plan_digest, view, payload, report_id)``. The

@@ -1,4 +1,6 @@
-"""Values printed in papers/calm-ccs18.txt, for the report to show beside ours.
+"""Values printed in the CALM paper (Zhang et al., "CALM: Consistent Adaptive Local
+Marginal for Marginal Release under Local Differential Privacy", CCS 2018), for the
+report to show beside ours.
 
 Fig. 4b (§5.2 text): Kosarak, n = 2^16, d = 16, k = 3, eps = 0.2. Fig. 7 (the heatmap
 cells, as extracted from the PDF text): rows of 8 values for view sizes l = 1..8; in

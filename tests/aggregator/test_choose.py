@@ -1,4 +1,4 @@
-"""CALM Algorithm 1: choosing l, m and the views (papers/calm-ccs18.txt §4.3)."""
+"""CALM Algorithm 1: choosing l, m and the views (the CALM paper, Zhang et al., CCS 2018, §4.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Covering designs: CALM's CoverDesign(d, k, l) (papers/calm-ccs18.txt §4.3).
+"""Covering designs: CALM's CoverDesign(d, k, l) (the CALM paper, Zhang et al., CCS
+2018, §4.3).
 
 The shared covering folder (best-known sizes and block lists) is read from
 ``../shared/covering`` next to the repository (or ``$CALMKIT_SHARED/covering``); the

@@ -1,4 +1,5 @@
-"""The epsilon claims of GRR and OUE, pinned exactly (papers/calm-ccs18.txt §2.2).
+"""The epsilon claims of GRR and OUE, pinned exactly (the CALM paper, Zhang et al., CCS
+2018, §2.2).
 
 The privacy loss is computed from the sampler's exact output probabilities
 (integer thresholds over 2**64), not from the textbook p and q, and the sampler is

@@ -4,8 +4,8 @@ restarts load the key snapshot and the log after it), with old-format and column
 batches mixed;
 on PostgreSQL, two replicas behind the client, killed in turn.
 Every acknowledged report is counted exactly once, none is invented, resending a batch
-whose ack was lost does not double count (DESIGN.md "Service": commit, then
-acknowledge), and the stored counts equal a recount of the batch log."""
+whose ack was lost does not double count (the service commits, then
+acknowledges), and the stored counts equal a recount of the batch log."""
 
 from __future__ import annotations
 

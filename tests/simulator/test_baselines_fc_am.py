@@ -1,5 +1,6 @@
-"""FC and AM (papers/calm-ccs18.txt §3.3-3.4): unbiased, matching formulas (4) and (5),
-refusing infeasible settings up front, and answering with proper marginals."""
+"""FC and AM (the CALM paper, Zhang et al., CCS 2018, §3.3-3.4): unbiased, matching
+formulas (4) and (5), refusing infeasible settings up front, and answering with proper
+marginals."""
 
 from __future__ import annotations
 

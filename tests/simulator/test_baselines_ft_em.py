@@ -1,8 +1,9 @@
-"""The FT and EM baselines (papers/calm-ccs18.txt §3.5, §3.6): FT's coefficients are
-unbiased with the binary randomized-response variance, exact coefficients reconstruct
-the marginals exactly and formula (6) predicts the SSE; EM recovers the marginal from
-(nearly) noiseless reports, matches the unbiased estimator's variance where that is
-the maximum-likelihood estimate, and never lowers the likelihood."""
+"""The FT and EM baselines (the CALM paper, Zhang et al., CCS 2018, §3.5, §3.6): FT's
+coefficients are unbiased with the binary randomized-response variance, exact
+coefficients reconstruct the marginals exactly and formula (6) predicts the SSE; EM
+recovers the marginal from (nearly) noiseless reports, matches the unbiased estimator's
+variance where that is the maximum-likelihood estimate, and never lowers the
+likelihood."""
 
 from __future__ import annotations
 

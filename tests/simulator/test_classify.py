@@ -1,7 +1,7 @@
-"""The classification experiment (papers/calm-ccs18.txt §5.4, Fig. 6): sampling a
-synthetic dataset from a marginal, the SVM's error, and one repetition of the protocol
-with NoNoise and Majority. Bounds come from binomial sampling of the test split (and
-Pearson's chi-square for sampling), with the Bonferroni alpha of tests/stats.py."""
+"""The classification experiment (the CALM paper, Zhang et al., CCS 2018, §5.4, Fig. 6):
+sampling a synthetic dataset from a marginal, the SVM's error, and one repetition of the
+protocol with NoNoise and Majority. Bounds come from binomial sampling of the test split
+(and Pearson's chi-square for sampling), with the Bonferroni alpha of tests/stats.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Datacube (papers/datacubes-optimal-noise-allocation.txt): the closed-form budgets of
-§3.1 / App. A against the paper's worked example and a numerical optimiser, the
-Fourier all-k-way variances of App. C against repeated noise draws, GLS (§3.2)
+"""Datacube (Cormode, Procopiuc, Srivastava & Yaroslavtsev, ICDE 2013): the closed-form
+budgets of §3.1 / App. A against the paper's worked example and a numerical optimiser,
+the Fourier all-k-way variances of App. C against repeated noise draws, GLS (§3.2)
 against the literal eq. 7 on the full domain, consistency, and the errors."""
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ def test_full_figure_grids_match_the_paper_settings() -> None:
 
 
 def test_paper_heatmap_values_parse_as_printed() -> None:
-    # spot values from papers/calm-ccs18.txt Fig. 7 (first and last printed cells)
+    # spot values from the CALM paper's Fig. 7 (first and last printed cells)
     assert PAPER_VALUES[("fig7", "a")][(31, 1)] == 0.0058
     assert PAPER_VALUES[("fig7", "a")][(9, 8)] == 0.0143
     assert PAPER_VALUES[("fig7", "b")][(0.2, 8)] == 0.0770

@@ -1,6 +1,7 @@
-"""MWEM (papers/mwem.txt, Figure 1 with §2.3.2 and §3.3): the exponential mechanism's
-distribution, the Laplace scale 2T/epsilon, the multiplicative-weights update, the
-error falling with the rounds, and beating per-marginal Laplace at small epsilon."""
+"""MWEM (Hardt, Ligett & McSherry, NIPS 2012, Figure 1 with §2.3.2 and §3.3): the
+exponential mechanism's distribution, the Laplace scale 2T/epsilon, the
+multiplicative-weights update, the error falling with the rounds, and beating
+per-marginal Laplace at small epsilon."""
 
 from __future__ import annotations
 

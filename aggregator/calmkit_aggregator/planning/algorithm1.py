@@ -1,5 +1,6 @@
-"""Choosing the view size l, the view count m and the views: CALM Algorithm 1
-(papers/calm-ccs18.txt §4.3; DESIGN.md "Choosing m and l").
+"""Choosing the view size l, the view count m and the views: CALM Algorithm 1 (Zhang et
+al., "CALM: Consistent Adaptive Local Marginal for Marginal Release under Local
+Differential Privacy", CCS 2018, §4.3).
 
 Noise error of one attribute estimated from l-way views (eq. 7)::
 

@@ -1,4 +1,4 @@
-"""Planning a collection (DESIGN.md data flow step 1): the views, the adaptive oracle
+"""Planning a collection, the aggregator's first step: the views, the adaptive oracle
 per view, equal shares.
 
 Two planners:
@@ -6,7 +6,9 @@ Two planners:
 - ``"pipeline"`` (the default): :func:`~.search.choose_plan`, which predicts the
   whole pipeline's error for the workload under a data profile. With a pilot
   (:mod:`.pilot`) the profile comes from the first users' reports.
-- ``"paper"``: CALM's Algorithm 1 (papers/calm-ccs18.txt §4.3; :func:`~.algorithm1.choose_views`),
+- ``"paper"``: CALM's Algorithm 1 (Zhang et al., "CALM: Consistent Adaptive Local Marginal
+  for Marginal Release under Local Differential Privacy", CCS 2018, §4.3;
+  :func:`~.algorithm1.choose_views`),
   as the paper's evaluation and the figure reproduction use it.
 """
 

@@ -1,5 +1,6 @@
-"""Covering designs: CALM's ``CoverDesign(d, k, l)`` (papers/calm-ccs18.txt §4.3,
-Algorithm 1; DESIGN.md "Choosing m and l").
+"""Covering designs: CALM's ``CoverDesign(d, k, l)`` (Zhang et al., "CALM: Consistent
+Adaptive Local Marginal for Marginal Release under Local Differential Privacy", CCS
+2018, §4.3, Algorithm 1, which chooses m and l).
 
 A *cover* here is a set of l-subsets ("blocks", the views) of the d attributes
 ``0..d-1`` such that every k-subset of attributes lies inside at least one block, so

@@ -1,10 +1,12 @@
 """The expected SSE of CALM's whole pipeline for a view design (the planner's model).
 
-CALM's Algorithm 1 (papers/calm-ccs18.txt §4.3) scores one view's per-cell noise. What a
-k-way answer actually carries is the noise left after the pipeline (§4.4-4.5; DESIGN.md
-steps 5-8) plus what the views do not hold. This module predicts it, in the ANOVA
-basis of a table (the orthogonal components ``W_S``, one per attribute subset ``S``,
-of dimension ``dim_S = prod (L_a - 1)``):
+CALM's Algorithm 1 (Zhang et al., "CALM: Consistent Adaptive Local Marginal for Marginal
+Release under Local Differential Privacy", CCS 2018, §4.3) scores one view's per-cell
+noise. What a k-way answer actually carries is the noise left after the pipeline
+(estimation, consistency, maximum entropy: the paper's §4.1-4.4) plus what the views do
+not hold. This module predicts it, in the ANOVA basis of a table (the orthogonal
+components ``W_S``, one per attribute subset ``S``, of dimension
+``dim_S = prod (L_a - 1)``):
 
 1. **Oracle noise** of view j (``s_j`` users, ``L_j`` cells): per zero-sum contrast
    dimension ``nu_j = contrast_variance + 1/(L_j s_j)`` (the oracle's exact term plus

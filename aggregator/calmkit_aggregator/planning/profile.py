@@ -1,8 +1,9 @@
 """What the planner assumes about the data: a :class:`DataProfile`.
 
 The error of CALM's pipeline depends on the data in three ways the planner cannot see
-without reports (papers/calm-ccs18.txt §4.3 calls the last one "dataset dependent, no
-formula"):
+without reports (CALM (Zhang et al., "CALM: Consistent Adaptive Local Marginal for
+Marginal Release under Local Differential Privacy", CCS 2018), §4.3 calls the last one
+"dataset dependent, no formula"):
 
 1. how far each attribute is from uniform (Norm-Sub clips noisy tables of skewed
    attributes, and max-ent spreads a noisy marginal along the other attributes'

@@ -1,7 +1,8 @@
-"""The default planner: view size l, view count m and the views chosen by predicting
-the whole pipeline's error for the workload (:mod:`.error_model`) under a
-:class:`~.profile.DataProfile`, instead of Algorithm 1's one-view noise bound
-(papers/calm-ccs18.txt §4.3, kept as ``planner="paper"``).
+"""The default planner: view size l, view count m and the views chosen by predicting the
+whole pipeline's error for the workload (:mod:`.error_model`) under a
+:class:`~.profile.DataProfile`, instead of Algorithm 1's one-view noise bound (CALM
+(Zhang et al., "CALM: Consistent Adaptive Local Marginal for Marginal Release under
+Local Differential Privacy", CCS 2018), §4.3, kept as ``planner="paper"``).
 
 Search. Only attributes with >= 2 categories are collected (one category: nothing to
 report, the marginal is exact). For each view size l = 1, 2, ... it scores designs of

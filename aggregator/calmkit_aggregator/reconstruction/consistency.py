@@ -1,5 +1,6 @@
-"""Consistency and non-negativity of the views (papers/calm-ccs18.txt §4.4, PriView;
-DESIGN.md steps 6-7).
+"""Consistency and non-negativity of the views (the pipeline's consistency step: CALM
+(Zhang et al., "CALM: Consistent Adaptive Local Marginal for Marginal Release under
+Local Differential Privacy", CCS 2018), §4.4, after PriView's, §4.1).
 
 Consistency: for every attribute set A in the intersection closure of the views
 (the empty set included: every view's total is set to the known 1), smallest first,

@@ -1,4 +1,7 @@
-"""Estimation of each view's marginal from its support counts (DESIGN.md step 5)."""
+"""Estimation of each view's marginal from its support counts (the pipeline's estimation
+step: each view's oracle estimates its cells, CALM (Zhang et al., "CALM: Consistent
+Adaptive Local Marginal for Marginal Release under Local Differential Privacy", CCS
+2018), §2.2)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Global reconstruction: one model of the joint distribution fitted to every view at
 once, answering any marginal with its help (the approach of Private-PGM, McKenna,
-Sheldon & Miklau, ICML 2019, on CALM's views; papers/calm-ccs18.txt §4.4-4.5 is the
-per-query alternative, :mod:`.pipeline`).
+Sheldon & Miklau, ICML 2019, on CALM's views; the per-query alternative, :mod:`.pipeline`,
+is CALM's consistency and maximum entropy: Zhang et al., "CALM: Consistent Adaptive
+Local Marginal for Marginal Release under Local Differential Privacy", CCS 2018,
+§4.1-4.4).
 
 Steps (post-processing of the reports only: no privacy is spent):
 

@@ -1,6 +1,8 @@
-"""Answering a marginal query from the views (papers/calm-ccs18.txt §4.5; DESIGN.md
-step 8): projection when a view covers the query, otherwise maximum entropy by
-iterative proportional fitting over dom(query)."""
+"""Answering a marginal query from the views, the pipeline's last step (PriView's, as
+CALM (Zhang et al., "CALM: Consistent Adaptive Local Marginal for Marginal Release under
+Local Differential Privacy", CCS 2018), §4.1-4.2 adopts it): projection when a view
+covers the query, otherwise maximum entropy by iterative proportional fitting over
+dom(query)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""CALM's aggregator pipeline (papers/calm-ccs18.txt §4; DESIGN.md steps 5-8):
-support counts -> estimated views -> consistent, non-negative views -> answers."""
+"""CALM's aggregator pipeline (Zhang et al., "CALM: Consistent Adaptive Local Marginal
+for Marginal Release under Local Differential Privacy", CCS 2018, §4.2, Fig. 2 steps
+2-4): support counts -> estimated views -> consistent, non-negative views -> answers."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Shrinkage of each view's own interactions (a calmkit addition to
-papers/calm-ccs18.txt §4.4; measured in docs/accuracy.md).
+"""Shrinkage of each view's own interactions (a calmkit addition to the consistency step
+of CALM (Zhang et al., "CALM: Consistent Adaptive Local Marginal for Marginal Release
+under Local Differential Privacy", CCS 2018), §4.4; measured in docs/accuracy.md).
 
 After consistency, the part of a view that no other view shares (its interactions
 beyond the closure sets it contains and its single attributes) is still as noisy as

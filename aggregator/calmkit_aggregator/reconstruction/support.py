@@ -1,4 +1,5 @@
-"""Per-view support counts: the aggregator's sufficient statistics (DESIGN.md step 4).
+"""Per-view support counts: the aggregator's sufficient statistics, kept as reports are
+ingested.
 
 Support counts are sums over reports, so counts from separate batches, replicas or
 files merge by addition.

@@ -1,4 +1,4 @@
-"""The aggregator gRPC service (DESIGN.md "Service"): the handlers of
+"""The aggregator gRPC service: the handlers of
 ``calmkit.v1.Aggregator`` (served by :func:`calmkit_aggregator.service.server.create_server`
 with gRPC health checking and reflection). A batch of reports
 is validated whole, committed to storage in one transaction, counted, and only then

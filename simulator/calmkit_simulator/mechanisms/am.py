@@ -1,4 +1,5 @@
-"""AM, the all-marginals method (papers/calm-ccs18.txt §3.4).
+"""AM, the all-marginals method (CALM (Zhang et al., "CALM: Consistent Adaptive Local
+Marginal for Marginal Release under Local Differential Privacy", CCS 2018), §3.4).
 
 The users are split equally (the plan's public hash, equal shares) into C(d, k)
 groups, one per k-way marginal; each group reports its marginal's cell through the

@@ -1,7 +1,8 @@
-"""BE: CALM on binary-encoded attributes (papers/calm-ccs18.txt §5.3). Each attribute
-of c categories becomes ceil(log2 c) bits; CALM runs on the bits with k' = the bits of
-the widest k-way query; a query over original attributes is answered over its bits
-and the bit patterns are folded back into categories (patterns >= c are not
+"""BE: CALM on binary-encoded attributes (Zhang et al., "CALM: Consistent Adaptive Local
+Marginal for Marginal Release under Local Differential Privacy", CCS 2018, §5.3). Each
+attribute of c categories becomes ceil(log2 c) bits; CALM runs on the bits with k' = the
+bits of the widest k-way query; a query over original attributes is answered over its
+bits and the bit patterns are folded back into categories (patterns >= c are not
 categories and are dropped, then the table is renormalised)."""
 
 from __future__ import annotations

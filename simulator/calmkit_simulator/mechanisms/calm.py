@@ -1,5 +1,7 @@
-"""CALM as a harness mechanism (papers/calm-ccs18.txt §4): the plan, the fast (or
-faithful) population path, consistency, shrinkage (unless off) and maximum entropy.
+"""CALM as a harness mechanism (Zhang et al., "CALM: Consistent Adaptive Local Marginal
+for Marginal Release under Local Differential Privacy", CCS 2018, §4): the plan, the
+fast (or faithful) population path, consistency, shrinkage (unless off) and maximum
+entropy.
 
 Planners (:mod:`calmkit_aggregator.planning.collection`): ``"pipeline"`` (the default) runs a
 pilot first unless ``pilot=0`` or both ``l`` and ``m`` are fixed: a random

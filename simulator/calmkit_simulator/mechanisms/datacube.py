@@ -1,5 +1,6 @@
 """Datacube: optimal non-uniform noise budgets for marginal release under central DP
-(papers/datacubes-optimal-noise-allocation.txt; notes/datacubes-optimal-allocation.md).
+(Cormode, Procopiuc, Srivastava & Yaroslavtsev, "Accurate and Efficient Private Release
+of Datacubes and Contingency Tables", ICDE 2013).
 
 The data are the count vector ``x`` over the full domain; the workload ``Q`` is a set
 of marginals (the mechanism: all k-way marginals). A strategy ``S`` is measured with

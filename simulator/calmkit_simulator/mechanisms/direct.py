@@ -1,6 +1,7 @@
-"""Direct estimation shared by FC and AM (papers/calm-ccs18.txt §3.3, §3.4): users
-report under a plan, each view is estimated on its own (eqs. 1, 2), optionally
-Norm-Sub'd; no consistency or max-ent step."""
+"""Direct estimation shared by FC and AM (CALM (Zhang et al., "CALM: Consistent Adaptive
+Local Marginal for Marginal Release under Local Differential Privacy", CCS 2018), §3.3,
+§3.4): users report under a plan, each view is estimated on its own (eqs. 1, 2),
+optionally Norm-Sub'd; no consistency or max-ent step."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""EM: every attribute reported separately, marginals by expectation maximization
-(papers/calm-ccs18.txt §3.6; Fanti et al., Ren et al.).
+"""EM: every attribute reported separately, marginals by expectation maximization (CALM
+(Zhang et al., "CALM: Consistent Adaptive Local Marginal for Marginal Release under
+Local Differential Privacy", CCS 2018), §3.6; Fanti et al., Ren et al.).
 
 Each user reports every attribute ``i`` with ``epsilon / d`` through the adaptive
 oracle for its domain (GRR or OUE, §2.2.3; an attribute with one category needs no

@@ -1,5 +1,6 @@
-"""FC, the full contingency table method (papers/calm-ccs18.txt §3.3), and the variance
-formulas shared with AM (eqs. 3, 4).
+"""FC, the full contingency table method (CALM (Zhang et al., "CALM: Consistent Adaptive
+Local Marginal for Marginal Release under Local Differential Privacy", CCS 2018), §3.3),
+and the variance formulas shared with AM (eqs. 3, 4).
 
 Every user reports the cell of her whole record (one view = all d attributes) through
 the adaptive frequency oracle (§2.2.3: GRR iff ``L < 3 e^eps + 2``, else OUE); the

@@ -1,4 +1,6 @@
-"""FT: the Fourier transformation method (papers/calm-ccs18.txt §3.5; Kulkarni et al.).
+"""FT: the Fourier transformation method (CALM (Zhang et al., "CALM: Consistent Adaptive
+Local Marginal for Marginal Release under Local Differential Privacy", CCS 2018), §3.5;
+Kulkarni et al.).
 
 Attributes are binary (a ``c``-category attribute is binary-encoded into
 ``ceil(log2 c)`` bits, most significant first, as the paper does for Adult and US).

@@ -1,6 +1,7 @@
-"""MWEM, a central-DP reference (Hardt, Ligett & McSherry, NIPS 2012; papers/mwem.txt,
-notes/mwem.md): a trusted curator holds all n records and releases a distribution over
-the whole domain, from which every k-way marginal is read off.
+"""MWEM, a central-DP reference (Hardt, Ligett & McSherry, "A Simple and Practical
+Algorithm for Differentially Private Data Release", NIPS 2012): a trusted curator holds
+all n records and releases a distribution over the whole domain, from which every k-way
+marginal is read off.
 
 The algorithm (Figure 1, with the cuboid queries of §3.3). The estimate ``p`` is a
 distribution over the full domain (``prod(schema.sizes)`` cells), uniform at the start.

@@ -1,8 +1,9 @@
-"""PriView, the central reference of papers/calm-ccs18.txt §4.1 and Fig. 8: a trusted
-curator computes the same views as CALM over all n records, adds Laplace noise of
-scale m/epsilon to every count (one record touches one cell in each of the m views:
-L1 sensitivity m under add/remove-one), then runs the same consistency, shrinkage and
-maximum-entropy steps."""
+"""PriView, the central reference of CALM (Zhang et al., "CALM: Consistent Adaptive
+Local Marginal for Marginal Release under Local Differential Privacy", CCS 2018), §4.1
+and Fig. 8: a trusted curator computes the same views as CALM over all n records, adds
+Laplace noise of scale m/epsilon to every count (one record touches one cell in each of
+the m views: L1 sensitivity m under add/remove-one), then runs the same consistency,
+shrinkage and maximum-entropy steps."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Uni: every marginal is uniform (papers/calm-ccs18.txt §5.1's reference point)."""
+"""Uni: every marginal is uniform (the reference point of CALM (Zhang et al., "CALM:
+Consistent Adaptive Local Marginal for Marginal Release under Local Differential
+Privacy", CCS 2018), §5.1)."""
 
 from __future__ import annotations
 

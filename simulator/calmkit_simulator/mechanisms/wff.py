@@ -1,12 +1,13 @@
 """WFF: weighted Fourier factorizations, a central (epsilon, delta)-DP reference
-(papers/weighted-fourier-factorizations.txt, Lebeda, Nikolov & Tang 2025; notes in
-notes/weighted-fourier-factorizations.md, whose notation this module follows).
+(Lebeda, Nikolov & Tang, "Weighted Fourier Factorizations: Optimal Gaussian Noise for
+Differentially Private Marginal and Product Queries", arXiv 2512.21499, 2025; the
+notation is this module's own, defined below).
 
 Data: records ``x`` in ``Z_{n_1} x ... x Z_{n_d}``. Workload: attribute sets ``S``
 with weights ``w(S) >= 0`` summing to 1; the whole table of every ``S`` is asked, the
-weight split evenly over its ``n_S = prod_{i in S} n_i`` cells (paper §3.3; notes §1).
+weight split evenly over its ``n_S = prod_{i in S} n_i`` cells (paper §3.3).
 
-Mechanism (Algorithm 2, paper §3.3; notes §2.2):
+Mechanism (Algorithm 2, paper §3.3):
 
 * Fourier queries ``f_alpha(D) = sum_{x in D} chi_alpha(x)``,
   ``chi_alpha(x) = exp(2 pi i sum_i alpha_i x_i / n_i)``; a marginal is
