@@ -1,26 +1,106 @@
 """Rules every shipped module keeps: it cites papers by title, not by files a calmkit user
-does not have."""
+does not have; it uses no private name of another calmkit module."""
 
 from __future__ import annotations
 
+import ast
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("client/calmkit_client", "aggregator/calmkit_aggregator",
-            "simulator/calmkit_simulator", "protos/calmkit_proto")  # fmt: skip
+SOURCES = {"client": "calmkit_client", "aggregator": "calmkit_aggregator",
+           "simulator": "calmkit_simulator", "protos": "calmkit_proto"}  # fmt: skip
 LOCAL_FILES = re.compile(r"papers/|DESIGN\.md|notes/")
 
 
-def _shipped_modules() -> list[Path]:
-    return sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
+def _modules() -> dict[str, Path]:
+    """Every calmkit module by dotted name (a package by its ``__init__.py``)."""
+    out = {}
+    for source, package in SOURCES.items():
+        for path in (ROOT / source / package).rglob("*.py"):
+            parts = path.relative_to(ROOT / source).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _imports(name: str, tree: ast.AST) -> Iterator[tuple[ast.alias, str, str | None]]:
+    """``(alias, module, imported name or None for a module)`` of every import in
+    ``tree``, relative imports resolved against module ``name``."""
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((alias, alias.name, None) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            base = ".".join(p for p in (base, node.module) if p)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                yield (alias, sub, None) if sub in MODULES else (alias, base, alias.name)
+
+
+def _tree(name: str) -> ast.Module:
+    return ast.parse(MODULES[name].read_text(encoding="utf-8"))
+
+
+def _defined(tree: ast.AST) -> set[str]:
+    """The names a module defines: functions, classes, variables, attributes set."""
+    out = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    out |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return out | {n.attr for n in ast.walk(tree)
+                  if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}  # fmt: skip
+
+
+def _private_uses(name: str, anywhere: set[str]) -> list[str]:
+    """Private names of other calmkit modules that module ``name`` imports or reads: by
+    ``from m import _x``, ``m._x``, or ``obj._x`` for an ``_x`` the module never defines
+    but another calmkit module does (``anywhere``; ``self._x`` and ``cls._x`` may come
+    from a base class)."""
+    tree = _tree(name)
+    bound: dict[str, str] = {}  # local name -> calmkit module
+    found = []
+    for alias, module, what in _imports(name, tree):
+        if not module.startswith("calmkit"):
+            continue
+        if what is not None and _private(what):
+            found.append(f"from {module} import {what}")
+        elif what is None:
+            bound[alias.asname or alias.name.partition(".")[0]] = (
+                module if alias.asname or "." not in alias.name else alias.name.partition(".")[0]
+            )
+    defined = _defined(tree)
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in bound:
+            found.append(f"{bound[owner.id]}.{node.attr}")
+        elif node.attr in anywhere - defined and not (
+            isinstance(owner, ast.Name) and owner.id in ("self", "cls")
+        ):
+            found.append(f"{ast.unparse(node)} (line {node.lineno})")
+    return found
 
 
 def test_shipped_code_cites_no_local_files() -> None:
-    modules = _shipped_modules()
-    assert len(modules) > 80
+    assert len(MODULES) > 80
     hits = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-            for path in modules
+            for path in MODULES.values()
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
             if LOCAL_FILES.search(line)]  # fmt: skip
     assert hits == []
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    mine = [name for name in MODULES if not name.startswith("calmkit_proto")]  # not generated
+    anywhere = set().union(*(_defined(_tree(name)) for name in mine))
+    found = {name: _private_uses(name, anywhere) for name in mine}
+    assert {name: uses for name, uses in found.items() if uses} == {}
+

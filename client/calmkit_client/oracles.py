@@ -226,12 +226,12 @@ class FrequencyOracle(ABC):
         """
         if not is_int(n) or n <= 0:
             raise OracleError(f"n ({n!r}) must be an int > 0")
-        return self._contrast_power() / (self.L * n * (self.p - self.q) ** 2)
+        return self.contrast_power() / (self.L * n * (self.p - self.q) ** 2)
 
     @abstractmethod
-    def _contrast_power(self) -> float:
-        """One report's covariance trace as zero-sum contrasts see it (the numerator
-        of :meth:`contrast_variance`)."""
+    def contrast_power(self) -> float:
+        """One report's covariance trace as zero-sum contrasts see it: the numerator of
+        :meth:`contrast_variance`, for callers that divide by their own report counts."""
 
 
 @dataclass(frozen=True)
@@ -268,7 +268,7 @@ class GRR(FrequencyOracle):
         """K: words that keep the true cell."""
         return _TWO64 - (self.L - 1) * self._words_other
 
-    def _contrast_power(self) -> float:
+    def contrast_power(self) -> float:
         return 1.0 - (self.p - self.q) ** 2
 
     def _sum_power(self, total: np.ndarray, cells: int) -> np.ndarray:
@@ -383,7 +383,7 @@ class OUE(FrequencyOracle):
     def _t_flip(self) -> int:
         return _threshold(self.q)
 
-    def _contrast_power(self) -> float:
+    def contrast_power(self) -> float:
         p, q = self.p, self.q
         return p * (1 - p) + (self.L - 1) * q * (1 - q)
 

@@ -31,7 +31,7 @@ from calmkit_client import CalmkitError, PlanError, validate_epsilon
 from calmkit_client.randomness import RngLike
 from calmkit_client.validation import check_int, is_int
 
-from .covering import Blocks, _greedy, construct_cover, cover_lower_bound, verify_cover
+from .covering import Blocks, construct_cover, cover_lower_bound, greedy_cover, verify_cover
 
 __all__ = [
     "DEFAULT_THETA",
@@ -388,7 +388,7 @@ def _select(
         base = cover(l)
         return base + balanced_views(d, l, m - len(base), rng=gen, start=base), True
     if l > k:
-        partial = tuple(tuple(int(a) for a in b) for b in _greedy(d, k, l, gen, max_blocks=m))
+        partial = tuple(tuple(int(a) for a in b) for b in greedy_cover(d, k, l, gen, max_blocks=m))
         views = partial + balanced_views(d, l, m - len(partial), rng=gen, start=partial)
         return views, verify_cover(partial, d, k)
     views = balanced_views(d, l, m, rng=gen)

@@ -58,6 +58,7 @@ __all__ = [
     "best_known_size",
     "construct_cover",
     "cover_lower_bound",
+    "greedy_cover",
     "read_cover",
     "verify_cover",
 ]
@@ -370,7 +371,7 @@ def _construct(d: int, k: int, l: int, seed: int, folder: str | None) -> Blocks:
         shortened = _read_shortened(folder, d, k, l)
         if shortened is not None:
             candidates.append([np.array(b, np.int64) for b in shortened])
-    candidates.append(_greedy(d, k, l, gen))
+    candidates.append(greedy_cover(d, k, l, gen))
     for r in range(2, l // k + 1):
         inner_d, inner_l = -(-d // r), l // r
         if inner_l < inner_d:
@@ -439,7 +440,7 @@ def _prune(blocks: list[np.ndarray], d: int, k: int) -> list[np.ndarray]:
     return [b for b, kept in zip(blocks, keep) if kept]
 
 
-def _greedy(
+def greedy_cover(
     d: int,
     k: int,
     l: int,  # noqa: E741

@@ -307,7 +307,7 @@ class _Views:
         made_list = list(made.values())
         gap = np.array([o.p - o.q for o in made_list])[which] ** 2
         q = np.array([o.q for o in made_list])[which]
-        power = np.array([o._contrast_power() for o in made_list])[which]
+        power = np.array([o.contrast_power() for o in made_list])[which]
         self.var = q * (1 - q) / (users * gap)
         self.nu = power / (self.cells * users * gap) + 1.0 / (self.cells * users)
 

@@ -36,7 +36,7 @@ from calmkit_client.validation import is_int
 from ..population import Population
 from .base import Mechanism, NotScalable, Release
 from .direct import check_path, collect_views
-from .fc import _as_sizes, check_query, fo_variance, kset_cells, table_sse
+from .fc import attribute_sizes, check_query, fo_variance, kset_cells, table_sse
 
 __all__ = ["MAX_VIEWS", "AllMarginals", "am_variance"]
 
@@ -60,7 +60,7 @@ def am_variance(
     (what the harness measures) the random split adds about
     ``(C(d,k) - 1) / n * (1 - sum f^2)``, which depends on the data.
     """
-    sz = _as_sizes(sizes)
+    sz = attribute_sizes(sizes)
     by_cells = kset_cells(sz, k)
     groups = sum(by_cells.values())  # C(d, k)
     per_group = n / groups

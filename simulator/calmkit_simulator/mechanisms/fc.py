@@ -56,8 +56,9 @@ def fo_variance(cells: int, n: float, epsilon: float) -> float:
     return min(4 * e, cells - 2 + e) / ((e - 1) ** 2 * n)
 
 
-def _as_sizes(sizes: int | Sequence[int]) -> tuple[int, ...]:
-    """An int d means d binary attributes."""
+def attribute_sizes(sizes: int | Sequence[int]) -> tuple[int, ...]:
+    """The attributes' category counts: ``sizes`` itself, or for an int d, d binary
+    attributes."""
     if is_int(sizes):
         out: tuple[int, ...] = (2,) * int(sizes)
     else:
@@ -70,7 +71,7 @@ def _as_sizes(sizes: int | Sequence[int]) -> tuple[int, ...]:
 def kset_cells(sizes: int | Sequence[int], k: int) -> dict[int, int]:
     """How many k-subsets of the attributes have each marginal cell count:
     ``{cells: count}`` (a DP over attributes; no enumeration of the C(d, k) sets)."""
-    sz = _as_sizes(sizes)
+    sz = attribute_sizes(sizes)
     if not is_int(k) or not 0 <= k <= len(sz):
         raise CalmkitError(f"k ({k!r}) must be an int in [0, d={len(sz)}]")
     # layer[j] = {cells: number of j-subsets of the attributes seen so far}
@@ -116,7 +117,7 @@ def fc_variance(
     ``exact=True``: :func:`table_sse` with the true cell's ``p(1-p)`` term (equal to
     (4) up to ``(p(1-p) - q(1-q)) / (L q(1-q))``, under 0.1% for OUE at L >= 256).
     """
-    sz = _as_sizes(sizes)
+    sz = attribute_sizes(sizes)
     full = math.prod(sz)
     if not exact:
         return full * fo_variance(full, n, epsilon)
