@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from calmkit_client import CalmkitError
-from calmkit_client.cli import (
+from calmkit_client.commands import (
     NON_NEGATIVE,
     POSITIVE,
     add_command,

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from calmkit_client.cli import NON_NEGATIVE, POSITIVE, add_command, json_option, positive_float
+from calmkit_client.commands import NON_NEGATIVE, POSITIVE, add_command, json_option, positive_float
 
 from .progress import progress_bar
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from calmkit_client.cli import CommandParser, build_parser, commands, main
+from calmkit_client.cli import build_parser, commands, main
+from calmkit_client.commands import CommandParser
 
 INTERNAL = ("issue ", "expected_n", "``", ":func:", ":class:", "DESIGN.md", "../shared")
 

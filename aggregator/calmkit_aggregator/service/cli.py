@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calmkit_client import CalmkitError, SchemaError
-from calmkit_client.cli import (
+from calmkit_client.commands import (
     NON_NEGATIVE,
     POSITIVE,
     add_command,
