@@ -23,8 +23,9 @@ from timing import median_seconds
 
 from calmkit_simulator.datasets import DatasetError, load_dataset
 from calmkit_simulator.experiment import random_queries, run_mechanism
-from calmkit_simulator.grid import ResultCache, Task, run_tasks
+from calmkit_simulator.grid import ResultCache, run_tasks
 from calmkit_simulator.mechanisms import ExpectationMaximization, make_mechanism
+from calmkit_simulator.tasks import Task
 
 
 def _population(d: int):  # type: ignore[no-untyped-def]

@@ -1,5 +1,6 @@
 """Rules every shipped module keeps: it cites papers by title, not by files a calmkit user
-does not have; it uses no private name of another calmkit module."""
+does not have; it uses no private name of another calmkit module; no calmkit modules
+import each other in a cycle."""
 
 from __future__ import annotations
 
@@ -44,6 +45,40 @@ def _imports(name: str, tree: ast.AST) -> Iterator[tuple[ast.alias, str, str | N
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
                 yield (alias, sub, None) if sub in MODULES else (alias, base, alias.name)
+
+
+def _imported_modules(name: str) -> set[str]:
+    """The calmkit modules module ``name`` imports, at any depth (an import deferred into
+    a function still ties the two modules together) but not under ``if TYPE_CHECKING``
+    (never run); ``from package import name`` counts as importing the package."""
+    tree = _tree(name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            node.body = []
+    return {module for _, module, _ in _imports(name, tree) if module in MODULES} - {name}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` (``[a, b, ..., a]``), or ``[]``."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return []
 
 
 def _tree(name: str) -> ast.Module:
@@ -104,3 +139,9 @@ def test_no_module_uses_another_modules_private_names() -> None:
     found = {name: _private_uses(name, anywhere) for name in mine}
     assert {name: uses for name, uses in found.items() if uses} == {}
 
+
+def test_no_import_cycles() -> None:
+    graph = {name: _imported_modules(name) for name in MODULES}
+    assert "calmkit_simulator.cluster" in graph["calmkit_simulator.grid"]  # deferred import
+    assert _cycle(graph) == []
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]

@@ -4,7 +4,7 @@
 one-thread worker processes on this machine) or the address of a running scheduler
 (``tcp://host:8786``), whose workers have calmkit installed.
 
-Each task runs :func:`~calmkit_simulator.grid.run_task` on a worker, so results are
+Each task runs :func:`~calmkit_simulator.tasks.run_task` on a worker, so results are
 the same as with ``--jobs`` (a task's result depends only on the task). A population
 is loaded here once and broadcast to every worker once (``Client.scatter``); tasks
 take it by reference, and it is released when its last task ends. Classification
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from calmkit_client import CalmkitError
 
 from .datasets import DatasetError
-from .grid import Task, load_population, run_task
 from .population import Population
+from .tasks import Task, load_population, run_task
 
 if TYPE_CHECKING:
     from dask.distributed import Client, Future, LocalCluster

@@ -1,7 +1,7 @@
 """The paper's evaluation figures as task grids (CALM, CCS 2018, §5).
 
 Each figure is a list of :class:`Panel` s; a panel is a set of :class:`Point` s (a
-series label, an x value, a row value for heatmaps, and the :class:`~.grid.Task`).
+series label, an x value, a row value for heatmaps, and the :class:`~.tasks.Task`).
 ``quick=True`` gives a reduced grid of the same shape (a few settings, small n, 2
 repetitions) that runs in seconds: the smoke test and a first look.
 
@@ -19,8 +19,8 @@ from typing import Any
 
 from calmkit_client import CalmkitError
 
-from .grid import Task
 from .paper_values import PAPER_VALUES
+from .tasks import Task
 
 __all__ = ["FIGURES", "Figure", "Panel", "Point", "build_figure"]
 

@@ -29,7 +29,7 @@ from calmkit_aggregator.planning.algorithm1 import choose_views, expected_cells
 from calmkit_aggregator.planning.covering import construct_cover, cover_lower_bound
 
 from .datasets import DatasetError, load_dataset
-from .grid import Task
+from .tasks import Task
 
 __all__ = ["SETTINGS", "PlannerTask", "Setting", "model_check", "planner_tasks",
            "planning_times", "ratio_interval", "write_planner_report"]  # fmt: skip

@@ -10,7 +10,8 @@ import pytest
 
 from calmkit_client import CalmkitError, cli
 from calmkit_simulator.figures import build_figure
-from calmkit_simulator.grid import ResultCache, Task, run_tasks
+from calmkit_simulator.grid import ResultCache, run_tasks
+from calmkit_simulator.tasks import Task
 
 distributed = pytest.importorskip("dask.distributed", reason="dask[distributed] is not installed")
 
@@ -20,7 +21,7 @@ def _strip(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _memo_size() -> int:
-    from calmkit_simulator.grid import _MEMO
+    from calmkit_simulator.tasks import _MEMO
 
     return len(_MEMO.populations)
 

@@ -15,8 +15,9 @@ import pytest
 
 from calmkit_client import CalmkitError, cli
 from calmkit_simulator.figures import build_figure
-from calmkit_simulator.grid import ResultCache, Task, run_task, run_tasks
+from calmkit_simulator.grid import ResultCache, run_tasks
 from calmkit_simulator.paper_values import PAPER_VALUES
+from calmkit_simulator.tasks import Task, run_task
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, object]:

@@ -11,11 +11,11 @@ import pytest
 
 from calmkit_client import cli
 from calmkit_simulator import classify as classify_module
-from calmkit_simulator import grid, synthetic_population
+from calmkit_simulator import synthetic_population, tasks
 from calmkit_simulator.classify import ClassificationSetting
 from calmkit_simulator.experiment import run_calm, run_mechanism
-from calmkit_simulator.grid import Task, run_task
 from calmkit_simulator.mechanisms import Calm, FullContingency, Uniform
+from calmkit_simulator.tasks import Task, run_task
 
 POP = synthetic_population(n=6000, sizes=(2, 3, 2, 2, 2), strength=1.5, rng=4)
 
@@ -124,7 +124,7 @@ def test_grid_classification_splits_the_same_users_for_every_mechanism(
 ) -> None:
     pytest.importorskip("sklearn")
     monkeypatch.setitem(classify_module.SETTINGS, "toy", lambda data_dir: _toy_setting())
-    monkeypatch.setattr(grid, "_MEMO", grid._Memo())
+    monkeypatch.setattr(tasks, "_MEMO", tasks._Memo())
     results = []
     for mechanism, options in (("uni", ()), ("calm", (("l", 2), ("m", 3))), ("fc", ())):
         task = Task("toy", mechanism, 1.0, 4, 4, options=options, reps=3, kind="classify",
