@@ -11,10 +11,10 @@ import pytest
 
 from calmkit_aggregator.planning.algorithm1 import (
     Choice,
-    _next_balanced,
+    _next_even,
     _repair_step,
-    balanced_views,
     choose_views,
+    even_views,
     expected_cells,
     noise_error,
     sampling_error,
@@ -205,26 +205,26 @@ def test_bad_input(kwargs: dict[str, object], match: str) -> None:
         choose_views(**args)  # type: ignore[arg-type]
 
 
-# -- balanced views ----------------------------------------------------------------------
-def test_balanced_views_attribute_counts_within_one() -> None:
+# -- even views --------------------------------------------------------------------------
+def test_even_views_attribute_counts_within_one() -> None:
     for d in range(2, 8):
         for l in range(1, d):  # noqa: E741
             for m in range(1, math.comb(d, l) + 1):
-                views = balanced_views(d, l, m, rng=m)
+                views = even_views(d, l, m, rng=m)
                 assert len(set(views)) == m
                 assert all(len(v) == l for v in views)
                 counts = attribute_counts(views, d)
                 assert counts.max() - counts.min() <= 1, (d, l, m, counts)
 
 
-def test_balanced_views_pairs_spread() -> None:
+def test_even_views_pairs_spread() -> None:
     # 65 pairs of 16 attributes: every attribute 8 or 9 times, no pair twice.
-    views = balanced_views(16, 2, 65)
+    views = even_views(16, 2, 65)
     assert len(set(views)) == 65
     counts = attribute_counts(views, 16)
     assert set(counts) <= {8, 9}
     # Triples: pair counts spread (no guarantee beyond attributes; checked loosely).
-    views = balanced_views(8, 3, 56 // 2)
+    views = even_views(8, 3, 56 // 2)
     pairs = np.zeros((8, 8), np.int64)
     for v in views:
         for a, b in itertools.combinations(v, 2):
@@ -233,12 +233,12 @@ def test_balanced_views_pairs_spread() -> None:
     assert upper.max() - upper.min() <= 2
 
 
-def test_balanced_views_extends_start() -> None:
+def test_even_views_extends_start() -> None:
     start = construct_cover(8, 3, 4)
-    extra = balanced_views(8, 4, 20, start=start)
+    extra = even_views(8, 4, 20, start=start)
     assert not set(extra) & set(start) and len(set(extra)) == 20
     with pytest.raises(PlanError, match=r"m \(57\) must be <= C\(8, 4\) - 14 = 56"):
-        balanced_views(8, 4, 57, start=start)
+        even_views(8, 4, 57, start=start)
 
 
 # -- edges found by the mutation check (docs/testing.md) ---------------------------------
@@ -292,14 +292,14 @@ def test_noise_error_of_one_cell_views() -> None:
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, True])
-def test_balanced_views_checks_m(bad: object) -> None:
+def test_even_views_checks_m(bad: object) -> None:
     with pytest.raises(PlanError, match=rf"^m \({bad!r}\) must be an int >= 0$"):
-        balanced_views(5, 2, bad)  # type: ignore[arg-type]
+        even_views(5, 2, bad)  # type: ignore[arg-type]
 
 
-def test_balanced_views_with_more_ties_than_it_enumerates() -> None:
+def test_even_views_with_more_ties_than_it_enumerates() -> None:
     # C(20, 5) = 15,504 candidate sets > 4,096: randomised greedy and random draws
-    views = balanced_views(20, 5, 12, rng=1)
+    views = even_views(20, 5, 12, rng=1)
     assert len(set(views)) == 12 and all(len(v) == 5 for v in views)
     counts = attribute_counts(views, 20)
     assert counts.max() - counts.min() <= 1
@@ -316,7 +316,7 @@ def test_a_view_takes_the_least_loaded_pairs_among_the_tied_attributes(seed: int
              for s in itertools.combinations(range(16), 4)}  # fmt: skip
     best = min(loads, key=loads.__getitem__)
     assert sorted(loads.values())[1] > loads[best]
-    got = _next_balanced(16, 4, np.zeros(16, np.int64), pairs, set(), gen)
+    got = _next_even(16, 4, np.zeros(16, np.int64), pairs, set(), gen)
     assert got == best
 
 
@@ -329,7 +329,7 @@ def test_when_every_balanced_set_is_used_the_least_loaded_unused_set_is_taken() 
     pairs[1, 4] = pairs[4, 1] = 1
     pairs[3, 4] = pairs[4, 3] = 0
     used = {(0, 1), (0, 2), (1, 2)}
-    assert _next_balanced(5, 2, counts, pairs, used, np.random.default_rng(0)) == (1, 4)
+    assert _next_even(5, 2, counts, pairs, used, np.random.default_rng(0)) == (1, 4)
 
 
 @pytest.mark.parametrize("weight", [1, 8])
@@ -344,7 +344,7 @@ def test_the_fallback_puts_attribute_load_before_any_pair_load(weight: int) -> N
     np.fill_diagonal(pairs, counts)
     for a, b in ((0, 3), (0, 4), (3, 4)):
         pairs[a, b] = pairs[b, a] = 0
-    got = _next_balanced(5, 3, counts, pairs, {(0, 1, 2)}, np.random.default_rng(0))
+    got = _next_even(5, 3, counts, pairs, {(0, 1, 2)}, np.random.default_rng(0))
     assert int(counts[list(got)].sum()) == 1
     assert got in {(0, 1, 3), (0, 1, 4), (0, 2, 3), (0, 2, 4)}  # pair load 2 * weight
 
@@ -360,7 +360,7 @@ def test_the_greedy_pick_adds_the_attribute_of_least_pair_load(seed: int) -> Non
     w = np.full(20, 100)
     w[light] = 0
     pairs = w[:, None] + w[None, :]
-    got = _next_balanced(20, 5, np.zeros(20, np.int64), pairs, set(), np.random.default_rng(seed))
+    got = _next_even(20, 5, np.zeros(20, np.int64), pairs, set(), np.random.default_rng(seed))
     assert set(light) <= set(got)
 
 
@@ -373,7 +373,7 @@ def test_start_views_count_once(d: int, l: int, m: int, start: list[tuple[int, .
     # to 1 (6 x 4 uses at d = 6; 93 uses over 7 attributes): counting a start view
     # twice makes the new views avoid its attributes (spreads of 2 and 3)
     for seed in range(10):
-        extra = balanced_views(d, l, m, rng=seed, start=start)
+        extra = even_views(d, l, m, rng=seed, start=start)
         counts = attribute_counts((*start, *extra), d)
         assert counts.max() - counts.min() <= 1
 
@@ -383,7 +383,7 @@ def test_the_fallback_draws_until_it_finds_the_last_unused_set() -> None:
     every = itertools.combinations(range(21), 6)
     left = (2, 3, 5, 8, 13, 20)
     used = {s for s in every if s != left}
-    got = _next_balanced(21, 6, np.zeros(21, np.int64), np.zeros((21, 21), np.int64), used,
+    got = _next_even(21, 6, np.zeros(21, np.int64), np.zeros((21, 21), np.int64), used,
                          np.random.default_rng(0))  # fmt: skip
     assert got == left
 
@@ -412,7 +412,7 @@ def test_the_fallback_checks_every_set_of_each_draw() -> None:
     left = (1, 4, 6, 9, 15, 19)
     used = {s for s in every if s != left}
     gen = _CountingGenerator(3)
-    got = _next_balanced(21, 6, np.zeros(21, np.int64), np.zeros((21, 21), np.int64), used,
+    got = _next_even(21, 6, np.zeros(21, np.int64), np.zeros((21, 21), np.int64), used,
                          gen)  # type: ignore[arg-type]  # fmt: skip
     assert got == left
     assert gen.batches < 200
@@ -497,9 +497,9 @@ def test_fixed_m_edges_and_the_smallest_inputs() -> None:
     for o in choose_views(BINARY8, 2.0, N16, 3).options:
         assert o.ne == pytest.approx(noise_error(N16, BINARY8, 2.0, o.l), rel=1e-12)
         assert o.k_ne == pytest.approx(3 * o.ne, rel=1e-12)
-    # balanced_views' seed is 0 by default
-    assert balanced_views(8, 3, 10) == balanced_views(8, 3, 10, rng=0)
-    assert balanced_views(8, 3, 10) != balanced_views(8, 3, 10, rng=1)
+    # even_views' seed is 0 by default
+    assert even_views(8, 3, 10) == even_views(8, 3, 10, rng=0)
+    assert even_views(8, 3, 10) != even_views(8, 3, 10, rng=1)
 
 
 def test_counts_equal_to_every_view_and_the_defaults() -> None:
@@ -547,7 +547,7 @@ def test_the_fallback_searches_every_set_when_there_are_few(seed: int) -> None:
     for a, b in itertools.combinations((0, 1, 2, 21), 2):
         pairs[a, b] = pairs[b, a] = 0
     used = {(0, 1, 2, 3)}
-    got = _next_balanced(22, 4, counts, pairs, used, np.random.default_rng(seed))
+    got = _next_even(22, 4, counts, pairs, used, np.random.default_rng(seed))
     assert got == (0, 1, 2, 21)
 
 
@@ -555,5 +555,5 @@ def test_the_fallback_searches_every_set_when_there_are_few(seed: int) -> None:
 def test_extra_views_count_the_start_views_uses(seed: int) -> None:
     # attribute 0 is in all three start views, the others once or never: the two new
     # views take the least used attributes, so never 0
-    extra = balanced_views(5, 2, 2, rng=seed, start=[(0, 1), (0, 2), (0, 3)])
+    extra = even_views(5, 2, 2, rng=seed, start=[(0, 1), (0, 2), (0, 3)])
     assert all(0 not in v for v in extra) and 4 in extra[0]

@@ -37,15 +37,15 @@ __all__ = [
     "DEFAULT_THETA",
     "Choice",
     "Option",
-    "balanced_views",
     "choose_views",
+    "even_views",
     "expected_cells",
     "noise_error",
     "sampling_error",
 ]
 
 DEFAULT_THETA = 0.001
-# Exhaustive search of the tie set in balanced_views up to this many subsets.
+# Exhaustive search of the tie set in even_views up to this many subsets.
 _MAX_ENUMERATE = 4096
 # Randomised greedy tries otherwise.
 _GREEDY_TRIES = 8
@@ -261,8 +261,8 @@ def choose_views(
     cover fits in m views (least noise with full coverage), else l_u.
 
     Views: when m covers, the cover plus, if m is larger, extra views chosen by
-    :func:`balanced_views`; when m views cannot hold the cover, the greedy maximum
-    coverage of k-sets (l > k) or :func:`balanced_views` (l <= k, the l < k branch:
+    :func:`even_views`; when m views cannot hold the cover, the greedy maximum
+    coverage of k-sets (l > k) or :func:`even_views` (l <= k, the l < k branch:
     every attribute and pair as evenly as possible).
     """
     sizes = _sizes(sizes)
@@ -386,17 +386,17 @@ def _select(
     cover every k-set."""
     if l >= k and fits(l, m):
         base = cover(l)
-        return base + balanced_views(d, l, m - len(base), rng=gen, start=base), True
+        return base + even_views(d, l, m - len(base), rng=gen, start=base), True
     if l > k:
         partial = tuple(tuple(int(a) for a in b) for b in greedy_cover(d, k, l, gen, max_blocks=m))
-        views = partial + balanced_views(d, l, m - len(partial), rng=gen, start=partial)
+        views = partial + even_views(d, l, m - len(partial), rng=gen, start=partial)
         return views, verify_cover(partial, d, k)
-    views = balanced_views(d, l, m, rng=gen)
+    views = even_views(d, l, m, rng=gen)
     return views, l == k and m == math.comb(d, k)
 
 
-# -- balanced views --------------------------------------------------------------------
-def balanced_views(
+# -- even views ------------------------------------------------------------------------
+def even_views(
     d: int,
     l: int,  # noqa: E741
     m: int,
@@ -434,7 +434,7 @@ def balanced_views(
         _tally(v, counts, pairs, 1)
     out = []
     for _ in range(m):
-        view = _next_balanced(d, l, counts, pairs, used, gen)
+        view = _next_even(d, l, counts, pairs, used, gen)
         used.add(view)
         _tally(view, counts, pairs, 1)
         out.append(view)
@@ -504,7 +504,7 @@ def _first_unused(
     return None
 
 
-def _next_balanced(
+def _next_even(
     d: int,
     l: int,  # noqa: E741
     counts: np.ndarray,

@@ -11,7 +11,7 @@ distinct pairs as possible are held (what max-ent cannot fill is the pairs no vi
 holds); a block already chosen is skipped. When rounds stop finding new blocks (m
 close to C(d, l)), the remaining blocks are the unused l-sets with the least-used
 attributes. O(m l d) per view set, against the O(m C(d, l)) balancing of
-:func:`~.algorithm1.balanced_views` that Algorithm 1 uses.
+:func:`~.algorithm1.even_views` that Algorithm 1 uses.
 
 :func:`balanced_views` deals the same rounds, but grows each block by what the
 profile expects of each pair's dependence (:attr:`~.profile.DataProfile.weights`):
