@@ -8,8 +8,6 @@ says; here a real TLS server on loopback stands behind it.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ from calmkit_aggregator.service.admin import AdminClient
 from calmkit_aggregator.service.server import ServerTls, create_server, graceful_stop
 from calmkit_aggregator.service.storage import Storage
 from calmkit_client import Schema
+from tests.certs import self_signed
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 NEEDS = re.compile(r"^# needs: calmkit datasets fetch (\w+)", re.MULTILINE)
@@ -51,41 +50,11 @@ def test_the_readme_has_the_blocks_it_should() -> None:
         assert "import" in code, f"README.md:{line} imports nothing"
 
 
-def _self_signed(folder: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([
-            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-        ]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )  # fmt: skip
-    cert_file, key_file = folder / "server.crt", folder / "server.key"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ))  # fmt: skip
-    return cert_file, key_file
-
-
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The README's service: TLS, a collection survey-1 over domain 2,3,2,4."""
-    pytest.importorskip("cryptography")
     folder = tmp_path_factory.mktemp("server")
-    cert_file, key_file = _self_signed(folder)
+    cert_file, key_file, _ = self_signed(folder)
     storage = Storage(folder / "calmkit.db")
     tls = ServerTls.from_files(cert_file, key_file)
     server, port = create_server("127.0.0.1:0", storage, tls=tls)

@@ -18,21 +18,11 @@ import numpy as np
 import pytest
 
 import calmkit_client.device as device
-from calmkit_client import Attribute, CalmkitError, Plan, Report, Schema, make_reports
+from calmkit_client import CalmkitError, Plan, Report, make_reports
 from calmkit_client.device import PSEUDONYM_BYTES, DeviceError, DeviceState
+from tests.client.survey import PLAN, RECORD, SCHEMA
 
-SCHEMA = Schema(
-    (
-        Attribute("age", ("<30", "30-49", "50+"), ordered=True),
-        Attribute("smoker", ("no", "yes")),
-        Attribute("region", tuple("NESWC")),
-        Attribute("income", tuple(f"q{i}" for i in range(10))),
-    )
-)
-# eps = 1: views of 6, 15, 30 cells -> GRR, OUE, OUE
-PLAN = Plan(SCHEMA, 1.0, [["age", "smoker"], ["age", "region"], ["region", "income"]], seed=9)
 OTHER_PLAN = Plan(SCHEMA, 2.0, [["age", "smoker"], ["region", "income"]], seed=9)
-RECORD = {"age": "50+", "smoker": "yes", "region": "W", "income": "q7"}
 
 
 def _user_in(view: int) -> str:
@@ -164,7 +154,7 @@ def test_a_report_is_durable_without_close(tmp_path: Path) -> None:
     script = (
         "import os, sys, pickle\n"
         "from calmkit_client.device import DeviceState\n"
-        "from tests.client.test_device import PLAN, RECORD\n"
+        "from tests.client.survey import PLAN, RECORD\n"
         "state = DeviceState(sys.argv[1])\n"
         "p, r = state.report_for('flu', PLAN, RECORD, 'alice')\n"
         "sys.stdout.write(pickle.dumps((p, r)).hex())\n"

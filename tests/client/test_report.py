@@ -10,28 +10,15 @@ import pytest
 
 import calmkit_client.randomness as randomness
 from calmkit_client import (
-    Attribute,
     CalmkitError,
     Plan,
     PlanError,
     Report,
-    Schema,
     SchemaError,
     make_report,
     make_reports,
 )
-
-SCHEMA = Schema(
-    (
-        Attribute("age", ("<30", "30-49", "50+"), ordered=True),
-        Attribute("smoker", ("no", "yes")),
-        Attribute("region", tuple("NESWC")),
-        Attribute("income", tuple(f"q{i}" for i in range(10))),
-    )
-)
-# eps = 1: views of 6, 15, 30 cells -> GRR, OUE, OUE
-PLAN = Plan(SCHEMA, 1.0, [["age", "smoker"], ["age", "region"], ["region", "income"]], seed=9)
-RECORD = {"age": "50+", "smoker": "yes", "region": "W", "income": "q7"}
+from tests.client.survey import PLAN, RECORD, SCHEMA
 
 
 def _cell(plan: Plan, record: dict[str, str], view: int) -> int:

@@ -4,28 +4,20 @@ relaunched app re-send its one report; the device API takes no seed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from calmkit_aggregator.service.admin import AdminClient
-from calmkit_aggregator.service.server import create_server, graceful_stop
-from calmkit_aggregator.service.storage import Storage
 from calmkit_client import BudgetExceeded, CalmkitError, Collector, DeviceState, PrivacyBudget
 from calmkit_simulator import synthetic_population
+from tests.integration.servers import Server
 
 POP = synthetic_population(n=400, sizes=(2, 3, 2), strength=1.0, rng=4)
 
 
 @pytest.fixture
-def address(tmp_path: Path) -> Iterator[str]:
-    storage = Storage(tmp_path / "agg.db")
-    server, port = create_server("127.0.0.1:0", storage)
-    yield f"127.0.0.1:{port}"
-    graceful_stop(server, 2.0)
-    storage.close()
+def address(server: Server) -> str:
+    return server.address
 
 
 def _create(address: str, cid: str, epsilon: float) -> str:

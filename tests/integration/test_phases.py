@@ -19,13 +19,13 @@ from calmkit_aggregator.planning.error_model import Workload
 from calmkit_aggregator.planning.pilot import pilot_size, plan_after_pilot
 from calmkit_aggregator.planning.search import choose_plan
 from calmkit_aggregator.service.admin import AdminClient
-from calmkit_aggregator.service.server import create_server, graceful_stop
 from calmkit_aggregator.service.storage import Storage
 from calmkit_client import CalmkitError
 from calmkit_client import wire as client_wire
 from calmkit_client.collector import Collector, open_channel
 from calmkit_client.device import DeviceState
 from calmkit_simulator import synthetic_population
+from tests.integration.servers import Server
 
 POP = synthetic_population(n=6000, sizes=(2, 3, 2, 2, 4), strength=1.5)
 IDS = np.arange(POP.n, dtype=np.uint64)
@@ -37,13 +37,8 @@ WIDE = synthetic_population(n=6000, sizes=(2,) * 10, strength=1.5, rng=3)
 @contextmanager
 def _serving(tmp_path: Path) -> Iterator[tuple[str, Storage]]:
     """A real server on a free port over a fresh store; stopped and closed after."""
-    storage = Storage(tmp_path / "agg.db")
-    server, port = create_server("127.0.0.1:0", storage)
-    try:
-        yield f"127.0.0.1:{port}", storage
-    finally:
-        graceful_stop(server, 2.0)
-        storage.close()
+    with Server(tmp_path) as server:
+        yield server.address, server.storage
 
 
 def test_the_plan_changes_after_the_pilot_and_users_report_once(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ field; access control; health and reflection; memoised resubmission."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from calmkit_aggregator import SupportCounts, reconstruct
 from calmkit_aggregator.reconstruction import reconstruct_global
 from calmkit_aggregator.service.admin import AdminClient
-from calmkit_aggregator.service.server import create_server, graceful_stop
+from calmkit_aggregator.service.server import create_server
 from calmkit_aggregator.service.storage import Storage
 from calmkit_client import CalmkitError, make_reports
 from calmkit_client import wire as client_wire
@@ -30,43 +30,13 @@ from calmkit_client.errors import (
     PlanMismatch,
     ReportConflict,
 )
-from calmkit_simulator import synthetic_population
-
-SIZES = (2, 3, 2, 2, 4)
-POP = synthetic_population(n=6000, sizes=SIZES, strength=1.5, rng=3)
-IDS = np.arange(POP.n, dtype=np.uint64)
-
-
-class Server:
-    def __init__(self, tmp: Path, admin_token: str | None = None) -> None:
-        self.storage = Storage(tmp / "agg.db")
-        self.server, self.port = create_server("127.0.0.1:0", self.storage, admin_token)
-        self.address = f"127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        graceful_stop(self.server, 2.0)
-        self.storage.close()
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    srv = Server(tmp_path)
-    yield srv
-    srv.stop()
-
-
-def _create(address: str, collection_id: str = "c1", **opts: object) -> client_wire.CollectionInfo:
-    """A one-phase collection (phases with a pilot: tests/integration/test_phases.py)."""
-    opts.setdefault("pilot", 0.0)
-    with AdminClient(address) as admin:
-        return admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id=collection_id,
-                                       seed=7, **opts)  # fmt: skip
+from tests.integration.servers import IDS, POP, Server, create_collection
 
 
 def test_counts_and_answers_equal_the_in_process_pipeline(
     server: Server, tmp_path: Path, seeded_entropy: Callable[[int], None]
 ) -> None:
-    info = _create(server.address)
+    info = create_collection(server.address)
     state = DeviceState(tmp_path / "device.db")
     seeded_entropy(11)  # the device's entropy is default_rng(11): reproducible below
     with Collector(server.address, "c1", info.submit_token, state, batch_size=700) as client:
@@ -112,7 +82,7 @@ def test_counts_and_answers_equal_the_in_process_pipeline(
 
 
 def test_resubmission_is_memoised_and_acknowledged_once(server: Server, tmp_path: Path) -> None:
-    info = _create(server.address)
+    info = create_collection(server.address)
     record = {"a0": "0", "a1": "2", "a2": "1", "a3": "0", "a4": "3"}
     with DeviceState(tmp_path / "d.db") as state:
         with Collector(server.address, "c1", info.submit_token, state) as client:
@@ -152,7 +122,7 @@ def _submit(address: str, batch: object, token: str | None) -> object:
 def test_bad_field_rejects_the_whole_batch_and_names_it(
     server: Server, field: str, mutate: object, message: str
 ) -> None:
-    info = _create(server.address)
+    info = create_collection(server.address)
     batch = _batch(info, slice(0, 10))
     mutate(batch.reports[2], info.plan)  # type: ignore[operator, attr-defined]
     with pytest.raises(CalmkitError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -163,7 +133,7 @@ def test_bad_field_rejects_the_whole_batch_and_names_it(
 
 
 def test_payload_values_are_checked_against_the_view_oracle(server: Server) -> None:
-    info = _create(server.address, views=[[0, 1], [0, 1, 2, 3, 4]])
+    info = create_collection(server.address, views=[[0, 1], [0, 1, 2, 3, 4]])
     assert info.plan.oracles == ("GRR", "OUE")  # 6 cells: GRR; 96 cells: OUE
     batch = _batch(info, slice(0, 200))
     grr = next(r for r in batch.reports if r.view == 0)
@@ -180,9 +150,9 @@ def test_payload_values_are_checked_against_the_view_oracle(server: Server) -> N
 
 
 def test_status_codes(server: Server) -> None:
-    info = _create(server.address)
+    info = create_collection(server.address)
     with pytest.raises(CollectionExists, match=r"collection_id \('c1'\) already exists"):
-        _create(server.address)
+        create_collection(server.address)
     device = DeviceState.in_memory()
     batch = _batch(info, slice(0, 5), device)
     with pytest.raises(AccessDenied, match=r"submit token\) is missing or wrong"):
@@ -215,8 +185,7 @@ def test_status_codes(server: Server) -> None:
 
 
 def test_admin_token_is_required_when_configured(tmp_path: Path) -> None:
-    srv = Server(tmp_path, admin_token="s3cret-admin-token-123")
-    try:
+    with Server(tmp_path, admin_token="s3cret-admin-token-123") as srv:
         with (
             AdminClient(srv.address) as anonymous,
             pytest.raises(AccessDenied, match=r"admin bearer token\) is missing or wrong"),
@@ -224,8 +193,6 @@ def test_admin_token_is_required_when_configured(tmp_path: Path) -> None:
             anonymous.create_collection(POP.schema, 1.0, POP.n, 3)
         with AdminClient(srv.address, "s3cret-admin-token-123") as admin:
             assert admin.create_collection(POP.schema, 1.0, POP.n, 3).state == "open"
-    finally:
-        srv.stop()
 
 
 def test_without_a_token_only_loopback_binds(tmp_path: Path) -> None:
@@ -323,7 +290,7 @@ def test_cli_collection_and_query_commands(
 def test_oversized_batch_is_refused_whole(server: Server) -> None:
     from calmkit_aggregator.service.wire import MAX_BATCH
 
-    info = _create(server.address)
+    info = create_collection(server.address)
     batch = _batch(info, slice(0, 1))
     one = batch.reports[0]
     batch.reports.extend([one] * MAX_BATCH)  # MAX_BATCH + 1 reports

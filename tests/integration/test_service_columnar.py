@@ -5,7 +5,6 @@ with nothing counted."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,15 +20,7 @@ from calmkit_client import wire as client_wire
 from calmkit_client.collector import Collector, RetryPolicy, call_with_retry, open_channel
 from calmkit_client.device import DeviceState
 from calmkit_proto.v1 import calmkit_pb2 as pb
-
-from .test_service import IDS, POP, Server, _create
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    srv = Server(tmp_path)
-    yield srv
-    srv.stop()
+from tests.integration.servers import IDS, POP, Server, create_collection
 
 
 def _old_server(storage: Storage) -> tuple[grpc.Server, int]:
@@ -66,7 +57,7 @@ def _upload(address: str, info: client_wire.CollectionInfo, tmp: Path) -> Collec
 
 
 def test_collector_sends_columns_and_counts_match(server: Server, tmp_path: Path) -> None:
-    info = _create(server.address)
+    info = create_collection(server.address)
     collector = _upload(server.address, info, tmp_path)
     assert collector._columnar  # the server took columns
     assert int(server.storage.support("c1").n.sum()) == POP.n
@@ -78,7 +69,7 @@ def test_collector_falls_back_on_an_older_server(tmp_path: Path) -> None:
     storage = Storage(tmp_path / "old.db")
     old, port = _old_server(storage)
     try:
-        info = _create(f"127.0.0.1:{port}")
+        info = create_collection(f"127.0.0.1:{port}")
         collector = _upload(f"127.0.0.1:{port}", info, tmp_path)
         assert not collector._columnar  # UNIMPLEMENTED once, then per-report messages
         assert int(storage.support("c1").n.sum()) == POP.n
@@ -88,7 +79,7 @@ def test_collector_falls_back_on_an_older_server(tmp_path: Path) -> None:
 
 
 def test_malformed_columnar_batch_is_refused_whole(server: Server, tmp_path: Path) -> None:
-    info = _create(server.address)
+    info = create_collection(server.address)
     state = DeviceState(tmp_path / "device.db")
     items = state.reports_for("c1", info.plan, POP.codes[:50], IDS[:50])
     state.close()

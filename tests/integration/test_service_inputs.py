@@ -25,17 +25,16 @@ from calmkit_client.device import DeviceState
 from calmkit_client.echo import MAX_DETAIL_CHARS, show
 from calmkit_client.ids import check_collection_id
 from calmkit_simulator import synthetic_population
+from tests.integration.servers import Server
 
 POP = synthetic_population(n=3000, sizes=(2, 3, 2, 2, 4), strength=1.5, rng=9)
 IDS = np.arange(POP.n, dtype=np.uint64)
 RULE = "must be 1-64 characters from A-Z a-z 0-9 . _ - starting with a letter or digit"
 
 
-class Served:
+class Served(Server):
     def __init__(self, tmp: Path) -> None:
-        self.storage = Storage(tmp / "agg.db")
-        self.server, port = create_server("127.0.0.1:0", self.storage)
-        self.address = f"127.0.0.1:{port}"
+        super().__init__(tmp)
         self.stub = client_wire.aggregator_stub(open_channel(self.address))
 
     def create(self, collection_id: str = "c1") -> client_wire.CollectionInfo:
@@ -46,10 +45,8 @@ class Served:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
-    srv = Served(tmp_path)
-    yield srv
-    graceful_stop(srv.server, 2.0)
-    srv.storage.close()
+    with Served(tmp_path) as srv:
+        yield srv
 
 
 def _fail(call: object, request: object, **kw: object) -> grpc.RpcError:

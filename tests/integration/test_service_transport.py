@@ -4,13 +4,10 @@ load, the per-token rate limit."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -33,20 +30,13 @@ from calmkit_client.collector import (
 )
 from calmkit_client.device import DeviceState
 from calmkit_simulator import synthetic_population
+from tests.certs import self_signed
+from tests.integration.servers import Server
 
 SIZES = (2, 3, 2, 2, 4)
 POP = synthetic_population(n=40_000, sizes=SIZES, strength=1.5, rng=5)
 IDS = np.arange(POP.n, dtype=np.uint64)
 SUBMIT = "/calmkit.v1.Aggregator/SubmitReports"
-
-
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, Storage]]:
-    storage = Storage(tmp_path / "agg.db")
-    server, port = create_server("127.0.0.1:0", storage)
-    yield f"127.0.0.1:{port}", storage
-    graceful_stop(server, 2.0)
-    storage.close()
 
 
 def _create(address: str, root: bytes | None = None, collection_id: str = "c1") -> object:
@@ -82,10 +72,10 @@ def _stalled_streams(port: int, count: int) -> list[socket.socket]:
     return sockets
 
 
-def test_stalled_streams_do_not_starve_health_or_plans(served: tuple[str, Storage]) -> None:
+def test_stalled_streams_do_not_starve_health_or_plans(server: Server) -> None:
     """16 unauthenticated streams stall mid-message (twice the old server's 8 workers);
     health checks and GetPlan still answer at once."""
-    address, _ = served
+    address = server.address
     info = _create(address)
     port = int(address.rsplit(":", 1)[1])
     sockets = _stalled_streams(port, 16)
@@ -135,41 +125,8 @@ def test_serve_on_a_bound_port_exits_with_one_line(
 
 
 # -- TLS and the non-loopback rule (item 8) -------------------------------------------------
-def _self_signed(tmp_path: Path) -> tuple[Path, Path, bytes]:
-    """A self-signed certificate for localhost / 127.0.0.1 (its own root), key 0600."""
-    tmp_path.mkdir(exist_ok=True)
-    x509 = pytest.importorskip("cryptography.x509")
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([
-            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-        ]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )  # fmt: skip
-    pem = cert.public_bytes(serialization.Encoding.PEM)
-    cert_file, key_file = tmp_path / "server.crt", tmp_path / "server.key"
-    cert_file.write_bytes(pem)
-    key_file.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ))  # fmt: skip
-    key_file.chmod(0o600)
-    return cert_file, key_file, pem
-
-
 def test_tls_round_trip_and_plaintext_refused(tmp_path: Path) -> None:
-    cert_file, key_file, root = _self_signed(tmp_path)
+    cert_file, key_file, root = self_signed(tmp_path)
     tls = ServerTls.from_files(cert_file, key_file)
     assert "hidden" in repr(tls) and "PRIVATE" not in repr(tls)
     with Storage(tmp_path / "agg.db") as storage:
@@ -189,7 +146,7 @@ def test_tls_round_trip_and_plaintext_refused(tmp_path: Path) -> None:
                 stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
             # nor does a TLS client that does not trust the certificate
-            _, _, stranger = _self_signed(tmp_path / "other")
+            _, _, stranger = self_signed(tmp_path / "other")
             stub = health_pb2_grpc.HealthStub(open_channel(address, stranger))
             with pytest.raises(grpc.RpcError) as err:
                 stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
@@ -201,7 +158,7 @@ def test_tls_round_trip_and_plaintext_refused(tmp_path: Path) -> None:
 def test_serve_with_tls_from_the_command_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cert_file, key_file, _ = _self_signed(tmp_path)
+    cert_file, key_file, _ = self_signed(tmp_path)
     key_file.chmod(0o644)  # a private key others can read is refused
     code = main(["serve", "--address", "127.0.0.1:0", "--db", str(tmp_path / "a.db"),
                  "--tls-cert", str(cert_file), "--tls-key", str(key_file)])  # fmt: skip
@@ -226,7 +183,7 @@ def test_non_loopback_needs_tls_or_insecure(tmp_path: Path) -> None:
             assert _health(f"127.0.0.1:{port}") == health_pb2.HealthCheckResponse.SERVING
         finally:
             graceful_stop(server, 1.0)
-        cert_file, key_file, _ = _self_signed(tmp_path)
+        cert_file, key_file, _ = self_signed(tmp_path)
         tls = ServerTls.from_files(cert_file, key_file)
         server, port = create_server("0.0.0.0:0", storage, admin_token=token, tls=tls)
         graceful_stop(server, 1.0)
@@ -244,11 +201,11 @@ def test_tls_inputs_are_checked(tmp_path: Path) -> None:
 
 
 # -- health under ingest load --------------------------------------------------------------
-def test_health_answers_promptly_under_ingest_load(served: tuple[str, Storage]) -> None:
+def test_health_answers_promptly_under_ingest_load(server: Server) -> None:
     """Two clients submit 2,000-report batches back to back; every health check made
     meanwhile answers within 1 s (the old server took up to 3.6 s; the benchmark
     benchmarks/health_under_load.py measures p50/p99)."""
-    address, storage = served
+    address, storage = server.address, server.storage
     info = _create(address)
     device = DeviceState.in_memory()
     items = device.reports_for("c1", info.plan, POP.codes, IDS)  # type: ignore[attr-defined]

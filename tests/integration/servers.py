@@ -1,0 +1,52 @@
+"""What the service tests share: the aggregator on a free loopback port over a fresh
+SQLite store (the ``server`` fixture of conftest.py), and the population of
+test_service.py and test_service_columnar.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from calmkit_aggregator.service.admin import AdminClient
+from calmkit_aggregator.service.server import create_server, graceful_stop
+from calmkit_aggregator.service.storage import Storage
+from calmkit_client import wire as client_wire
+from calmkit_simulator import synthetic_population
+
+POP = synthetic_population(n=6000, sizes=(2, 3, 2, 2, 4), strength=1.5, rng=3)
+IDS = np.arange(POP.n, dtype=np.uint64)
+
+
+class Server:
+    """A running service; ``stop()`` (or leaving a ``with`` block) stops it and closes
+    its store."""
+
+    def __init__(self, tmp: Path, admin_token: str | None = None) -> None:
+        self.storage = Storage(tmp / "agg.db")
+        self.server, self.port = create_server("127.0.0.1:0", self.storage, admin_token)
+        self.address = f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        graceful_stop(self.server, 2.0)
+        self.storage.close()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def create_collection(
+    address: str, collection_id: str = "c1", **opts: object
+) -> client_wire.CollectionInfo:
+    """A one-phase collection of :data:`POP` (phases with a pilot:
+    tests/integration/test_phases.py)."""
+    opts.setdefault("pilot", 0.0)
+    with AdminClient(address) as admin:
+        return admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id=collection_id,
+                                       seed=7, **opts)  # fmt: skip
