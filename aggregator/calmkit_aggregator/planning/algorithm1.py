@@ -280,97 +280,100 @@ def choose_views(
         if l is not None and m > math.comb(d, l):
             raise PlanError(f"m ({m}) must be <= C({d}, {l}) = {math.comb(d, l)} distinct views")
     gen = np.random.default_rng(rng)
-    cover_seed = int(gen.integers(1 << 62))
-    mu = max(1, math.floor(theta * n))
+    run = _Algorithm1(sizes, eps, n, k, theta, int(gen.integers(1 << 62)), covering_dir)
+    l_u = run.upper_l()
+    rule, l, m, l_b = run.view_size_and_count(l, m, l_u)  # noqa: E741
+    views, covers_all = _select(d, k, l, m, gen, run.cover, run.fits)
+    return Choice(l=l, m=m, views=views, n=n, k=k, epsilon=eps, theta=theta, mu=run.mu,
+                  l_upper=l_u, l_lower=l_b, options=run.options(l, l_u), rule=rule,
+                  covers=covers_all)  # fmt: skip
 
-    cells: dict[int, float] = {}
-    covers: dict[int, tuple[tuple[int, ...], ...]] = {}
 
-    def k_ne(lv: int) -> float:
-        if lv not in cells:
-            cells[lv] = expected_cells(sizes, lv)
-        return k * _fo_variance(cells[lv], eps) * (cells[lv] / lv) * (d / n)
+class _Algorithm1:
+    """One run of Algorithm 1 (:func:`choose_views`): its inputs, and the expected cells,
+    noise and covering designs of each view size, each computed once."""
 
-    def cover(lv: int) -> tuple[tuple[int, ...], ...]:
-        if lv not in covers:
-            covers[lv] = construct_cover(d, k, lv, rng=cover_seed, covering_dir=covering_dir)
-        return covers[lv]
+    def __init__(self, sizes: tuple[int, ...], eps: float, n: int, k: int, theta: float,
+                 cover_seed: int, covering_dir: Path | str | None) -> None:  # fmt: skip
+        self.sizes, self.d, self.eps, self.n, self.k = sizes, len(sizes), eps, n, k
+        self.theta, self.cover_seed, self.covering_dir = theta, cover_seed, covering_dir
+        self.mu = max(1, math.floor(theta * n))  # whole views
+        self.cells: dict[int, float] = {}
+        self.covers: dict[int, tuple[tuple[int, ...], ...]] = {}
 
-    def fits(lv: int, budget: int) -> bool:
+    def k_ne(self, lv: int) -> float:
+        """k * NE(lv): the noise of a k-way answer from views of lv attributes."""
+        if lv not in self.cells:
+            self.cells[lv] = expected_cells(self.sizes, lv)
+        cells = self.cells[lv]
+        return self.k * _fo_variance(cells, self.eps) * (cells / lv) * (self.d / self.n)
+
+    def cover(self, lv: int) -> tuple[tuple[int, ...], ...]:
+        if lv not in self.covers:
+            self.covers[lv] = construct_cover(self.d, self.k, lv, rng=self.cover_seed,
+                                              covering_dir=self.covering_dir)  # fmt: skip
+        return self.covers[lv]
+
+    def fits(self, lv: int, budget: int) -> bool:
         """CoverDesign(d, k, lv) <= budget, skipping covers that cannot fit."""
-        return cover_lower_bound(d, k, lv) <= budget and len(cover(lv)) <= budget
+        return cover_lower_bound(self.d, self.k, lv) <= budget and len(self.cover(lv)) <= budget
 
-    # Lines 2-4: the largest l with k * NE <= theta (at least 2, at most d).
-    l_u = min(2, d)
-    k_ne(l_u)
-    while l_u < d and k_ne(l_u + 1) <= theta:
-        l_u += 1
-    l_b: int | None = None
+    def upper_l(self) -> int:
+        """Lines 2-4: the largest l with k * NE <= theta (at least 2, at most d)."""
+        l_u = min(2, self.d)
+        self.k_ne(l_u)
+        while l_u < self.d and self.k_ne(l_u + 1) <= self.theta:
+            l_u += 1
+        return l_u
 
-    if l is not None and m is None:
-        rule = "fixed l"
-        m = len(cover(l)) if l >= k else min(mu, math.comb(d, l))
-    elif l is None and m is not None:
-        rule = "fixed m"
-        l = next(  # noqa: E741
-            (t for t in range(k, l_u + 1) if math.comb(d, t) >= m and fits(t, m)), l_u
-        )
+    def view_size_and_count(
+        self, l: int | None, m: int | None, l_u: int  # noqa: E741
+    ) -> tuple[str, int, int, int | None]:
+        """The rule applied, l, m and l_b (None unless lines 7-9 ran)."""
+        d, k, mu = self.d, self.k, self.mu
+        if l is not None and m is None:
+            return "fixed l", l, len(self.cover(l)) if l >= k else min(mu, math.comb(d, l)), None
+        if l is None and m is not None:
+            return "fixed m", self._size_for(m, l_u), m, None
+        if l is not None and m is not None:
+            return "fixed l and m", l, m, None
+        if l_u < k:  # lines 5-6
+            return "l_u < k", l_u, min(mu, math.comb(d, l_u)), None
+        l_b = l_u  # lines 7-9
+        while l_b > k and self.fits(l_b - 1, mu):
+            l_b -= 1
+        if l_b == l_u:  # lines 10-11
+            return "l_b == l_u", l_u, min(mu, math.comb(d, l_u)), l_b
+        best, m, l = 1.0, mu, l_u  # noqa: E741  (lines 12-17)
+        for l_t in range(l_b, l_u + 1):
+            m_t = len(self.cover(l_t))
+            err = max(m_t / self.n, self.k_ne(l_t))
+            if err < best:
+                best, m, l = err, m_t, l_t  # noqa: E741
+        return "min max(SE, k*NE)", l, m, l_b
+
+    def _size_for(self, m: int, l_u: int) -> int:
+        """With only m fixed: the smallest l in [k, l_u] whose cover fits in m views."""
+        d = self.d
+        l = next((t for t in range(self.k, l_u + 1)  # noqa: E741
+                  if math.comb(d, t) >= m and self.fits(t, m)), l_u)  # fmt: skip
         if m > math.comb(d, l):
             raise PlanError(
                 f"m ({m}) must be <= C({d}, {l}) = {math.comb(d, l)} distinct views "
                 f"of the chosen l = {l}; fix l as well"
             )
-    elif l is not None and m is not None:
-        rule = "fixed l and m"
-    elif l_u < k:  # lines 5-6
-        rule = "l_u < k"
-        l, m = l_u, min(mu, math.comb(d, l_u))  # noqa: E741
-    else:
-        l_b = l_u  # lines 7-9
-        while l_b > k and fits(l_b - 1, mu):
-            l_b -= 1
-        if l_b == l_u:  # lines 10-11
-            rule = "l_b == l_u"
-            l, m = l_u, min(mu, math.comb(d, l_u))  # noqa: E741
-        else:  # lines 12-17
-            rule = "min max(SE, k*NE)"
-            best, m, l = 1.0, mu, l_u  # noqa: E741
-            for l_t in range(l_b, l_u + 1):
-                m_t = len(cover(l_t))
-                err = max(m_t / n, k_ne(l_t))
-                if err < best:
-                    best, m, l = err, m_t, l_t  # noqa: E741
-    assert l is not None and m is not None
+        return l
 
-    views, covers_all = _select(d, k, l, m, gen, cover, fits)
-    options = []
-    for lv in range(min(2, d, l), max(l, min(l_u + 1, d)) + 1):
-        ne_k = k_ne(lv)
-        options.append(
-            Option(
-                l=lv,
-                cells=cells[lv],
-                ne=ne_k / k,
-                k_ne=ne_k,
-                cover_size=len(covers[lv]) if lv in covers else None,
-                cover_bound=cover_lower_bound(d, k, lv) if lv >= k else None,
-            )
-        )
-    return Choice(
-        l=l,
-        m=m,
-        views=views,
-        n=n,
-        k=k,
-        epsilon=eps,
-        theta=theta,
-        mu=mu,
-        l_upper=l_u,
-        l_lower=l_b,
-        options=tuple(options),
-        rule=rule,
-        covers=covers_all,
-    )
+    def options(self, l: int, l_u: int) -> tuple[Option, ...]:  # noqa: E741
+        """Every view size's figures, from 2 (or l) to l_u + 1 (or l)."""
+        d, k = self.d, self.k
+        out = []
+        for lv in range(min(2, d, l), max(l, min(l_u + 1, d)) + 1):
+            ne_k = self.k_ne(lv)
+            out.append(Option(l=lv, cells=self.cells[lv], ne=ne_k / k, k_ne=ne_k,
+                              cover_size=len(self.covers[lv]) if lv in self.covers else None,
+                              cover_bound=cover_lower_bound(d, k, lv) if lv >= k else None))
+        return tuple(out)
 
 
 def _select(

@@ -711,102 +711,129 @@ def _anneal(
     index from each (k-1)-set to the blocks holding it finds the blocks meeting T.
     Requires k >= 2.
     """
-    km1, km2 = k - 1, k - 2
-    bits = [1 << p for p in range(d)]
-    points = [[int(p) for p in b] for b in blocks]
-    masks = [sum(bits[p] for p in pts) for pts in points]
-    count: dict[int, int] = {}
-    holders: dict[int, set[int]] = {}
-
-    def subsets(pts: list[int], size: int) -> list[int]:
-        return [sum(c) for c in itertools.combinations([bits[p] for p in pts], size)]
-
-    for i, pts in enumerate(points):
-        for key in subsets(pts, k):
-            count[key] = count.get(key, 0) + 1
-        for key in subsets(pts, km1):
-            holders.setdefault(key, set()).add(i)
-    best = [list(p) for p in points]
-    ulist: list[int] = []  # uncovered k-sets, with their positions in upos
-    upos: dict[int, int] = {}
-    weights = [math.exp(-delta / temperature) for delta in range(64)]
+    state = _Annealing(d, k, blocks, temperature)
+    best = state.blocks()
     spent = 0
-    while spent < total_iters and len(points) > 1:
-        # drop the block with the fewest uniquely covered k-sets (the last block
-        # takes its index)
-        uniq = [sum(1 for key in subsets(pts, k) if count[key] == 1) for pts in points]
+    while spent < total_iters and len(state.points) > 1:
+        state.drop_weakest(rnd)
+        it = 0
+        while state.ulist and it < level_iters:
+            it += 1
+            state.move(rnd)
+        spent += it
+        if state.ulist:
+            break
+        best = state.blocks()
+    return [np.array(sorted(p), np.int64) for p in best]
+
+
+class _Annealing:
+    """The state of :func:`_anneal`: the blocks as point lists and bit masks, how often
+    each k-set is covered, the blocks holding each (k-1)-set, and the uncovered
+    k-sets (``ulist``, with their positions in ``upos``)."""
+
+    def __init__(self, d: int, k: int, blocks: list[np.ndarray], temperature: float) -> None:
+        self.d, self.k = d, k
+        self.bits = [1 << p for p in range(d)]
+        self.points = [[int(p) for p in b] for b in blocks]
+        self.masks = [sum(self.bits[p] for p in pts) for pts in self.points]
+        self.count: dict[int, int] = {}
+        self.holders: dict[int, set[int]] = {}
+        for i, pts in enumerate(self.points):
+            for key in self.subsets(pts, k):
+                self.count[key] = self.count.get(key, 0) + 1
+            for key in self.subsets(pts, k - 1):
+                self.holders.setdefault(key, set()).add(i)
+        self.ulist: list[int] = []
+        self.upos: dict[int, int] = {}
+        self.weights = [math.exp(-delta / temperature) for delta in range(64)]
+
+    def subsets(self, pts: list[int], size: int) -> list[int]:
+        return [sum(c) for c in itertools.combinations([self.bits[p] for p in pts], size)]
+
+    def blocks(self) -> list[list[int]]:
+        return [list(p) for p in self.points]
+
+    def _uncover(self, key: int) -> None:
+        self.upos[key] = len(self.ulist)
+        self.ulist.append(key)
+
+    def _cover(self, key: int) -> None:
+        pos = self.upos.pop(key)
+        moved = self.ulist.pop()
+        if moved != key:
+            self.ulist[pos] = moved
+            self.upos[moved] = pos
+
+    def drop_weakest(self, rnd: Random) -> None:
+        """Drop the block with the fewest uniquely covered k-sets (the last block takes
+        its index)."""
+        points, masks, k = self.points, self.masks, self.k
+        uniq = [sum(1 for key in self.subsets(pts, k) if self.count[key] == 1) for pts in points]
         j = min(range(len(points)), key=lambda i: (uniq[i], rnd.random()))
         last = len(points) - 1
-        for key in subsets(points[j], km1):
-            holders[key].discard(j)
+        for key in self.subsets(points[j], k - 1):
+            self.holders[key].discard(j)
         if j != last:
-            for key in subsets(points[last], km1):
-                holders[key].discard(last)
-                holders[key].add(j)
+            for key in self.subsets(points[last], k - 1):
+                self.holders[key].discard(last)
+                self.holders[key].add(j)
         pts = points[j]
         points[j], masks[j] = points[last], masks[last]
         points.pop()
         masks.pop()
-        for key in subsets(pts, k):
-            count[key] -= 1
-            if count[key] == 0:
-                upos[key] = len(ulist)
-                ulist.append(key)
-        b = len(points)
-        it = 0
-        while ulist and it < level_iters:
-            it += 1
-            target = ulist[rnd.randrange(len(ulist))]
-            cands: list[int] = []
-            rest_t = target
-            while rest_t:
-                low = rest_t & -rest_t
-                rest_t ^= low
-                cands.extend(holders.get(target ^ low, ()))
-            i = rnd.choice(cands) if cands else rnd.randrange(b)
-            bmask = masks[i]
-            pts = points[i]
-            missing = target & ~bmask
-            x = rnd.choice([p for p in pts if not (target >> p) & 1])
-            if cands:
-                y = missing.bit_length() - 1
-            else:
-                y = rnd.choice([p for p in range(d) if (missing >> p) & 1])
-            rest = [bits[p] for p in pts if p != x]
-            subs = rest if km1 == 1 else [sum(c) for c in itertools.combinations(rest, km1)]
-            bx, by = bits[x], bits[y]
-            delta = 0
-            for sub in subs:
-                if count[sub | bx] == 1:
-                    delta += 1
-                if count.get(sub | by, 0) == 0:
-                    delta -= 1
-            if delta > 0 and (delta >= 64 or rnd.random() >= weights[delta]):
-                continue
-            for sub in subs:
-                key = sub | bx
-                now = count[key] - 1
-                count[key] = now
-                if now == 0:
-                    upos[key] = len(ulist)
-                    ulist.append(key)
-                key = sub | by
-                now = count.get(key, 0) + 1
-                count[key] = now
-                if now == 1:
-                    pos = upos.pop(key)
-                    moved = ulist.pop()
-                    if moved != key:
-                        ulist[pos] = moved
-                        upos[moved] = pos
-            for c in itertools.combinations(rest, km2):
-                sub = sum(c)
-                holders[sub | bx].discard(i)
-                holders.setdefault(sub | by, set()).add(i)
-            masks[i] = (bmask ^ bx) | by
-            pts[pts.index(x)] = y
-        spent += it
-        if ulist:
-            break
-        best = [list(p) for p in points]
-    return [np.array(sorted(p), np.int64) for p in best]
+        for key in self.subsets(pts, k):
+            self.count[key] -= 1
+            if self.count[key] == 0:
+                self._uncover(key)
+
+    def move(self, rnd: Random) -> None:
+        """One move: an uncovered k-set T, a block B meeting it in k-1 points (any block
+        if none does), a point of B outside T swapped for T's missing one; kept when
+        the uncovered count does not grow, else with probability exp(-delta / temp)."""
+        target = self.ulist[rnd.randrange(len(self.ulist))]
+        cands: list[int] = []
+        rest_t = target
+        while rest_t:
+            low = rest_t & -rest_t
+            rest_t ^= low
+            cands.extend(self.holders.get(target ^ low, ()))
+        i = rnd.choice(cands) if cands else rnd.randrange(len(self.points))
+        pts, missing = self.points[i], target & ~self.masks[i]
+        x = rnd.choice([p for p in pts if not (target >> p) & 1])
+        if cands:
+            y = missing.bit_length() - 1
+        else:
+            y = rnd.choice([p for p in range(self.d) if (missing >> p) & 1])
+        rest = [self.bits[p] for p in pts if p != x]
+        subs = rest if self.k == 2 else [sum(c) for c in itertools.combinations(rest, self.k - 1)]
+        bx, by = self.bits[x], self.bits[y]
+        delta = 0
+        for sub in subs:
+            if self.count[sub | bx] == 1:
+                delta += 1
+            if self.count.get(sub | by, 0) == 0:
+                delta -= 1
+        if delta > 0 and (delta >= 64 or rnd.random() >= self.weights[delta]):
+            return
+        self._swap(i, x, y, rest, subs)
+
+    def _swap(self, i: int, x: int, y: int, rest: list[int], subs: list[int]) -> None:
+        """Replace point x of block i by y, updating every count and index."""
+        bx, by = self.bits[x], self.bits[y]
+        for sub in subs:
+            key = sub | bx
+            self.count[key] -= 1
+            if self.count[key] == 0:
+                self._uncover(key)
+            key = sub | by
+            self.count[key] = self.count.get(key, 0) + 1
+            if self.count[key] == 1:
+                self._cover(key)
+        for c in itertools.combinations(rest, self.k - 2):
+            sub = sum(c)
+            self.holders[sub | bx].discard(i)
+            self.holders.setdefault(sub | by, set()).add(i)
+        self.masks[i] = (self.masks[i] ^ bx) | by
+        pts = self.points[i]
+        pts[pts.index(x)] = y
