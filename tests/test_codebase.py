@@ -1,6 +1,6 @@
 """Rules every shipped module keeps: it cites papers by title, not by files a calmkit user
 does not have; it uses no private name of another calmkit module; no calmkit modules
-import each other in a cycle."""
+import each other in a cycle; no function (benchmarks included) runs over 100 lines."""
 
 from __future__ import annotations
 
@@ -145,3 +145,21 @@ def test_no_import_cycles() -> None:
     assert "calmkit_simulator.cluster" in graph["calmkit_simulator.grid"]  # deferred import
     assert _cycle(graph) == []
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+# Small named parts: a function longer than this is split (tests and generated code aside).
+LONGEST_FUNCTION = 100
+
+
+def test_no_function_is_over_100_lines() -> None:
+    paths = [*MODULES.values(), *(ROOT / "benchmarks").glob("*.py")]
+    long = []
+    for path in paths:
+        if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > LONGEST_FUNCTION:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines})")
+    assert long == []
