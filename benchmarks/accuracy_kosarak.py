@@ -74,7 +74,14 @@ def main() -> int:
         for eps in epsilons:
             t0 = time.perf_counter()
             plan = plan_collection(
-                pop.schema, eps, n, 3, l=size, m=m, rng=args.seed, seed=args.seed,
+                pop.schema,
+                eps,
+                n,
+                3,
+                l=size,
+                m=m,
+                rng=args.seed,
+                seed=args.seed,
                 planner="paper",
             )
             # the same seed gives both pipelines the same reports and queries

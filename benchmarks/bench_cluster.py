@@ -39,8 +39,11 @@ def main() -> int:
     data = args.data_dir or (str(SHARED) if SHARED.is_dir() else None)
     tasks = build_figure(args.figure, reps=args.reps, n=args.n).tasks()
     unique = len({t.key() for t in tasks})
-    print(f"{args.figure} n={args.n}: {unique} tasks, reps {tasks[0].reps}, jobs {args.jobs}, "
-          f"data {data or 'default folder'}", flush=True)  # fmt: skip
+    print(
+        f"{args.figure} n={args.n}: {unique} tasks, reps {tasks[0].reps}, jobs {args.jobs}, "
+        f"data {data or 'default folder'}",
+        flush=True,
+    )
     seconds: dict[str, list[float]] = {"--jobs": [], "--scheduler local": []}
     results: list[dict[str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,8 +58,9 @@ def main() -> int:
                 statuses: dict[str, int] = {}
                 for r in got.values():
                     statuses[r["status"]] = statuses.get(r["status"], 0) + 1
-                print(f"  run {run + 1} {name:<18} {seconds[name][-1]:8.1f} s  {statuses}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"  run {run + 1} {name:<18} {seconds[name][-1]:8.1f} s  {statuses}", flush=True
+                )
     first = results[0]
     same = all(
         got.keys() == first.keys()
@@ -65,12 +69,16 @@ def main() -> int:
     )
     base = statistics.median(seconds["--jobs"])
     took = statistics.median(seconds["--scheduler local"])
-    print(f"| figure | tasks | reps | runs | --jobs {args.jobs}: median s | LocalCluster "
-          f"{args.jobs}: median s | ratio | identical results |")
+    print(
+        f"| figure | tasks | reps | runs | --jobs {args.jobs}: median s | LocalCluster "
+        f"{args.jobs}: median s | ratio | identical results |"
+    )
     print("|---|---|---|---|---|---|---|---|")
-    print(f"| {args.figure} n={args.n} | {unique} | {tasks[0].reps} | {args.runs} | {base:.1f} "
-          f"| {took:.1f} | "
-          f"{took / base:.3f} | {'yes' if same else 'NO'} |")  # fmt: skip
+    print(
+        f"| {args.figure} n={args.n} | {unique} | {tasks[0].reps} | {args.runs} | {base:.1f} "
+        f"| {took:.1f} | "
+        f"{took / base:.3f} | {'yes' if same else 'NO'} |"
+    )
     return 0 if same else 1
 
 

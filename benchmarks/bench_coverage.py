@@ -128,10 +128,14 @@ def main() -> None:
     ap.add_argument("--data-dir", default=None)
     args = ap.parse_args()
     loaders = populations(args.data_dir)
-    print(f"# coverage of estimate +- 1.96 std.err ({args.reps} runs per setting, seeds "
-          f"1..{args.reps}, eps {EPSILON:g}, {REPLICATES} replicates)\n")  # fmt: skip
-    print("| setting | answer | cells | old (noise only) | new (total error) | "
-          "std.err new/old (median) | new bootstrap s/run |")  # fmt: skip
+    print(
+        f"# coverage of estimate +- 1.96 std.err ({args.reps} runs per setting, seeds "
+        f"1..{args.reps}, eps {EPSILON:g}, {REPLICATES} replicates)\n"
+    )
+    print(
+        "| setting | answer | cells | old (noise only) | new (total error) | "
+        "std.err new/old (median) | new bootstrap s/run |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name in args.settings.split(","):
         tallies = {kind: Tally() for kind in KINDS}
@@ -144,9 +148,12 @@ def main() -> None:
             continue
         for kind, t in tallies.items():
             if t.cells:
-                print(f"| {name} | {kind} | {t.cells} | {t.old / t.cells:.3f} | "
-                      f"{t.new / t.cells:.3f} | {np.nanmedian(t.ratios):.2f} | "
-                      f"{np.mean(seconds):.1f} |", flush=True)  # fmt: skip
+                print(
+                    f"| {name} | {kind} | {t.cells} | {t.old / t.cells:.3f} | "
+                    f"{t.new / t.cells:.3f} | {np.nanmedian(t.ratios):.2f} | "
+                    f"{np.mean(seconds):.1f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -49,8 +49,10 @@ def bench_em(runs: int) -> None:
 def bench_panel(runs: int) -> None:
     name, pop = _population(16)
     mechanisms = ("calm", "fc", "am", "ft", "uni")
-    tasks = [Task(dataset=name, mechanism=m, epsilon=1.0, k=3, query_k=3, d=16, n=1 << 16,
-                  reps=5) for m in mechanisms]  # fmt: skip
+    tasks = [
+        Task(dataset=name, mechanism=m, epsilon=1.0, k=3, query_k=3, d=16, n=1 << 16, reps=5)
+        for m in mechanisms
+    ]
 
     def grid() -> None:
         with tempfile.TemporaryDirectory() as tmp:

@@ -26,13 +26,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    print(f"{'d':>4} {'k':>2} {'prior (s)':>10} {'pilot (s)':>10} {'Alg. 1 (s)':>11} "
-          f"{'ratios':>13}  budget")  # fmt: skip
+    print(
+        f"{'d':>4} {'k':>2} {'prior (s)':>10} {'pilot (s)':>10} {'Alg. 1 (s)':>11} "
+        f"{'ratios':>13}  budget"
+    )
     for row in planning_times(repeats=args.runs):
         prior, pilot, base = row["pipeline"], row["pilot"], row["paper"]
         ok = "ok" if max(prior, pilot) <= BUDGET else "OVER"
-        print(f"{row['d']:>4} {row['k']:>2} {prior:>10.3f} {pilot:>10.3f} {base:>11.3f} "
-              f"{prior / base:>6.2f} {pilot / base:>6.2f}  {ok}")  # fmt: skip
+        print(
+            f"{row['d']:>4} {row['k']:>2} {prior:>10.3f} {pilot:>10.3f} {base:>11.3f} "
+            f"{prior / base:>6.2f} {pilot / base:>6.2f}  {ok}"
+        )
 
 
 if __name__ == "__main__":

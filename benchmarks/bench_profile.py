@@ -56,8 +56,9 @@ def baseline_module() -> ModuleType:
     ``planning/``), loaded as a module of the installed package: its one relative
     import, ``.marginal``, resolves in ``reconstruction/`` where that module now is."""
     path = f"{BASELINE}:aggregator/calmkit_aggregator/profile.py"
-    source = subprocess.run(["git", "show", path], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout  # fmt: skip
+    source = subprocess.run(
+        ["git", "show", path], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     name = "calmkit_aggregator._profile_baseline"
     spec = importlib.util.spec_from_loader(name, loader=None)
     assert spec is not None
@@ -125,13 +126,20 @@ def main() -> int:
             row: dict[str, Any] = {"setting": s.label, "eps": eps, "truth": truth}
             for name, vals in stats.items():
                 arr = np.array(vals, dtype=float)
-                row[name] = (arr[:, 0].mean(), arr[:, 1].mean(), arr[:, 2].mean(),
-                             float(np.median(arr[:, 3])))  # fmt: skip
+                row[name] = (
+                    arr[:, 0].mean(),
+                    arr[:, 1].mean(),
+                    arr[:, 2].mean(),
+                    float(np.median(arr[:, 3])),
+                )
             rows.append(row)
             c, b = row["current"], row["baseline"]
-            print(f"{s.label:28s} eps {eps:<4g} truth {truth:.5f} | inside 10-90%: "
-                  f"current {c[0]:.2f} baseline {b[0]:.2f} | median |log ratio| "
-                  f"current {c[3]:.2f} baseline {b[3]:.2f}", flush=True)  # fmt: skip
+            print(
+                f"{s.label:28s} eps {eps:<4g} truth {truth:.5f} | inside 10-90%: "
+                f"current {c[0]:.2f} baseline {b[0]:.2f} | median |log ratio| "
+                f"current {c[3]:.2f} baseline {b[3]:.2f}",
+                flush=True,
+            )
     text = _report(rows, shapes, args.reps)
     Path(args.out).write_text(text)
     print(f"wrote {args.out}")
@@ -173,9 +181,12 @@ def _report(rows, shapes, reps: int) -> str:  # type: ignore[no-untyped-def]
     if rows:
         cur = np.array([r["current"] for r in rows])
         base = np.array([r["baseline"] for r in rows])
-        lines += ["", f"Mean over settings: inside {cur[:, 0].mean():.2f} (baseline "
-                  f"{base[:, 0].mean():.2f}), median |log| {np.median(cur[:, 3]):.2f} "
-                  f"(baseline {np.median(base[:, 3]):.2f})."]  # fmt: skip
+        lines += [
+            "",
+            f"Mean over settings: inside {cur[:, 0].mean():.2f} (baseline "
+            f"{base[:, 0].mean():.2f}), median |log| {np.median(cur[:, 3]):.2f} "
+            f"(baseline {np.median(base[:, 3]):.2f}).",
+        ]
     lines += [
         "",
         "## How unevenly the pairs depend",
@@ -199,8 +210,9 @@ def _report(rows, shapes, reps: int) -> str:  # type: ignore[no-untyped-def]
             idx = gen.choice(deps.size, count, replace=False)
             est.append(deps[idx].sum() / weights[idx].sum() / deps.mean())
         q = np.quantile(est, [0.5, 0.1, 0.9])
-        lines.append(f"| {label} | {d} | {deps.size} | {alpha:.2f} | {q[0]:.2f} | {q[1]:.2f} | "
-                     f"{q[2]:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {label} | {d} | {deps.size} | {alpha:.2f} | {q[0]:.2f} | {q[1]:.2f} | {q[2]:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

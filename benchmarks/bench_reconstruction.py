@@ -65,8 +65,23 @@ DATASETS: dict[str, dict[str, Any]] = {
     "kosarak": {"d": 32},
 }
 METHODS = ("local", "local+shrink", "global", "global-model", "mbi")
-FIELDS = ["planner", "dataset", "n", "d", "k", "epsilon", "m", "l", "rep", "method", "sse",
-          "uniform_sse", "fit_cpu_s", "answer_cpu_s", "held"]  # fmt: skip
+FIELDS = [
+    "planner",
+    "dataset",
+    "n",
+    "d",
+    "k",
+    "epsilon",
+    "m",
+    "l",
+    "rep",
+    "method",
+    "sse",
+    "uniform_sse",
+    "fit_cpu_s",
+    "answer_cpu_s",
+    "held",
+]
 
 
 def _mbi() -> Any:
@@ -88,13 +103,18 @@ def _mbi_release(mbi: Any, support: Any) -> tuple[Any, float]:
     sizes = support.plan.schema.sizes
     domain = mbi.Domain([str(i) for i in range(len(sizes))], list(sizes))
     measurements = [
-        mbi.LinearMeasurement(np.asarray(t.values).ravel(), tuple(str(a) for a in t.attrs),
-                              stddev=float(np.sqrt(t.variance)))
-        for t in estimate_views(support) if np.isfinite(t.variance)
-    ]  # fmt: skip
+        mbi.LinearMeasurement(
+            np.asarray(t.values).ravel(),
+            tuple(str(a) for a in t.attrs),
+            stddev=float(np.sqrt(t.variance)),
+        )
+        for t in estimate_views(support)
+        if np.isfinite(t.variance)
+    ]
     t0 = time.process_time()
-    model = mbi.estimation.MirrorDescent().estimate(domain, measurements, known_total=1.0,
-                                                    iters=1000)  # fmt: skip
+    model = mbi.estimation.MirrorDescent().estimate(
+        domain, measurements, known_total=1.0, iters=1000
+    )
     return model, time.process_time() - t0
 
 
@@ -113,8 +133,16 @@ def _views(planner: str, pop: Any, eps: float, k: int) -> tuple[tuple[int, ...],
     return plan_collection(pop.schema, eps, pop.n, k, planner=planner, rng=0, seed=0).views
 
 
-def run_setting(planner: str, name: str, k: int, eps: float, reps: int, mbi_reps: int,
-                mbi: Any, methods: tuple[str, ...] = METHODS) -> list[dict[str, Any]]:  # fmt: skip
+def run_setting(
+    planner: str,
+    name: str,
+    k: int,
+    eps: float,
+    reps: int,
+    mbi_reps: int,
+    mbi: Any,
+    methods: tuple[str, ...] = METHODS,
+) -> list[dict[str, Any]]:
     pop = load_dataset(name, DATA, **DATASETS[name])
     views = _views(planner, pop, eps, k)
     gen = np.random.default_rng([17, k, int(eps * 10)])
@@ -125,9 +153,18 @@ def run_setting(planner: str, name: str, k: int, eps: float, reps: int, mbi_reps
         queries = random_queries(pop.d, k, 50, gen)
         truths = [pop.marginal(q) for q in queries]
         uniform = float(np.mean([((t - 1.0 / t.size) ** 2).sum() for t in truths]))
-        base = {"planner": planner, "dataset": name, "n": pop.n, "d": pop.d, "k": k,
-                "epsilon": eps, "m": plan.m, "l": max(len(v) for v in views), "rep": rep,
-                "uniform_sse": uniform}  # fmt: skip
+        base = {
+            "planner": planner,
+            "dataset": name,
+            "n": pop.n,
+            "d": pop.d,
+            "k": k,
+            "epsilon": eps,
+            "m": plan.m,
+            "l": max(len(v) for v in views),
+            "rep": rep,
+            "uniform_sse": uniform,
+        }
         fits: list[tuple[str, Any, int]] = []
         for method in methods:
             held = plan.m
@@ -150,11 +187,22 @@ def run_setting(planner: str, name: str, k: int, eps: float, reps: int, mbi_reps
                 answers = [est.answer(q).values for q in queries]
             answer_s = time.process_time() - t0
             error = float(np.mean([sse(t, a) for t, a in zip(truths, answers)]))
-            rows.append({**base, "method": method, "sse": error, "fit_cpu_s": fit_s,
-                         "answer_cpu_s": answer_s, "held": held})  # fmt: skip
+            rows.append(
+                {
+                    **base,
+                    "method": method,
+                    "sse": error,
+                    "fit_cpu_s": fit_s,
+                    "answer_cpu_s": answer_s,
+                    "held": held,
+                }
+            )
             fits.append((method, error, held))
-        print(f"  {planner} {name} k={k} eps={eps} rep {rep}: "
-              + ", ".join(f"{m} {e:.4f}" for m, e, _ in fits), flush=True)  # fmt: skip
+        print(
+            f"  {planner} {name} k={k} eps={eps} rep {rep}: "
+            + ", ".join(f"{m} {e:.4f}" for m, e, _ in fits),
+            flush=True,
+        )
     return rows
 
 
@@ -167,9 +215,13 @@ def _read() -> list[dict[str, str]]:
 
 def _replace(key: tuple[str, ...], methods: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
     """Rewrite the CSV with the setting ``key``'s rows of ``methods`` replaced."""
-    kept = [r for r in _read()
-            if not ((r["planner"], r["dataset"], r["k"], r["epsilon"]) == key
-                    and r["method"] in methods)]  # fmt: skip
+    kept = [
+        r
+        for r in _read()
+        if not (
+            (r["planner"], r["dataset"], r["k"], r["epsilon"]) == key and r["method"] in methods
+        )
+    ]
     with CSV.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
@@ -205,12 +257,14 @@ def write_doc(rows: list[dict[str, str]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     order = {name: i for i, name in enumerate(DATASETS)}
-    for key in sorted(groups, key=lambda g: (g[0] != "paper", g[0], order.get(g[1], 99),
-                                             int(g[2]), float(g[3]))):  # fmt: skip
+    for key in sorted(
+        groups, key=lambda g: (g[0] != "paper", g[0], order.get(g[1], 99), int(g[2]), float(g[3]))
+    ):
         by = groups[key]
 
-        def med(method: str, field: str = "sse", by: dict[str, list[dict[str, str]]] = by
-                ) -> float | None:  # fmt: skip
+        def med(
+            method: str, field: str = "sse", by: dict[str, list[dict[str, str]]] = by
+        ) -> float | None:
             vals = [float(r[field]) for r in by.get(method, [])]
             return float(np.median(vals)) if vals else None
 
@@ -225,8 +279,11 @@ def write_doc(rows: list[dict[str, str]]) -> str:
         ratio = f"{max(ratios):.2f}" if ratios else "—"
         reps = len(by.get("global", []))
         mreps = len(by.get("mbi", []))
-        mbi_cell = (f"{_fmt(mb)} ({mreps}; global {_fmt(float(np.median(paired)))})"
-                    if mb is not None and paired else "not run")  # fmt: skip
+        mbi_cell = (
+            f"{_fmt(mb)} ({mreps}; global {_fmt(float(np.median(paired)))})"
+            if mb is not None and paired
+            else "not run"
+        )
         fit_s, answer_s = med("global", "fit_cpu_s"), med("global", "answer_cpu_s")
         gtime = "—" if fit_s is None or answer_s is None else f"{fit_s:.2f} / {answer_s:.2f}"
         held = med("global", "held")
@@ -253,8 +310,9 @@ def main() -> None:
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--ks", default="3,6")
     parser.add_argument("--epsilons", default="0.5,1,2")
-    parser.add_argument("--methods", default=None,
-                        help="comma list of methods to (re)run; their rows are replaced")
+    parser.add_argument(
+        "--methods", default=None, help="comma list of methods to (re)run; their rows are replaced"
+    )
     parser.add_argument("--doc-only", action="store_true", help="only rewrite the table")
     args = parser.parse_args()
     methods = METHODS if args.methods is None else tuple(args.methods.split(","))
@@ -273,8 +331,9 @@ def main() -> None:
                     if key in done and args.methods is None:
                         continue
                     try:
-                        rows = run_setting(args.planner, name, k, eps, args.reps, args.mbi,
-                                           mbi, methods)  # fmt: skip
+                        rows = run_setting(
+                            args.planner, name, k, eps, args.reps, args.mbi, mbi, methods
+                        )
                     except DatasetError as exc:
                         print(f"  {name}: skipped ({exc})")
                         break
@@ -284,8 +343,9 @@ def main() -> None:
     text = DOC.read_text() if DOC.is_file() else ""
     start, end = "<!-- table:start -->", "<!-- table:end -->"
     if start in text and end in text:
-        text = text[: text.index(start) + len(start)] + "\n" + table + "\n" + text[
-            text.index(end):]  # fmt: skip
+        text = (
+            text[: text.index(start) + len(start)] + "\n" + table + "\n" + text[text.index(end) :]
+        )
     else:
         text = f"# Reconstruction: local, global, Private-PGM\n\n{start}\n{table}\n{end}\n"
     DOC.write_text(text)

@@ -71,12 +71,16 @@ def _measure(code: str, d: int, k: int, log2n: int, planner: str) -> dict[str, A
         out[name] = out.get(name, 0.0) + time.process_time() - t0
         return value
 
-    pop = stage("population", lambda: synthetic_population(n=1 << log2n, sizes=(2,) * d,
-                                                           strength=1.0, rng=0))  # fmt: skip
+    pop = stage(
+        "population",
+        lambda: synthetic_population(n=1 << log2n, sizes=(2,) * d, strength=1.0, rng=0),
+    )
     gen = np.random.default_rng(1)
     if planner == "paper":
-        plan = stage("plan", lambda: plan_collection(pop.schema, 1.0, pop.n, k, planner=planner,
-                                                     seed=3, rng=3))  # fmt: skip
+        plan = stage(
+            "plan",
+            lambda: plan_collection(pop.schema, 1.0, pop.n, k, planner=planner, seed=3, rng=3),
+        )
         support = stage("collect", lambda: collect_support(pop, plan, gen))
         out["m"], out["l"] = plan.m, max(len(v) for v in plan.views)
     else:  # the default: a pilot of 10% on pairs, then the planned views (calmkit simulate)
@@ -90,13 +94,17 @@ def _measure(code: str, d: int, k: int, log2n: int, planner: str) -> dict[str, A
             part = {"rows": rest}
         else:  # the baseline copies each phase's users out
             others = np.setdiff1d(np.arange(pop.n), users)
-            pilot = stage("collect", lambda: collect_support(pop.take(users), first, gen,
-                                                             user_ids=users))  # fmt: skip
+            pilot = stage(
+                "collect", lambda: collect_support(pop.take(users), first, gen, user_ids=users)
+            )
             part = {"population": pop.take(others), "user_ids": others}
-        main = stage("plan", lambda: plan_after_pilot(pilot, pop.n - cut, workload_of(
-            pop.schema, k, None), seed=4))  # fmt: skip
-        later = stage("collect", lambda: collect_support(
-            part.pop("population", pop), main.plan, gen, **part))  # fmt: skip
+        main = stage(
+            "plan",
+            lambda: plan_after_pilot(pilot, pop.n - cut, workload_of(pop.schema, k, None), seed=4),
+        )
+        later = stage(
+            "collect", lambda: collect_support(part.pop("population", pop), main.plan, gen, **part)
+        )
         support = stage("reconstruct", lambda: combine_phases([pilot, later]))
         out["m"], out["l"] = main.plan.m, max(len(v) for v in main.plan.views)
     estimator = stage("reconstruct", lambda: reconstruct(support))
@@ -143,23 +151,40 @@ def main() -> int:
     parser.add_argument("--k", type=int, nargs="+", default=[3, 6])
     parser.add_argument("--log2n", type=int, nargs="+", default=[20, 22])
     parser.add_argument("--baseline-ref", default=BASELINE_REF)
-    parser.add_argument("--baseline-max-cells", type=int, default=1 << 28,
-                        help="skip the baseline where n*d exceeds this (its population "
-                        "is int64 and re-validated per attribute: 4 GiB and over 10 "
-                        "minutes at d=128, n=2^22)")  # fmt: skip
+    parser.add_argument(
+        "--baseline-max-cells",
+        type=int,
+        default=1 << 28,
+        help="skip the baseline where n*d exceeds this (its population "
+        "is int64 and re-validated per attribute: 4 GiB and over 10 "
+        "minutes at d=128, n=2^22)",
+    )
     parser.add_argument("--planner", default="pipeline", choices=["paper", "pipeline"])
     args = parser.parse_args()
     worktree = None
     if args.baseline_ref and shutil.which("git"):
         worktree = Path(tempfile.mkdtemp()) / "baseline"
-        made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach",
-                               str(worktree), args.baseline_ref], capture_output=True)  # fmt: skip
+        made = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(ROOT),
+                "worktree",
+                "add",
+                "--detach",
+                str(worktree),
+                args.baseline_ref,
+            ],
+            capture_output=True,
+        )
         if made.returncode != 0:
             print(f"baseline skipped: {made.stderr.decode().strip()}")
             worktree = None
     print(f"planner: {args.planner}; tolerance of consistency 1e-09; CPU seconds")
-    print("| d | k | n | m, l | design | plan | collect | reconstruct | answer | rep CPU-s "
-          "| speed-up | rounds | residual | peak MB over imports (x codes) | population CPU-s |")
+    print(
+        "| d | k | n | m, l | design | plan | collect | reconstruct | answer | rep CPU-s "
+        "| speed-up | rounds | residual | peak MB over imports (x codes) | population CPU-s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for d in args.d:
@@ -170,22 +195,31 @@ def main() -> int:
                     if worktree is not None and not skip:
                         runs.append(("baseline", _run(str(worktree), d, k, log2n, args.planner)))
                     for name, r in runs:
-                        ratio = (f"{runs[-1][1]['total'] / r['total']:.1f}x" if len(runs) > 1
-                                 else "-")  # fmt: skip
+                        ratio = (
+                            f"{runs[-1][1]['total'] / r['total']:.1f}x" if len(runs) > 1 else "-"
+                        )
                         residual = max(r["residual"], r.get("negativity", 0.0))
-                        print(f"| {d} | {k} | 2^{log2n} | {r['m']}, {r['l']} | {name} | "
-                              f"{r['plan']:.2f} | {r['collect']:.2f} | {r['reconstruct']:.2f} | "
-                              f"{r['answer']:.2f} | {r['total']:.2f} | {ratio} | "
-                              f"{r['rounds']} | {residual:.1e} | {r['peak_mb']:.0f} "
-                              f"({r['peak_mb'] / r['codes_mb']:.2f}x) | "
-                              f"{r['population']:.1f} |", flush=True)  # fmt: skip
+                        print(
+                            f"| {d} | {k} | 2^{log2n} | {r['m']}, {r['l']} | {name} | "
+                            f"{r['plan']:.2f} | {r['collect']:.2f} | {r['reconstruct']:.2f} | "
+                            f"{r['answer']:.2f} | {r['total']:.2f} | {ratio} | "
+                            f"{r['rounds']} | {residual:.1e} | {r['peak_mb']:.0f} "
+                            f"({r['peak_mb'] / r['codes_mb']:.2f}x) | "
+                            f"{r['population']:.1f} |",
+                            flush=True,
+                        )
                     if skip:
-                        print(f"| {d} | {k} | 2^{log2n} | | baseline | skipped: n*d above "
-                              f"{args.baseline_max_cells} | | | | | | | | | |", flush=True)
+                        print(
+                            f"| {d} | {k} | 2^{log2n} | | baseline | skipped: n*d above "
+                            f"{args.baseline_max_cells} | | | | | | | | | |",
+                            flush=True,
+                        )
     finally:
         if worktree is not None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                            str(worktree)], capture_output=True)  # fmt: skip
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
+                capture_output=True,
+            )
     return 0
 
 

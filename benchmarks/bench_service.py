@@ -58,6 +58,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -73,22 +74,26 @@ PACKAGES = ("client", "aggregator", "simulator", "protos")
 
 
 # -- a server process -------------------------------------------------------------------------
-def _serve(code: Path, db: Path | str, snapshots: Path | None = None
-           ) -> tuple[subprocess.Popen[str], str]:  # fmt: skip
+def _serve(
+    code: Path, db: Path | str, snapshots: Path | None = None
+) -> tuple[subprocess.Popen[str], str]:
     """A ``calmkit serve`` of ``code`` on ``db``; ``snapshots``: its ``--key-snapshots``
     folder (PostgreSQL, when ``code`` has the option)."""
     path = ":".join(str(code / p) for p in PACKAGES)
-    boot = (f"import sys; sys.path[:0] = {path.split(':')!r}; "
-            "from calmkit_client.cli import main; raise SystemExit(main())")  # fmt: skip
+    boot = (
+        f"import sys; sys.path[:0] = {path.split(':')!r}; "
+        "from calmkit_client.cli import main; raise SystemExit(main())"
+    )
     cli = code / "simulator" / "calmkit_simulator" / "cli.py"
     extra = []
     if snapshots is not None and "--key-snapshots" in cli.read_text():
         extra = ["--key-snapshots", str(snapshots)]
     proc = subprocess.Popen(
-        [sys.executable, "-c", boot, "serve", "--address", "127.0.0.1:0", "--db", str(db),
-         *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+        [sys.executable, "-c", boot, "serve", "--address", "127.0.0.1:0", "--db", str(db), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     match = re.search(r"listening on (\S+)", line)
@@ -200,26 +205,42 @@ def _batches(plan_json: str, count: int, batch: int, seed: int, columnar: bool) 
         oue_bytes = [bytes(int(nbytes[v])) for v in views[~grr[views]]]
         if columnar:
             msg = pb.ColumnarBatch(
-                collection_id="scale", plan_digest=plan.digest, count=n,
+                collection_id="scale",
+                plan_digest=plan.digest,
+                count=n,
                 views=views.astype("<u4").tobytes(),
-                cells=cells[grr[views]].astype("<u4").tobytes(), bits=b"".join(oue_bytes),
-                report_ids=ids, pseudonyms=pseudonyms,
-            )  # fmt: skip
+                cells=cells[grr[views]].astype("<u4").tobytes(),
+                bits=b"".join(oue_bytes),
+                report_ids=ids,
+                pseudonyms=pseudonyms,
+            )
         else:
             oue = iter(oue_bytes)
             reports = [
-                pb.Report(view=int(v), report_id=ids[16 * i : 16 * i + 16],
-                          pseudonym=pseudonyms[16 * i : 16 * i + 16],
-                          **({"cell": int(c)} if grr[v] else {"bits": next(oue)}))
+                pb.Report(
+                    view=int(v),
+                    report_id=ids[16 * i : 16 * i + 16],
+                    pseudonym=pseudonyms[16 * i : 16 * i + 16],
+                    **({"cell": int(c)} if grr[v] else {"bits": next(oue)}),
+                )
                 for i, (v, c) in enumerate(zip(views, cells))
-            ]  # fmt: skip
+            ]
             msg = pb.ReportBatch(collection_id="scale", plan_digest=plan.digest, reports=reports)
         out.append(msg.SerializeToString())
     return out
 
 
-def _client(address: str, token: str, plan_json: str, count: int, batch: int, seed: int,
-            columnar: bool, ready: mp.Barrier, out: mp.Queue) -> None:  # fmt: skip
+def _client(
+    address: str,
+    token: str,
+    plan_json: str,
+    count: int,
+    batch: int,
+    seed: int,
+    columnar: bool,
+    ready: mp.Barrier,
+    out: mp.Queue,
+) -> None:
     messages = _batches(plan_json, count, batch, seed, columnar)
     method = "SubmitColumnar" if columnar else "SubmitReports"
     with grpc.insecure_channel(address) as channel:
@@ -235,8 +256,16 @@ def _client(address: str, token: str, plan_json: str, count: int, batch: int, se
 
 
 # -- one design ----------------------------------------------------------------------------------
-def _measure(code: Path, tmp: Path, reports: int, clients: int, batch: int, columnar: bool,
-             windows: int, replicas: int = 0) -> dict[str, float]:  # fmt: skip
+def _measure(
+    code: Path,
+    tmp: Path,
+    reports: int,
+    clients: int,
+    batch: int,
+    columnar: bool,
+    windows: int,
+    replicas: int = 0,
+) -> dict[str, float]:
     """One fresh run; ``replicas`` > 0: that many servers on a throwaway PostgreSQL
     (clients spread over them), else one server on SQLite."""
     pg_server = None  # (the server process runs ``code``; clients and admin run this checkout)
@@ -249,35 +278,55 @@ def _measure(code: Path, tmp: Path, reports: int, clients: int, batch: int, colu
     else:
         db = tmp / "agg.db"
     try:
-        return _ingest(code, db, reports, clients, batch, columnar, windows, max(replicas, 1),
-                       None if pg_server is None else pg_server.data)  # fmt: skip
+        return _ingest(
+            code,
+            db,
+            reports,
+            clients,
+            batch,
+            columnar,
+            windows,
+            max(replicas, 1),
+            None if pg_server is None else pg_server.data,
+        )
     finally:
         if pg_server is not None:
             pg_server.stop()
 
 
-def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, columnar: bool,
-            windows: int, replicas: int, pg_data: Path | None) -> dict[str, float]:  # fmt: skip
+def _ingest(
+    code: Path,
+    db: Path | str,
+    reports: int,
+    clients: int,
+    batch: int,
+    columnar: bool,
+    windows: int,
+    replicas: int,
+    pg_data: Path | None,
+) -> dict[str, float]:
     from calmkit_aggregator.service.admin import AdminClient
     from calmkit_client import Schema
 
-    folders = [None] * replicas if pg_data is None else [
-        pg_data.parent / f"keys{i}" for i in range(replicas)]  # fmt: skip
+    folders = (
+        [None] * replicas
+        if pg_data is None
+        else [pg_data.parent / f"keys{i}" for i in range(replicas)]
+    )
     servers = [_serve(code, db, folder) for folder in folders]
     disk_path = pg_data if pg_data is not None else Path(db).parent  # the store's device
     address = servers[0][1]
     with AdminClient(address) as admin:
-        info = admin.create_collection(Schema.from_sizes(SIZES), 1.0, reports, 2,
-                                       collection_id="scale", views=VIEWS, seed=1)  # fmt: skip
+        info = admin.create_collection(
+            Schema.from_sizes(SIZES), 1.0, reports, 2, collection_id="scale", views=VIEWS, seed=1
+        )
     plan_json = info.plan.to_json()
     ctx = mp.get_context("spawn")
     ready, out = ctx.Barrier(clients + 1), ctx.Queue()
-    share = -(-reports // clients)
-    procs = [ctx.Process(target=_client, args=(servers[i % replicas][1], info.submit_token,
-                                               plan_json,
-                                               min(share, reports - i * share), batch, 100 + i,
-                                               columnar, ready, out))
-             for i in range(clients)]  # fmt: skip
+    addresses = [servers[i % replicas][1] for i in range(clients)]
+    procs = _client_processes(
+        ctx, addresses, info.submit_token, plan_json, reports, batch, columnar, ready, out
+    )
     for p in procs:
         p.start()
     wal0 = _wal(db)
@@ -314,21 +363,9 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
     wal = _wal(db) - wal0
     _checkpoint(db)  # PostgreSQL: the data pages the ingest dirtied reach the disk too
     disk = _disk_written(disk_path) - disk0
-    # rate per window of the store's size: batches done in order of completion
-    edges = np.linspace(0, len(finished), windows + 1).astype(int)
-    stamps = np.array([t0, *finished])
-    rates = [(edges[i + 1] - edges[i]) * batch / (stamps[edges[i + 1]] - stamps[edges[i]])
-             for i in range(windows)]  # fmt: skip
+    rates = _window_rates(finished, t0, windows, batch)
     ok = np.array([p for p in probes if p is not None]) * 1e3
-    at_stop = 0  # what a graceful stop writes (SQLite: the key snapshots)
-    disk_stop0 = _disk_written(disk_path)
-    for p, _ in servers:
-        before = _written(p.pid)
-        p.send_signal(signal.SIGTERM)
-        os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped
-        at_stop += _written(p.pid) - before
-        p.wait(timeout=60)
-    disk_stop = _disk_written(disk_path) - disk_stop0
+    at_stop, disk_stop = _stop_servers(servers, disk_path)
     stored_bytes = reports * (16 + 16 + 4 + 4)  # ids, pseudonym, view, a cell (or OUE bytes)
     restart = _restart(code, db, info.submit_token, plan_json, folders[0])
     return {
@@ -356,8 +393,68 @@ def _ingest(code: Path, db: Path | str, reports: int, clients: int, batch: int, 
     }
 
 
-def _restart(code: Path, db: Path | str, token: str, plan_json: str,
-             snapshots: Path | None) -> dict[str, float]:  # fmt: skip
+def _window_rates(finished: list[float], t0: float, windows: int, batch: int) -> list[float]:
+    """Reports per second in each of ``windows`` windows of the store's size: the
+    batches done in order of completion (``finished``, their end times)."""
+    edges = np.linspace(0, len(finished), windows + 1).astype(int)
+    stamps = np.array([t0, *finished])
+    return [
+        (edges[i + 1] - edges[i]) * batch / (stamps[edges[i + 1]] - stamps[edges[i]])
+        for i in range(windows)
+    ]
+
+
+def _client_processes(
+    ctx: Any,
+    addresses: list[str],
+    token: str,
+    plan_json: str,
+    reports: int,
+    batch: int,
+    columnar: bool,
+    ready: Any,
+    out: Any,
+) -> list[Any]:
+    """One client process per address, the reports shared out evenly (not started)."""
+    share = -(-reports // len(addresses))
+    return [
+        ctx.Process(
+            target=_client,
+            args=(
+                address,
+                token,
+                plan_json,
+                min(share, reports - i * share),
+                batch,
+                100 + i,
+                columnar,
+                ready,
+                out,
+            ),
+        )
+        for i, address in enumerate(addresses)
+    ]
+
+
+def _stop_servers(
+    servers: list[tuple[subprocess.Popen[str], str]], disk_path: Path
+) -> tuple[int, int]:
+    """Stop every server gracefully; what they wrote while stopping (SQLite: the key
+    snapshots) and what reached the store's disk meanwhile, in bytes."""
+    at_stop = 0
+    disk_stop0 = _disk_written(disk_path)
+    for p, _ in servers:
+        before = _written(p.pid)
+        p.send_signal(signal.SIGTERM)
+        os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped
+        at_stop += _written(p.pid) - before
+        p.wait(timeout=60)
+    return at_stop, _disk_written(disk_path) - disk_stop0
+
+
+def _restart(
+    code: Path, db: Path | str, token: str, plan_json: str, snapshots: Path | None
+) -> dict[str, float]:
     """Seconds from process start to: health and a query answered; a new report accepted."""
     from calmkit_aggregator.service.admin import AdminClient
 
@@ -393,8 +490,15 @@ def _alternating(reps: int, designs: list[tuple[object, ...]]) -> list[dict[str,
     return [{key: float(statistics.median(r[key] for r in rs)) for key in rs[0]} for rs in runs]
 
 
-def _run(code: Path, reports: int, clients: int, batch: int, columnar: bool,
-         windows: int, replicas: int = 0) -> dict[str, float]:  # fmt: skip
+def _run(
+    code: Path,
+    reports: int,
+    clients: int,
+    batch: int,
+    columnar: bool,
+    windows: int,
+    replicas: int = 0,
+) -> dict[str, float]:
     """One design in a child process (its own imports of ``code``)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -408,12 +512,19 @@ def _run(code: Path, reports: int, clients: int, batch: int, columnar: bool,
     return result
 
 
-def _child(code: Path, reports: int, clients: int, batch: int, columnar: bool, windows: int,
-           replicas: int, out: mp.Queue) -> None:  # fmt: skip
+def _child(
+    code: Path,
+    reports: int,
+    clients: int,
+    batch: int,
+    columnar: bool,
+    windows: int,
+    replicas: int,
+    out: mp.Queue,
+) -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            out.put(_measure(code, Path(tmp), reports, clients, batch, columnar, windows,
-                             replicas))  # fmt: skip
+            out.put(_measure(code, Path(tmp), reports, clients, batch, columnar, windows, replicas))
     except BaseException:
         out.put(traceback.format_exc())
         raise
@@ -432,21 +543,27 @@ def _report(name: str, r: dict[str, float], reports: int) -> None:
         f"during ingest, {r.get('written_by_db', float('nan')):,.0f} by the database)"
     )
     if r.get("disk_per_report", 0.0) > 0:
-        print(f"  disk                {r['disk_per_report']:10,.0f} bytes/report  "
-              f"({r['disk_per_stored']:.1f}x the bytes stored; {r['disk_at_stop']:,.0f} of them "
-              "at the graceful stop; the device, after a checkpoint and sync)")  # fmt: skip
+        print(
+            f"  disk                {r['disk_per_report']:10,.0f} bytes/report  "
+            f"({r['disk_per_stored']:.1f}x the bytes stored; {r['disk_at_stop']:,.0f} of them "
+            "at the graceful stop; the device, after a checkpoint and sync)"
+        )
     if r.get("wal_per_report", 0.0) > 0:
         print(f"  WAL                 {r['wal_per_report']:10,.0f} bytes/report  (pg_stat_wal)")
     print(
         f"  health              p50 {r['health_p50']:.1f} ms, p99 {r['health_p99']:.1f} ms, "
         f"max {r['health_max']:.1f} ms, {r['health_failed']} failed"
     )
-    print(f"  restart             serving after {r['restart_serving']:.2f} s, accepting reports "
-          f"after {r['restart_accepting']:.2f} s")  # fmt: skip
+    print(
+        f"  restart             serving after {r['restart_serving']:.2f} s, accepting reports "
+        f"after {r['restart_accepting']:.2f} s"
+    )
     per_report = r["cpu_server"] + r["cpu_clients"] + r["cpu_db"]
-    print(f"  CPU s/1000 reports  server(s) {r['cpu_server']:.4f}, clients {r['cpu_clients']:.4f}, "
-          f"database {r['cpu_db']:.4f}; {r['cores']:.2f} cores busy; "
-          f"{per_report * TARGET_RATE / 1e3:.2f} cores at {TARGET_RATE:,}/s")  # fmt: skip
+    print(
+        f"  CPU s/1000 reports  server(s) {r['cpu_server']:.4f}, clients {r['cpu_clients']:.4f}, "
+        f"database {r['cpu_db']:.4f}; {r['cores']:.2f} cores busy; "
+        f"{per_report * TARGET_RATE / 1e3:.2f} cores at {TARGET_RATE:,}/s"
+    )
 
 
 def main() -> int:
@@ -458,24 +575,43 @@ def main() -> int:
     parser.add_argument("--windows", type=int, default=10)
     parser.add_argument("--baseline-ref", default=BASELINE_REF)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--postgres-replicas", type=int, nargs="*", default=[1, 2],
-                        help="replica counts to run on a throwaway PostgreSQL (none: skip)")
+    parser.add_argument(
+        "--postgres-replicas",
+        type=int,
+        nargs="*",
+        default=[1, 2],
+        help="replica counts to run on a throwaway PostgreSQL (none: skip)",
+    )
     parser.add_argument("--postgres-reports", type=int, default=2_000_000)
-    parser.add_argument("--postgres-baseline-ref", default=PG_BASELINE_REF,
-                        help="the previous PostgreSQL design, run alternately (empty: skip)")
+    parser.add_argument(
+        "--postgres-baseline-ref",
+        default=PG_BASELINE_REF,
+        help="the previous PostgreSQL design, run alternately (empty: skip)",
+    )
     args = parser.parse_args()
     base = None
     if args.baseline_reports:
         with _checkout(args.baseline_ref) as worktree:
             if worktree is not None:
-                base = _median_of(args.reps, worktree, args.baseline_reports, args.clients,
-                                  args.batch, False, args.windows)  # fmt: skip
-                _report(f"baseline ({args.baseline_ref}: ReportBatch, schema 2)", base,
-                        args.baseline_reports)  # fmt: skip
+                base = _median_of(
+                    args.reps,
+                    worktree,
+                    args.baseline_reports,
+                    args.clients,
+                    args.batch,
+                    False,
+                    args.windows,
+                )
+                _report(
+                    f"baseline ({args.baseline_ref}: ReportBatch, schema 2)",
+                    base,
+                    args.baseline_reports,
+                )
     current = None
     if args.reports:
-        current = _median_of(args.reps, ROOT, args.reports, args.clients, args.batch, True,
-                             args.windows)  # fmt: skip
+        current = _median_of(
+            args.reps, ROOT, args.reports, args.clients, args.batch, True, args.windows
+        )
         _report("current (SubmitColumnar, batch log, schema 3)", current, args.reports)
     if base is not None and current is not None:
         ratio = {k: current[k] / base[k] for k in ("rate", "written_per_report", "health_p99")}
@@ -491,20 +627,30 @@ def main() -> int:
             designs = [(ROOT, *job)] + ([(pg_base, *job)] if pg_base is not None else [])
             results = _alternating(args.reps, designs)
             pg = results[0]
-            _report(f"PostgreSQL, {replicas} replica(s): batch log, keys in memory", pg,
-                    args.postgres_reports)  # fmt: skip
+            _report(
+                f"PostgreSQL, {replicas} replica(s): batch log, keys in memory",
+                pg,
+                args.postgres_reports,
+            )
             if current is not None:
-                print(f"PostgreSQL {replicas} replica(s) / SQLite current: reports/s "
-                      f"{pg['rate'] / current['rate']:.2f}x")  # fmt: skip
+                print(
+                    f"PostgreSQL {replicas} replica(s) / SQLite current: reports/s "
+                    f"{pg['rate'] / current['rate']:.2f}x"
+                )
             if pg_base is not None:
                 old = results[1]
-                _report(f"PostgreSQL, {replicas} replica(s), baseline "
-                        f"({args.postgres_baseline_ref}: keys under unique indexes)", old,
-                        args.postgres_reports)  # fmt: skip
-                print(f"PostgreSQL {replicas} replica(s) current / baseline: reports/s "
-                      f"{pg['rate'] / old['rate']:.2f}x, last/first window "
-                      f"{pg['last'] / pg['first']:.2f} vs {old['last'] / old['first']:.2f}, "
-                      f"CPU per report {_per_report(pg) / _per_report(old):.2f}x")  # fmt: skip
+                _report(
+                    f"PostgreSQL, {replicas} replica(s), baseline "
+                    f"({args.postgres_baseline_ref}: keys under unique indexes)",
+                    old,
+                    args.postgres_reports,
+                )
+                print(
+                    f"PostgreSQL {replicas} replica(s) current / baseline: reports/s "
+                    f"{pg['rate'] / old['rate']:.2f}x, last/first window "
+                    f"{pg['last'] / pg['first']:.2f} vs {old['last'] / old['first']:.2f}, "
+                    f"CPU per report {_per_report(pg) / _per_report(old):.2f}x"
+                )
     return 0
 
 
@@ -523,8 +669,10 @@ def _checkout(ref: str | None) -> Iterator[Path | None]:
         yield None
         return
     worktree = Path(tempfile.mkdtemp()) / "baseline"
-    made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree),
-                           ref], capture_output=True)  # fmt: skip
+    made = subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), ref],
+        capture_output=True,
+    )
     if made.returncode != 0:
         print(f"baseline skipped: git worktree add {ref} failed: {made.stderr.decode().strip()}")
         yield None
@@ -532,8 +680,10 @@ def _checkout(ref: str | None) -> Iterator[Path | None]:
     try:
         yield worktree
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
+            capture_output=True,
+        )
 
 
 if __name__ == "__main__":

@@ -84,9 +84,9 @@ def _diagnose(support, population):  # type: ignore[no-untyped-def]
             continue
         shared = shared_sets(t.attrs, views.closure)
         cover = [set(t.axes_of(s)) for s in shared]
-        base, _, _ = maximum_entropy(t.values.shape,
-                                     [(t.axes_of(s), t.project(s).values) for s in shared],
-                                     1e-12, 1000)  # fmt: skip
+        base, _, _ = maximum_entropy(
+            t.values.shape, [(t.axes_of(s), t.project(s).values) for s in shared], 1e-12, 1000
+        )
         truth = population.marginal(t.attrs)
         x, y = _unshared(t.values - base, cover), _unshared(truth - base, cover)
         lam = float(np.clip((x * y).sum() / max(float((x * x).sum()), 1e-300), 0.0, 1.0))
@@ -104,8 +104,13 @@ def run(reps: int, data_dir: str) -> list[dict[str, object]]:
         population = load_dataset(name, data_dir, rng=0, **options)
         if n is not None and n != population.n:
             population = population.resample(n, rng=0)
-        sums: dict[str, list[float]] = {"paper": [], "default": [], "best": [], "left": [],
-                                        "lambda": []}  # fmt: skip
+        sums: dict[str, list[float]] = {
+            "paper": [],
+            "default": [],
+            "best": [],
+            "left": [],
+            "lambda": [],
+        }
         for rep in range(reps):
             views = spread_views(range(population.schema.d), l, m, rng=rep)
             plan = Plan(population.schema, eps, views, seed=rep)
@@ -113,15 +118,28 @@ def run(reps: int, data_dir: str) -> list[dict[str, object]]:
             queries = random_queries(population.schema.d, 3, 100, np.random.default_rng([12, rep]))
             default = reconstruct(support)
             best, left = _diagnose(support, population)
-            for key, est in (("paper", reconstruct(support, shrink=False)),
-                             ("default", default), ("best", best)):  # fmt: skip
-                sums[key].append(float(np.mean([sse(population.marginal(q), est.answer(q).values)
-                                                     for q in queries])))  # fmt: skip
+            for key, est in (
+                ("paper", reconstruct(support, shrink=False)),
+                ("default", default),
+                ("best", best),
+            ):
+                sums[key].append(
+                    float(
+                        np.mean(
+                            [sse(population.marginal(q), est.answer(q).values) for q in queries]
+                        )
+                    )
+                )
             sums["left"].append(left)
             assert default.shrinkage is not None
             sums["lambda"].append(float(np.mean(default.shrinkage[default.shrinkage < 1])))
-        row = {"data": f"{name} (n={population.n}, d={population.schema.d})", "eps": eps,
-               "l": l, "m": m, **{k: float(np.mean(v)) for k, v in sums.items()}}  # fmt: skip
+        row = {
+            "data": f"{name} (n={population.n}, d={population.schema.d})",
+            "eps": eps,
+            "l": l,
+            "m": m,
+            **{k: float(np.mean(v)) for k, v in sums.items()},
+        }
         rows.append(row)
         print(row, flush=True)
     return rows
@@ -142,9 +160,11 @@ def write(rows: list[dict[str, object]], reps: int) -> str:
     ]
     for r in rows:
         p, d, b = float(r["paper"]), float(r["default"]), float(r["best"])  # type: ignore[arg-type]
-        lines.append(f"| {r['data']} | {r['eps']:g} | {r['l']}, {r['m']} | {p:.5f} | {d:.5f} "
-                     f"| **{d / p:.2f}** | {b:.5f} | {float(r['left']):.2f} "  # type: ignore[arg-type]
-                     f"| {float(r['lambda']):.2f} |")  # type: ignore[arg-type]  # fmt: skip
+        lines.append(
+            f"| {r['data']} | {r['eps']:g} | {r['l']}, {r['m']} | {p:.5f} | {d:.5f} "
+            f"| **{d / p:.2f}** | {b:.5f} | {float(r['left']):.2f} "  # type: ignore[arg-type]
+            f"| {float(r['lambda']):.2f} |"
+        )  # type: ignore[arg-type]
     lines += [
         "",
         "The shrinkage's factor `1 - c dim / ||T - base||^2` assumes the view's unshared",
@@ -164,8 +184,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     default = ROOT.parent / "shared" / "datasets"
-    parser.add_argument("--data-dir", default=str(default if default.is_dir()
-                                                  else "/work/shared/datasets"))  # fmt: skip
+    parser.add_argument(
+        "--data-dir", default=str(default if default.is_dir() else "/work/shared/datasets")
+    )
     args = parser.parse_args()
     print(write(run(args.reps, args.data_dir), args.reps))
 

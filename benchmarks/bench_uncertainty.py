@@ -86,8 +86,10 @@ def main() -> None:
     ap.add_argument("--bases", type=int, default=5)
     args = ap.parse_args()
     t0 = time.perf_counter()
-    print(f"# served / empirical variance ({args.reps} collections; median (range) over "
-          f"{args.bases} served answers)\n")  # fmt: skip
+    print(
+        f"# served / empirical variance ({args.reps} collections; median (range) over "
+        f"{args.bases} served answers)\n"
+    )
     print("| eps | answer | empirical (sum) | before | bootstrap 32 | bootstrap 200 |")
     print("|---|---|---|---|---|---|")
     raw_rows = []
@@ -105,8 +107,9 @@ def main() -> None:
             emp = np.stack([r.answer(q).values for r in runs]).var(axis=0, ddof=1).sum()
             old = [before(estimate_views(supports[i]), q) / emp for i in bases]
             new = {b: [bt.variance(q).sum() / emp for bt in boots[b]] for b in boots}
-            print(f"| {eps:g} | {label} | {emp:.3g} | {fmt(old)} | {fmt(new[32])} | "
-                  f"{fmt(new[200])} |")  # fmt: skip
+            print(
+                f"| {eps:g} | {label} | {emp:.3g} | {fmt(old)} | {fmt(new[32])} | {fmt(new[200])} |"
+            )
         # one view's raw estimate: its most frequent cell
         j = 0
         est = np.stack([estimate_views(s)[j].values.reshape(-1) for s in supports])

@@ -42,69 +42,168 @@ T = "tests"
 
 # module -> (file, tests that cover it)
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "oracles": ("client/calmkit_client/oracles.py", (
-        f"{T}/client/test_oracles_stats.py", f"{T}/client/test_oracles_privacy.py",
-        f"{T}/client/test_grr_exact_privacy.py", f"{T}/client/test_oue_exact_privacy.py",
-        f"{T}/client/test_report.py", f"{T}/simulator/test_collect.py")),
-    "estimate": (f"{AGG}/reconstruction/estimate.py", (
-        f"{T}/aggregator/test_estimate.py", f"{T}/aggregator/test_reconstruction.py",
-        f"{T}/aggregator/test_uncertainty.py",
-        f"{T}/integration/test_calm_end_to_end.py")),
-    "consistency": (f"{AGG}/reconstruction/consistency.py", (
-        f"{T}/aggregator/test_consistency_weights.py", f"{T}/aggregator/test_consistency_levels.py",
-        f"{T}/aggregator/test_consistency_noisy.py", f"{T}/aggregator/test_reconstruction.py",
-        f"{T}/integration/test_calm_end_to_end.py")),
-    "shrinkage": (f"{AGG}/reconstruction/shrinkage.py", (
-        f"{T}/aggregator/test_shrinkage.py", f"{T}/aggregator/test_reconstruction.py",
-        f"{T}/integration/test_calm_end_to_end.py")),
-    "maxent": (f"{AGG}/reconstruction/maxent.py", (
-        f"{T}/aggregator/test_maxent.py", f"{T}/aggregator/test_reconstruction.py",
-        f"{T}/aggregator/test_shrinkage.py", f"{T}/integration/test_calm_end_to_end.py")),
-    "planning": (f"{AGG}/planning/search.py", (
-        f"{T}/aggregator/test_planning_search.py", f"{T}/aggregator/test_planning.py",
-        f"{T}/aggregator/test_error_model.py")),
-    "error_model": (f"{AGG}/planning/error_model.py", (
-        f"{T}/aggregator/test_error_model.py", f"{T}/aggregator/test_planning.py")),
-    "profile": (f"{AGG}/planning/profile.py", (
-        f"{T}/aggregator/test_profile.py", f"{T}/aggregator/test_planning.py",
-        f"{T}/aggregator/test_error_model.py")),
-    "designs": (f"{AGG}/planning/designs.py", (
-        f"{T}/aggregator/test_designs.py", f"{T}/aggregator/test_planning.py")),
-    "pilot": (f"{AGG}/planning/pilot.py", (
-        f"{T}/aggregator/test_planning.py", f"{T}/aggregator/test_storage_phases.py",
-        f"{T}/integration/test_phases.py")),
-    "phases": (f"{AGG}/phases.py", (
-        f"{T}/aggregator/test_planning.py", f"{T}/aggregator/test_storage_phases.py",
-        f"{T}/integration/test_phases.py")),
-    "planner": (f"{AGG}/planning/collection.py", (
-        f"{T}/aggregator/test_planning.py", f"{T}/simulator/test_calm_plan_cache.py")),
+    "oracles": (
+        "client/calmkit_client/oracles.py",
+        (
+            f"{T}/client/test_oracles_stats.py",
+            f"{T}/client/test_oracles_privacy.py",
+            f"{T}/client/test_grr_exact_privacy.py",
+            f"{T}/client/test_oue_exact_privacy.py",
+            f"{T}/client/test_report.py",
+            f"{T}/simulator/test_collect.py",
+        ),
+    ),
+    "estimate": (
+        f"{AGG}/reconstruction/estimate.py",
+        (
+            f"{T}/aggregator/test_estimate.py",
+            f"{T}/aggregator/test_reconstruction.py",
+            f"{T}/aggregator/test_uncertainty.py",
+            f"{T}/integration/test_calm_end_to_end.py",
+        ),
+    ),
+    "consistency": (
+        f"{AGG}/reconstruction/consistency.py",
+        (
+            f"{T}/aggregator/test_consistency_weights.py",
+            f"{T}/aggregator/test_consistency_levels.py",
+            f"{T}/aggregator/test_consistency_noisy.py",
+            f"{T}/aggregator/test_reconstruction.py",
+            f"{T}/integration/test_calm_end_to_end.py",
+        ),
+    ),
+    "shrinkage": (
+        f"{AGG}/reconstruction/shrinkage.py",
+        (
+            f"{T}/aggregator/test_shrinkage.py",
+            f"{T}/aggregator/test_reconstruction.py",
+            f"{T}/integration/test_calm_end_to_end.py",
+        ),
+    ),
+    "maxent": (
+        f"{AGG}/reconstruction/maxent.py",
+        (
+            f"{T}/aggregator/test_maxent.py",
+            f"{T}/aggregator/test_reconstruction.py",
+            f"{T}/aggregator/test_shrinkage.py",
+            f"{T}/integration/test_calm_end_to_end.py",
+        ),
+    ),
+    "planning": (
+        f"{AGG}/planning/search.py",
+        (
+            f"{T}/aggregator/test_planning_search.py",
+            f"{T}/aggregator/test_planning.py",
+            f"{T}/aggregator/test_error_model.py",
+        ),
+    ),
+    "error_model": (
+        f"{AGG}/planning/error_model.py",
+        (f"{T}/aggregator/test_error_model.py", f"{T}/aggregator/test_planning.py"),
+    ),
+    "profile": (
+        f"{AGG}/planning/profile.py",
+        (
+            f"{T}/aggregator/test_profile.py",
+            f"{T}/aggregator/test_planning.py",
+            f"{T}/aggregator/test_error_model.py",
+        ),
+    ),
+    "designs": (
+        f"{AGG}/planning/designs.py",
+        (f"{T}/aggregator/test_designs.py", f"{T}/aggregator/test_planning.py"),
+    ),
+    "pilot": (
+        f"{AGG}/planning/pilot.py",
+        (
+            f"{T}/aggregator/test_planning.py",
+            f"{T}/aggregator/test_storage_phases.py",
+            f"{T}/integration/test_phases.py",
+        ),
+    ),
+    "phases": (
+        f"{AGG}/phases.py",
+        (
+            f"{T}/aggregator/test_planning.py",
+            f"{T}/aggregator/test_storage_phases.py",
+            f"{T}/integration/test_phases.py",
+        ),
+    ),
+    "planner": (
+        f"{AGG}/planning/collection.py",
+        (f"{T}/aggregator/test_planning.py", f"{T}/simulator/test_calm_plan_cache.py"),
+    ),
     "choose": (f"{AGG}/planning/algorithm1.py", (f"{T}/aggregator/test_choose.py",)),
-    "global_model": (f"{AGG}/reconstruction/global_model.py", (
-        f"{T}/aggregator/test_global_model.py", f"{T}/aggregator/test_reconstruction.py")),
-}  # fmt: skip
+    "global_model": (
+        f"{AGG}/reconstruction/global_model.py",
+        (f"{T}/aggregator/test_global_model.py", f"{T}/aggregator/test_reconstruction.py"),
+    ),
+}
 
-_BINARY = ("Add_Sub", "Sub_Add", "Mul_Div", "Div_Mul", "FloorDiv_Div", "Mod_FloorDiv",
-           "Pow_Mul", "BitOr_BitAnd", "BitAnd_BitOr", "BitXor_BitOr", "LShift_RShift",
-           "RShift_LShift")  # fmt: skip
-_COMPARE = ("Lt_LtE", "LtE_Lt", "Gt_GtE", "GtE_Gt", "Eq_NotEq", "NotEq_Eq", "Is_IsNot",
-            "IsNot_Is", "In_NotIn", "NotIn_In")  # fmt: skip
+_BINARY = (
+    "Add_Sub",
+    "Sub_Add",
+    "Mul_Div",
+    "Div_Mul",
+    "FloorDiv_Div",
+    "Mod_FloorDiv",
+    "Pow_Mul",
+    "BitOr_BitAnd",
+    "BitAnd_BitOr",
+    "BitXor_BitOr",
+    "LShift_RShift",
+    "RShift_LShift",
+)
+_COMPARE = (
+    "Lt_LtE",
+    "LtE_Lt",
+    "Gt_GtE",
+    "GtE_Gt",
+    "Eq_NotEq",
+    "NotEq_Eq",
+    "Is_IsNot",
+    "IsNot_Is",
+    "In_NotIn",
+    "NotIn_In",
+)
 _UNARY = ("Delete_USub", "USub_UAdd", "Delete_Not", "Delete_Invert")
 OPERATORS = (
     *(f"core/ReplaceBinaryOperator_{b}" for b in _BINARY),
     *(f"core/ReplaceComparisonOperator_{c}" for c in _COMPARE),
     *(f"core/ReplaceUnaryOperator_{u}" for u in _UNARY),
-    "core/AddNot", "core/ReplaceTrueWithFalse", "core/ReplaceFalseWithTrue",
-    "core/ReplaceAndWithOr", "core/ReplaceOrWithAnd", "core/ReplaceBreakWithContinue",
-    "core/ReplaceContinueWithBreak", "core/NumberReplacer", "core/ZeroIterationForLoop",
-)  # fmt: skip
+    "core/AddNot",
+    "core/ReplaceTrueWithFalse",
+    "core/ReplaceFalseWithTrue",
+    "core/ReplaceAndWithOr",
+    "core/ReplaceOrWithAnd",
+    "core/ReplaceBreakWithContinue",
+    "core/ReplaceContinueWithBreak",
+    "core/NumberReplacer",
+    "core/ZeroIterationForLoop",
+)
 
 
 def _workspace(into: Path) -> None:
     """The working tree's files (tracked ones with uncommitted edits, and new ones not
     ignored) under ``into``."""
-    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others",
-                            "--exclude-standard"], check=True,
-                           capture_output=True).stdout.decode().split("\0")  # fmt: skip
+    files = (
+        subprocess.run(
+            [
+                "git",
+                "-C",
+                str(ROOT),
+                "ls-files",
+                "-z",
+                "--cached",
+                "--others",
+                "--exclude-standard",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, files):
         src = ROOT / name
         if src.is_file():
@@ -115,8 +214,12 @@ def _workspace(into: Path) -> None:
 
 def changed_lines(file: str, since: str) -> list[str]:
     """Line ranges ("a-b") of ``file`` changed since commit ``since`` (git diff -U0)."""
-    diff = subprocess.run(["git", "-C", str(ROOT), "diff", "-U0", since, "--", file],
-                          check=True, capture_output=True, text=True).stdout  # fmt: skip
+    diff = subprocess.run(
+        ["git", "-C", str(ROOT), "diff", "-U0", since, "--", file],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     out = []
     for m in re.finditer(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", diff, flags=re.M):
         start, count = int(m.group(1)), int(m.group(2) or 1)
@@ -130,8 +233,12 @@ def _config(
 ) -> None:
     keep = "|".join(re.escape(op) for op in OPERATORS)
     test = " ".join(_pytest(tests))
-    only = ("" if lines is None else "[cosmic-ray.filters.line-filter]\n"
-            f"lines = {{ {json.dumps(str(module))} = {json.dumps(lines)} }}\n")  # fmt: skip
+    only = (
+        ""
+        if lines is None
+        else "[cosmic-ray.filters.line-filter]\n"
+        f"lines = {{ {json.dumps(str(module))} = {json.dumps(lines)} }}\n"
+    )
     path.write_text(
         "[cosmic-ray]\n"
         f"module-path = {json.dumps(str(module))}\n"
@@ -180,8 +287,9 @@ def check(name: str, out: Path, timeout: float, since: str | None = None) -> dic
         _run([str(bin_dir / "cosmic-ray"), "init", str(config), str(session)], work, env)
         _run([str(bin_dir / "cr-filter-operators"), str(session), str(config)], work, env)
         if lines is not None:
-            _run([str(bin_dir / "cr-filter-lines"), "--config", str(config), str(session)],
-                 work, env)  # fmt: skip
+            _run(
+                [str(bin_dir / "cr-filter-lines"), "--config", str(config), str(session)], work, env
+            )
         _run([str(bin_dir / "cosmic-ray"), "baseline", str(config)], work, env)
         _run([str(bin_dir / "cosmic-ray"), "exec", str(config), str(session)], work, env)
         dump = _run([str(bin_dir / "cosmic-ray"), "dump", str(session)], work, env)
@@ -203,15 +311,24 @@ def check(name: str, out: Path, timeout: float, since: str | None = None) -> dic
         if outcome == "survived":
             m = item["mutations"][0]
             line = int(m["start_pos"][0])
-            survivors.append({
-                "line": line, "column": int(m["start_pos"][1]),
-                "operator": m["operator_name"].removeprefix("core/"),
-                "occurrence": m["occurrence"], "source": source[line - 1].strip(),
-                "diff": result.get("diff", ""),
-            })  # fmt: skip
+            survivors.append(
+                {
+                    "line": line,
+                    "column": int(m["start_pos"][1]),
+                    "operator": m["operator_name"].removeprefix("core/"),
+                    "occurrence": m["occurrence"],
+                    "source": source[line - 1].strip(),
+                    "diff": result.get("diff", ""),
+                }
+            )
     survivors.sort(key=lambda s: (s["line"], s["column"], s["operator"]))
-    summary = {"module": file, "tests": list(tests), "outcomes": outcomes,
-               "survivors": survivors, "seconds": round(seconds)}  # fmt: skip
+    summary = {
+        "module": file,
+        "tests": list(tests),
+        "outcomes": outcomes,
+        "survivors": survivors,
+        "seconds": round(seconds),
+    }
     if since is not None:
         summary["since"], summary["lines"] = since, lines
     out.mkdir(parents=True, exist_ok=True)
@@ -225,8 +342,12 @@ def recheck(name: str, out: Path) -> dict[str, int]:
     file, tests = MODULES[name]
     path = out / f"{name}.json"
     summary = json.loads(path.read_text())
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     counts: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix=f"recheck-{name}-") as tmp:
         work = Path(tmp)
@@ -235,8 +356,7 @@ def recheck(name: str, out: Path) -> dict[str, int]:
         original = target.read_text()
         for survivor in summary["survivors"]:
             patch = ["patch", "-s", "--no-backup-if-mismatch", str(target)]
-            patched = subprocess.run(patch, input=survivor["diff"], text=True,
-                                     capture_output=True)  # fmt: skip
+            patched = subprocess.run(patch, input=survivor["diff"], text=True, capture_output=True)
             if patched.returncode != 0:
                 result = "patch failed"
             else:
@@ -256,10 +376,14 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1, help="modules checked at once")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant")
     parser.add_argument("--out", default=str(ROOT / "docs" / "data" / "mutation"))
-    parser.add_argument("--recheck", action="store_true",
-                        help="apply the stored survivors to today's tree and tests")
-    parser.add_argument("--since", default=None,
-                        help="mutate only the lines changed since this commit")  # fmt: skip
+    parser.add_argument(
+        "--recheck",
+        action="store_true",
+        help="apply the stored survivors to today's tree and tests",
+    )
+    parser.add_argument(
+        "--since", default=None, help="mutate only the lines changed since this commit"
+    )
     args = parser.parse_args()
     if shutil.which("cosmic-ray", path=str(Path(sys.executable).parent)) is None:
         raise SystemExit('cosmic-ray is not installed: pip install -e ".[mutation]"')
@@ -269,15 +393,18 @@ def main() -> int:
             print(name, recheck(name, Path(args.out)))
         return 0
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        summaries = list(pool.map(lambda n: check(n, Path(args.out), args.timeout, args.since),
-                                  names))  # fmt: skip
+        summaries = list(
+            pool.map(lambda n: check(n, Path(args.out), args.timeout, args.since), names)
+        )
     print("| module | mutants | killed | survived | other | minutes |")
     print("|---|---|---|---|---|---|")
     for s in summaries:
         o = s["outcomes"]
         other = sum(v for k, v in o.items() if k not in ("killed", "survived"))
-        print(f"| {s['module']} | {sum(o.values())} | {o.get('killed', 0)} | "
-              f"{o.get('survived', 0)} | {other} | {s['seconds'] / 60:.0f} |")  # fmt: skip
+        print(
+            f"| {s['module']} | {sum(o.values())} | {o.get('killed', 0)} | "
+            f"{o.get('survived', 0)} | {other} | {s['seconds'] / 60:.0f} |"
+        )
     return 0
 
 

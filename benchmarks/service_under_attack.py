@@ -56,8 +56,11 @@ def _sync_server(storage: Storage, threads: int, limits: bool) -> tuple[Callable
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
     if limits:
         options.append(("grpc.max_concurrent_streams", 8))
-    server = grpc.server(futures.ThreadPoolExecutor(threads), options=options,
-                         maximum_concurrent_rpcs=48 if limits else None)  # fmt: skip
+    server = grpc.server(
+        futures.ThreadPoolExecutor(threads),
+        options=options,
+        maximum_concurrent_rpcs=48 if limits else None,
+    )
     wire.add_servicer(AggregatorService(storage), server)
     servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
@@ -85,12 +88,17 @@ def _stall(port: int, count: int) -> list[socket.socket]:
         sock = socket.create_connection(("127.0.0.1", port))
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         conn.initiate_connection()
-        conn.send_headers(1, [
-            (":method", "POST"), (":scheme", "http"),
-            (":path", "/calmkit.v1.Aggregator/SubmitReports"),
-            (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"),
-            ("te", "trailers"),
-        ])  # fmt: skip
+        conn.send_headers(
+            1,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", "/calmkit.v1.Aggregator/SubmitReports"),
+                (":authority", f"127.0.0.1:{port}"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ],
+        )
         conn.send_data(1, b"\x00" + struct.pack(">I", 1000) + b"\x0a\x02c1")
         sock.sendall(conn.data_to_send())
         sockets.append(sock)
@@ -133,12 +141,13 @@ def slow_streams(reps: int) -> None:
 
 
 def health_under_load(reps: int, users: int) -> None:
-    print(f"\nPart 2: health checks while 2 clients ingest {users:,} reports "
-          "(batches of 2,000)")  # fmt: skip
+    print(f"\nPart 2: health checks while 2 clients ingest {users:,} reports (batches of 2,000)")
     pop = synthetic_population(n=users, sizes=SIZES, rng=0)
     ids = np.arange(users, dtype=np.uint64)
-    print(f"{'server':20s}{'p50 ms':>10s}{'p99 ms':>10s}{'max ms':>10s}{'failed':>8s}"
-          f"{'reports/s':>12s}")  # fmt: skip
+    print(
+        f"{'server':20s}{'p50 ms':>10s}{'p99 ms':>10s}{'max ms':>10s}{'failed':>8s}"
+        f"{'reports/s':>12s}"
+    )
     rows = {}
     for name, make in SERVERS.items():
         if name == "sync-limits":
@@ -150,21 +159,24 @@ def health_under_load(reps: int, users: int) -> None:
                 stop, port = make(st)
                 address = f"127.0.0.1:{port}"
                 with AdminClient(address) as admin:
-                    info = admin.create_collection(pop.schema, 1.0, users, 3,
-                                                   collection_id="b", pilot=0.0)  # fmt: skip
+                    info = admin.create_collection(
+                        pop.schema, 1.0, users, 3, collection_id="b", pilot=0.0
+                    )
                 items = DeviceState.in_memory().reports_for("b", info.plan, pop.codes, ids)
-                batches = [client_wire.batch_to_proto("b", info.plan.digest, items[i : i + 2000])
-                           for i in range(0, users, 2000)]  # fmt: skip
+                batches = [
+                    client_wire.batch_to_proto("b", info.plan.digest, items[i : i + 2000])
+                    for i in range(0, users, 2000)
+                ]
                 token = [("authorization", f"Bearer {info.submit_token}")]
 
-                def ingest(part: list[object], address: str = address,
-                           token: list[tuple[str, str]] = token) -> None:  # fmt: skip
+                def ingest(
+                    part: list[object], address: str = address, token: list[tuple[str, str]] = token
+                ) -> None:
                     stub = client_wire.aggregator_stub(open_channel(address))
                     for batch in part:
                         stub.SubmitReports(batch, metadata=token, timeout=60)
 
-                workers = [threading.Thread(target=ingest, args=(batches[i::2],))
-                           for i in range(2)]  # fmt: skip
+                workers = [threading.Thread(target=ingest, args=(batches[i::2],)) for i in range(2)]
                 t0 = time.perf_counter()
                 for w in workers:
                     w.start()
@@ -181,8 +193,10 @@ def health_under_load(reps: int, users: int) -> None:
                 stop()
         p50, p99 = np.percentile(lat, [50, 99])
         rows[name] = (p99, statistics.median(rates))
-        print(f"{name:20s}{p50:10.1f}{p99:10.1f}{max(lat):10.1f}{failed:8d}"
-              f"{statistics.median(rates):12,.0f}")  # fmt: skip
+        print(
+            f"{name:20s}{p50:10.1f}{p99:10.1f}{max(lat):10.1f}{failed:8d}"
+            f"{statistics.median(rates):12,.0f}"
+        )
     (base_p99, base_rate), (new_p99, new_rate) = rows.values()
     print(f"aio / baseline: p99 {new_p99 / base_p99:.2f}x, ingest rate {new_rate / base_rate:.2f}x")
 

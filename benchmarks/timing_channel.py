@@ -165,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
             with code(version):
                 for name, run in cases(args.samples, rng):
                     results.setdefault((name, version), []).append(run())
-    print(f"timing distinguisher AUC, {args.samples} calls per case, {args.reps} reps, "
-          f"eps={EPSILON}; median (max) over reps; target <= {TARGET}")  # fmt: skip
+    print(
+        f"timing distinguisher AUC, {args.samples} calls per case, {args.reps} reps, "
+        f"eps={EPSILON}; median (max) over reps; target <= {TARGET}"
+    )
     print(f"| case | baseline (branching) | current | current <= {TARGET} |")
     print("|---|---|---|---|")
     for name in names:

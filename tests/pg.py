@@ -102,17 +102,37 @@ class PgServer:
             assert user is not None
             os.chown(self.dir, user.pw_uid, user.pw_gid)
             self._as = ["runuser", "-u", user.pw_name, "--"]
-        self._run(_binary("initdb"), "-D", str(self.data), "-U", "calmkit", "--auth=trust",
-                  "-E", "UTF8", "--no-sync")  # fmt: skip
+        self._run(
+            _binary("initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "calmkit",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
         self.start()
 
     def start(self) -> None:
         """Start the server on its data directory (after :meth:`crash`: crash recovery)."""
-        options = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
-                   "-c max_connections=200 -c shared_buffers=256MB -c max_wal_size=4GB "
-                   f"-c checkpoint_timeout=30min -c wal_compression=on {self._options}")
-        self._run(_binary("pg_ctl"), "-D", str(self.data), "-o", options,
-                  "-l", str(self.dir / "server.log"), "-w", "start")  # fmt: skip
+        options = (
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
+            "-c max_connections=200 -c shared_buffers=256MB -c max_wal_size=4GB "
+            f"-c checkpoint_timeout=30min -c wal_compression=on {self._options}"
+        )
+        self._run(
+            _binary("pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.dir / "server.log"),
+            "-w",
+            "start",
+        )
 
     def pids(self) -> list[int]:
         """The server's processes: the postmaster and its children."""

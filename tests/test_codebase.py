@@ -10,8 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = {"client": "calmkit_client", "aggregator": "calmkit_aggregator",
-           "simulator": "calmkit_simulator", "protos": "calmkit_proto"}  # fmt: skip
+SOURCES = {
+    "client": "calmkit_client",
+    "aggregator": "calmkit_aggregator",
+    "simulator": "calmkit_simulator",
+    "protos": "calmkit_proto",
+}
 LOCAL_FILES = re.compile(r"papers/|DESIGN\.md|notes/")
 
 
@@ -68,7 +72,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
+                return [*path[path.index(nxt) :], nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         state[node] = 2
@@ -89,8 +93,11 @@ def _defined(tree: ast.AST) -> set[str]:
     """The names a module defines: functions, classes, variables, attributes set."""
     out = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     out |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    return out | {n.attr for n in ast.walk(tree)
-                  if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}  # fmt: skip
+    return out | {
+        n.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+    }
 
 
 def _private_uses(name: str, anywhere: set[str]) -> list[str]:
@@ -126,10 +133,12 @@ def _private_uses(name: str, anywhere: set[str]) -> list[str]:
 
 def test_shipped_code_cites_no_local_files() -> None:
     assert len(MODULES) > 80
-    hits = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-            for path in MODULES.values()
-            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-            if LOCAL_FILES.search(line)]  # fmt: skip
+    hits = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in MODULES.values()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if LOCAL_FILES.search(line)
+    ]
     assert hits == []
 
 

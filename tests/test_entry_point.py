@@ -98,12 +98,17 @@ NO_EXTRAS = _extra_modules(*EXTRAS)
 COMMANDS = commands(build_parser())
 
 
-def _run(argv: list[str], missing: set[str] | None = None, timeout: float = 120,
-         **kwargs: Any) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def _run(
+    argv: list[str], missing: set[str] | None = None, timeout: float = 120, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
     entry = _project()["scripts"]["calmkit"]
-    return subprocess.run([sys.executable, "-c", RUNNER, json.dumps(sorted(missing or ())), entry,
-                           *argv], capture_output=True, text=True, timeout=timeout,
-                          **kwargs)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", RUNNER, json.dumps(sorted(missing or ())), entry, *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
+    )
 
 
 def test_the_extras_are_pyprojects() -> None:
@@ -130,12 +135,25 @@ INVOCATIONS = {
     "query": ["query", "--address", "127.0.0.1:9", "--collection", "c", "--attrs", "a0"],
     "datasets": ["datasets", "list", "--json", "--data-dir", "{tmp}"],
     "population": ["population", "--d", "3", "--json"],
-    "plan": ["plan", "--domain", "2,2,3,2", "--n", "5000", "--k", "2", "--epsilon", "1",
-             "--json"],
-    "simulate": ["simulate", "--d", "4", "--k", "2", "--epsilon", "1", "--n", "2000",
-                 "--reps", "1", "--queries", "2", "--json"],
+    "plan": ["plan", "--domain", "2,2,3,2", "--n", "5000", "--k", "2", "--epsilon", "1", "--json"],
+    "simulate": [
+        "simulate",
+        "--d",
+        "4",
+        "--k",
+        "2",
+        "--epsilon",
+        "1",
+        "--n",
+        "2000",
+        "--reps",
+        "1",
+        "--queries",
+        "2",
+        "--json",
+    ],
     "experiment": ["experiment", "fig4", "--quick", "--no-plot", "--out", "{tmp}/out"],
-}  # fmt: skip
+}
 
 
 def _argv(command: str, tmp: Path) -> list[str]:
@@ -149,8 +167,10 @@ def test_every_command_has_an_invocation() -> None:
 @pytest.mark.parametrize("command", sorted(c for c, p in COMMANDS.items() if p.extra))
 def test_a_command_without_its_extra_names_it(command: str, tmp_path: Path) -> None:
     extra = COMMANDS[command].extra
-    advice = f"calmkit: error: calmkit {command} needs the {extra} extra: pip install " \
-             f"'calmkit[{extra}]' ("  # fmt: skip
+    advice = (
+        f"calmkit: error: calmkit {command} needs the {extra} extra: pip install "
+        f"'calmkit[{extra}]' ("
+    )
     out = _run(_argv(command, tmp_path), NO_EXTRAS)
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith(advice) and out.stderr.count("\n") == 1, out.stderr
@@ -161,10 +181,10 @@ def test_a_command_without_its_extra_names_it(command: str, tmp_path: Path) -> N
 
 
 # query needs a running service: the service test below runs it on the base install
-@pytest.mark.parametrize("command", sorted(c for c, p in COMMANDS.items()
-                                           if not p.extra and c != "query"))  # fmt: skip
-def test_a_command_without_an_extra_runs_on_the_base_install(command: str,
-                                                             tmp_path: Path) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "command", sorted(c for c, p in COMMANDS.items() if not p.extra and c != "query")
+)
+def test_a_command_without_an_extra_runs_on_the_base_install(command: str, tmp_path: Path) -> None:
     out = _run(_argv(command, tmp_path), NO_EXTRAS)
     assert (out.returncode, out.stderr) == (0, "")
     assert json.loads(out.stdout)
@@ -187,9 +207,12 @@ def aggregator_only_server(tmp_path: Path) -> Iterator[str]:
     """``calmkit serve`` on an install of the base and the aggregator extra."""
     entry = _project()["scripts"]["calmkit"]
     argv = ["serve", "--db", str(tmp_path / "agg.db"), "--address", "127.0.0.1:0"]
-    server = subprocess.Popen([sys.executable, "-c", RUNNER, json.dumps(sorted(
-        _only("aggregator"))), entry, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, json.dumps(sorted(_only("aggregator"))), entry, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert server.stdout is not None
         line = server.stdout.readline()
@@ -205,15 +228,43 @@ def test_the_service_commands_run_with_only_the_aggregator_extra(
     aggregator_only_server: str,
 ) -> None:
     address, missing = aggregator_only_server, _only("aggregator")
-    created = _run(["collection", "create", "--address", address, "--domain", "2,3",
-                    "--epsilon", "1", "--k", "2", "--views", "0,1", "--json"], missing)  # fmt: skip
+    created = _run(
+        [
+            "collection",
+            "create",
+            "--address",
+            address,
+            "--domain",
+            "2,3",
+            "--epsilon",
+            "1",
+            "--k",
+            "2",
+            "--views",
+            "0,1",
+            "--json",
+        ],
+        missing,
+    )
     assert (created.returncode, created.stderr) == (0, ""), created.stderr
     collection = json.loads(created.stdout)["collection_id"]
     listed = _run(["collection", "list", "--address", address, "--json"], missing)
     assert [c["collection_id"] for c in json.loads(listed.stdout)] == [collection]
     # query only talks to the service: the base install runs it
-    query = _run(["query", "--address", address, "--collection", collection, "--attrs",
-                  "a0,a1", "--format", "json"], NO_EXTRAS)  # fmt: skip
+    query = _run(
+        [
+            "query",
+            "--address",
+            address,
+            "--collection",
+            collection,
+            "--attrs",
+            "a0,a1",
+            "--format",
+            "json",
+        ],
+        NO_EXTRAS,
+    )
     # the query reached the server, which has nothing to answer from yet
     assert query.returncode == 2 and query.stderr.endswith("has no reports yet\n"), query.stderr
 

@@ -32,7 +32,7 @@ def _blocks() -> list[tuple[int, str]]:
         if start is None and line.strip() == "```python":
             start = i
         elif start is not None and line.strip() == "```":
-            out.append((start + 1, "\n".join(lines[start:i - 1])))
+            out.append((start + 1, "\n".join(lines[start : i - 1])))
             start = None
     return out
 
@@ -60,25 +60,35 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, s
     server, port = create_server("127.0.0.1:0", storage, tls=tls)
     address = f"localhost:{port}"
     with AdminClient(address, root_certificates=cert_file.read_bytes()) as admin:
-        info = admin.create_collection(Schema.from_sizes((2, 3, 2, 4)), 1.0, 1000, 3,
-                                       collection_id="survey-1", pilot=0.0)  # fmt: skip
-    yield {"CALMKIT_ADDRESS": address, "CALMKIT_CA": str(cert_file),
-           "CALMKIT_SUBMIT_TOKEN": info.submit_token or ""}  # fmt: skip
+        info = admin.create_collection(
+            Schema.from_sizes((2, 3, 2, 4)), 1.0, 1000, 3, collection_id="survey-1", pilot=0.0
+        )
+    yield {
+        "CALMKIT_ADDRESS": address,
+        "CALMKIT_CA": str(cert_file),
+        "CALMKIT_SUBMIT_TOKEN": info.submit_token or "",
+    }
     graceful_stop(server, 1.0)
     storage.close()
 
 
 @pytest.mark.parametrize("line, code", BLOCKS, ids=[f"README.md:{n}" for n, _ in BLOCKS])
 def test_readme_block_runs(
-    line: int, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+    line: int,
+    code: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     for name in NEEDS.findall(code):
         from calmkit_simulator.catalog import dataset_path
 
         if not dataset_path(name).exists():
-            pytest.skip(f"README.md:{line} needs the {name} dataset ({dataset_path(name)} is "
-                        f"absent: run `calmkit datasets fetch {name}`)")  # fmt: skip
+            pytest.skip(
+                f"README.md:{line} needs the {name} dataset ({dataset_path(name)} is "
+                f"absent: run `calmkit datasets fetch {name}`)"
+            )
     if "CALMKIT_ADDRESS" in code:
         for key, value in request.getfixturevalue("tls_server").items():
             monkeypatch.setenv(key, value)

@@ -44,15 +44,37 @@ if TYPE_CHECKING:
 else:
     from calmkit_client.lazy import lazy_exports
 
-    __getattr__, __dir__ = lazy_exports(__name__, {
-        ".phases": ("PhasedDesign", "combine_phases"),
-        ".planning": ("DataProfile", "PlannedViews", "Workload", "choose_plan", "choose_views",
-                      "pilot_plan", "plan_after_pilot", "plan_collection", "predict_error"),
-        ".reconstruction": ("RECONSTRUCTIONS", "Answer", "Estimator", "GlobalEstimator",
-                            "MarginalEstimator", "MarginalTable", "SupportCounts", "bootstrap",
-                            "estimate_views", "make_consistent", "reconstruct",
-                            "reconstruct_by"),
-    })  # fmt: skip
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            ".phases": ("PhasedDesign", "combine_phases"),
+            ".planning": (
+                "DataProfile",
+                "PlannedViews",
+                "Workload",
+                "choose_plan",
+                "choose_views",
+                "pilot_plan",
+                "plan_after_pilot",
+                "plan_collection",
+                "predict_error",
+            ),
+            ".reconstruction": (
+                "RECONSTRUCTIONS",
+                "Answer",
+                "Estimator",
+                "GlobalEstimator",
+                "MarginalEstimator",
+                "MarginalTable",
+                "SupportCounts",
+                "bootstrap",
+                "estimate_views",
+                "make_consistent",
+                "reconstruct",
+                "reconstruct_by",
+            ),
+        },
+    )
     del lazy_exports
 
 __all__ = [

@@ -34,12 +34,14 @@ def build_parser() -> CommandParser:
     from calmkit_aggregator.service import cli as service
     from calmkit_simulator import cli as simulator
 
-    parser = CommandParser(prog="calmkit", formatter_class=HelpFormatter,
-                           description="Local differential privacy for marginal tables "
-                           "(CALM): the aggregator service, its clients, simulation and "
-                           "evaluation.",
-                           epilog="Start with `calmkit demo`; `calmkit COMMAND --help` for a "
-                           "command's options.")  # fmt: skip
+    parser = CommandParser(
+        prog="calmkit",
+        formatter_class=HelpFormatter,
+        description="Local differential privacy for marginal tables "
+        "(CALM): the aggregator service, its clients, simulation and "
+        "evaluation.",
+        epilog="Start with `calmkit demo`; `calmkit COMMAND --help` for a command's options.",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in (simulator.register, service.register):
         register(subparsers)
@@ -82,15 +84,21 @@ def _dispatch(command: CommandParser, args: argparse.Namespace) -> int:
         os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout
         return 141
     except Exception as exc:  # a bug, not bad input: one line, the traceback on request
-        advice = (missing_extra(command.prog, command.extra, exc)
-                  if isinstance(exc, ModuleNotFoundError) else None)  # fmt: skip
+        advice = (
+            missing_extra(command.prog, command.extra, exc)
+            if isinstance(exc, ModuleNotFoundError)
+            else None
+        )
         if advice is not None:
             print(f"calmkit: error: {advice}", file=sys.stderr)
             return 2
         if os.environ.get(DEBUG_ENV):
             raise
-        print(f"calmkit: internal error: {type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 for "
-              "the traceback, and please report it)", file=sys.stderr)  # fmt: skip
+        print(
+            f"calmkit: internal error: {type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 for "
+            "the traceback, and please report it)",
+            file=sys.stderr,
+        )
         return 1
 
 

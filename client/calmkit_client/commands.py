@@ -73,8 +73,9 @@ POSITIVE = int_at_least(1)
 NON_NEGATIVE = int_at_least(0)
 
 
-def json_option(parser: argparse.ArgumentParser,
-                help: str = "print one JSON object instead of text") -> None:  # fmt: skip
+def json_option(
+    parser: argparse.ArgumentParser, help: str = "print one JSON object instead of text"
+) -> None:
     """The ``--json`` flag, as every command that can print JSON spells it."""
     parser.add_argument("--json", action="store_true", help=help)
 
@@ -101,8 +102,14 @@ class CommandParser(argparse.ArgumentParser):
     ``pip install 'calmkit[aggregator]'``; None: the base install suffices).
     """
 
-    def __init__(self, *args: Any, run: Run | None = None, options: Options | None = None,
-                 extra: str | None = None, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *args: Any,
+        run: Run | None = None,
+        options: Options | None = None,
+        extra: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.run, self.extra = run, extra
         self._options = options
@@ -128,8 +135,12 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:
         # "argument --max-categories: (1) must be ..." -> "max_categories (1) must be ..."
         named = re.match(r"argument (?:--)?([\w-]+)[^:]*: \((.*)$", message, re.DOTALL)
-        choice = re.match(r"argument (?:--)?([\w-]+)[^:]*: invalid choice: (.*) \(choose from "
-                          r"(.*)\)$", message, re.DOTALL)  # fmt: skip
+        choice = re.match(
+            r"argument (?:--)?([\w-]+)[^:]*: invalid choice: (.*) \(choose from "
+            r"(.*)\)$",
+            message,
+            re.DOTALL,
+        )
         if named:
             message = f"{named[1].replace('-', '_')} ({named[2]}"
         elif choice:
@@ -145,13 +156,23 @@ def missing_extra(prog: str, extra: str | None, exc: ModuleNotFoundError) -> str
     module = exc.name or ""
     if extra is None or not module or module.startswith("calmkit_"):
         return None
-    return (f"{prog} needs the {extra} extra: pip install 'calmkit[{extra}]' "
-            f"({module} is not installed)")  # fmt: skip
+    return (
+        f"{prog} needs the {extra} extra: pip install 'calmkit[{extra}]' "
+        f"({module} is not installed)"
+    )
 
 
-def add_command(subparsers: Any, name: str, help: str, *, run: Run, options: Options,
-                extra: str | None, description: str | None = None,
-                epilog: str | None = None) -> CommandParser:  # fmt: skip
+def add_command(
+    subparsers: Any,
+    name: str,
+    help: str,
+    *,
+    run: Run,
+    options: Options,
+    extra: str | None,
+    description: str | None = None,
+    epilog: str | None = None,
+) -> CommandParser:
     """Register command ``name`` on the top-level parser's ``subparsers``.
 
     ``help`` is its line in ``calmkit --help`` (and its description unless one is
@@ -160,7 +181,13 @@ def add_command(subparsers: Any, name: str, help: str, *, run: Run, options: Opt
     none), which a missing third-party module makes the advice name.
     """
     parser: CommandParser = subparsers.add_parser(
-        name, help=help, description=description or help, epilog=epilog,
-        formatter_class=HelpFormatter, run=run, options=options, extra=extra,
-    )  # fmt: skip
+        name,
+        help=help,
+        description=description or help,
+        epilog=epilog,
+        formatter_class=HelpFormatter,
+        run=run,
+        options=options,
+        extra=extra,
+    )
     return parser

@@ -58,9 +58,7 @@ def schema_to_proto(schema: Schema) -> Any:
 
 def schema_from_proto(msg: Any) -> Schema:
     return Schema(
-        tuple(
-            Attribute(a.name, tuple(a.categories), bool(a.ordered)) for a in msg.attributes
-        )
+        tuple(Attribute(a.name, tuple(a.categories), bool(a.ordered)) for a in msg.attributes)
     )
 
 
@@ -277,7 +275,9 @@ def query_request(
     collection_id: str, attributes: Sequence[str], replicates: int = 0, reconstruction: str = ""
 ) -> Any:
     return pb.QueryRequest(
-        collection_id=collection_id, attributes=list(attributes), replicates=replicates,
+        collection_id=collection_id,
+        attributes=list(attributes),
+        replicates=replicates,
         reconstruction=reconstruction,
     )
 

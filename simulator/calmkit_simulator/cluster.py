@@ -48,8 +48,9 @@ def connect(scheduler: str, jobs: int) -> tuple[Client, LocalCluster | None]:
         # tasks here are long numpy work, so it is only overhead (the nannies hand this
         # configuration to the worker processes)
         with dask.config.set({"distributed.worker.profile.enabled": False}):
-            cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
-                                   dashboard_address=":0")  # fmt: skip
+            cluster = LocalCluster(
+                n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=":0"
+            )
         return Client(cluster), cluster
     if "://" not in scheduler:
         raise CalmkitError(

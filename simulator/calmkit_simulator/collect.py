@@ -71,12 +71,15 @@ def _rows(population: Population, rows: npt.ArrayLike | None) -> np.ndarray | No
     arr = np.asarray(rows)
     if arr.dtype == bool:
         if arr.shape != (population.n,):
-            raise CalmkitError(f"rows (mask of shape {arr.shape}) must have shape "
-                               f"({population.n},)")  # fmt: skip
+            raise CalmkitError(
+                f"rows (mask of shape {arr.shape}) must have shape ({population.n},)"
+            )
         return arr
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise CalmkitError(f"rows ({arr.dtype}, shape {arr.shape}) must be a 1-d array of "
-                           "positions or a boolean mask")  # fmt: skip
+        raise CalmkitError(
+            f"rows ({arr.dtype}, shape {arr.shape}) must be a 1-d array of "
+            "positions or a boolean mask"
+        )
     if arr.size and (arr.min() < 0 or arr.max() >= population.n):
         raise CalmkitError(f"rows must be positions in [0, {population.n})")
     return arr
@@ -101,8 +104,9 @@ def true_view_counts(
     if population.schema != plan.schema:
         raise CalmkitError("population schema must equal the plan's schema")
     if rows is not None and user_ids is not None:
-        raise CalmkitError("rows and user_ids must not both be given (rows' ids are "
-                           "their positions)")  # fmt: skip
+        raise CalmkitError(
+            "rows and user_ids must not both be given (rows' ids are their positions)"
+        )
     ids = None if user_ids is None else _user_ids(population, user_ids)
     chosen = _rows(population, rows)
     width = max(len(v) for v in plan.views)
@@ -117,8 +121,9 @@ def true_view_counts(
     n = np.zeros(plan.m, dtype=np.int64)
     for block in _row_blocks(population.n, chosen):
         if isinstance(block, slice):
-            block_ids = (np.arange(block.start, block.stop, dtype=np.uint64) if ids is None
-                         else ids[block])  # fmt: skip
+            block_ids = (
+                np.arange(block.start, block.stop, dtype=np.uint64) if ids is None else ids[block]
+            )
         else:
             block_ids = block.astype(np.uint64)
         views = plan.assign_many(block_ids)
@@ -149,8 +154,9 @@ def collect_support(
         chosen = _rows(population, rows)
         if chosen is not None:
             if user_ids is not None:
-                raise CalmkitError("rows and user_ids must not both be given (rows' ids "
-                                   "are their positions)")  # fmt: skip
+                raise CalmkitError(
+                    "rows and user_ids must not both be given (rows' ids are their positions)"
+                )
             positions = np.flatnonzero(chosen) if chosen.dtype == bool else chosen
             population, user_ids = population.take(positions), positions
         batches = make_reports(plan, population.codes, _user_ids(population, user_ids), gen)

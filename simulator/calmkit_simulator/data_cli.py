@@ -51,30 +51,54 @@ def shape_warnings(pop: Any) -> list[str]:
 def register(subparsers: Any) -> None:
     """Add datasets, population, plan, simulate and experiment to the ``calmkit``
     parser's ``subparsers``."""
-    add_command(subparsers, "datasets",
-                "the datasets calmkit knows: list, fetch (download + verify), path",
-                run=_datasets, options=_datasets_options, extra=None,
-                description="list: every dataset with its source, licence and SHA-256s; "
-                "fetch NAME.. (or all): download from the official source, verify, unpack "
-                "into the per-user data folder (or --data-dir); path NAME: where the "
-                "loaders look for it.")  # fmt: skip
-    add_command(subparsers, "population",
-                "load a dataset and describe it (attributes, categories, users)",
-                run=_population, options=_population_options, extra=None)  # fmt: skip
-    add_command(subparsers, "plan",
-                "choose the view size l, the count m and the views for a collection",
-                run=_plan, options=_plan_options, extra="aggregator")  # fmt: skip
-    add_command(subparsers, "simulate",
-                "run a mechanism and Uniform on a population; report the error (SSE)",
-                run=_simulate, options=_simulate_options, extra="simulator")  # fmt: skip
-    add_command(subparsers, "experiment",
-                "a figure of the paper (or the planner comparison): task grid, CSV, PNG "
-                "and results.md", run=_experiment, options=_experiment_options,
-                extra="simulator",
-                epilog="Exit status: 0 all tasks ran; 3 some task had no data (`calmkit "
-                "datasets fetch NAME`); 130 interrupted (finished tasks are cached: the "
-                "same command resumes). Outputs of an earlier run with more finished tasks "
-                "are never overwritten.")  # fmt: skip
+    add_command(
+        subparsers,
+        "datasets",
+        "the datasets calmkit knows: list, fetch (download + verify), path",
+        run=_datasets,
+        options=_datasets_options,
+        extra=None,
+        description="list: every dataset with its source, licence and SHA-256s; "
+        "fetch NAME.. (or all): download from the official source, verify, unpack "
+        "into the per-user data folder (or --data-dir); path NAME: where the "
+        "loaders look for it.",
+    )
+    add_command(
+        subparsers,
+        "population",
+        "load a dataset and describe it (attributes, categories, users)",
+        run=_population,
+        options=_population_options,
+        extra=None,
+    )
+    add_command(
+        subparsers,
+        "plan",
+        "choose the view size l, the count m and the views for a collection",
+        run=_plan,
+        options=_plan_options,
+        extra="aggregator",
+    )
+    add_command(
+        subparsers,
+        "simulate",
+        "run a mechanism and Uniform on a population; report the error (SSE)",
+        run=_simulate,
+        options=_simulate_options,
+        extra="simulator",
+    )
+    add_command(
+        subparsers,
+        "experiment",
+        "a figure of the paper (or the planner comparison): task grid, CSV, PNG and results.md",
+        run=_experiment,
+        options=_experiment_options,
+        extra="simulator",
+        epilog="Exit status: 0 all tasks ran; 3 some task had no data (`calmkit "
+        "datasets fetch NAME`); 130 interrupted (finished tasks are cached: the "
+        "same command resumes). Outputs of an earlier run with more finished tasks "
+        "are never overwritten.",
+    )
 
 
 def _data_options(parser: argparse.ArgumentParser, dataset_help: str = "the population") -> None:
@@ -82,17 +106,31 @@ def _data_options(parser: argparse.ArgumentParser, dataset_help: str = "the popu
     from .datasets import DATASETS
 
     names = "; ".join(f"{k}: {v}" for k, v in DATASETS.items())
-    parser.add_argument("--dataset", default="synthetic", metavar="NAME",
-                        help=f"{dataset_help}: {names}")
-    parser.add_argument("--data-dir", default=None, metavar="DIR",
-                        help="dataset folder (default: $CALMKIT_DATA, else the per-user "
-                        "folder that `calmkit datasets fetch` fills)")  # fmt: skip
-    parser.add_argument("--d", type=POSITIVE, default=None,
-                        help="keep the first d attributes (transaction data: the d most "
-                        "frequent items; synthetic: d attributes; default: all, or 8)")  # fmt: skip
-    parser.add_argument("--max-categories", type=int_at_least(2), default=None, metavar="C",
-                        help="cap every attribute at C categories (the C-1 most frequent "
-                        "plus one for the rest; default: no cap)")  # fmt: skip
+    parser.add_argument(
+        "--dataset", default="synthetic", metavar="NAME", help=f"{dataset_help}: {names}"
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="dataset folder (default: $CALMKIT_DATA, else the per-user "
+        "folder that `calmkit datasets fetch` fills)",
+    )
+    parser.add_argument(
+        "--d",
+        type=POSITIVE,
+        default=None,
+        help="keep the first d attributes (transaction data: the d most "
+        "frequent items; synthetic: d attributes; default: all, or 8)",
+    )
+    parser.add_argument(
+        "--max-categories",
+        type=int_at_least(2),
+        default=None,
+        metavar="C",
+        help="cap every attribute at C categories (the C-1 most frequent "
+        "plus one for the rest; default: no cap)",
+    )
 
 
 def _warn(lines: list[str]) -> None:
@@ -111,9 +149,18 @@ def _population(args: argparse.Namespace) -> int:
     pop = load_dataset(args.dataset, args.data_dir, args.d, args.max_categories)
     warnings = shape_warnings(pop)
     if args.json:
-        print(json.dumps({"name": pop.name, "n": pop.n, "d": pop.d,
-                          "sizes": list(pop.schema.sizes), "notes": list(pop.notes),
-                          "warnings": warnings}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "name": pop.name,
+                    "n": pop.n,
+                    "d": pop.d,
+                    "sizes": list(pop.schema.sizes),
+                    "notes": list(pop.notes),
+                    "warnings": warnings,
+                }
+            )
+        )
     else:
         _warn(warnings)
         print(pop.describe())
@@ -128,17 +175,27 @@ def _plan_options(parser: argparse.ArgumentParser) -> None:
     from calmkit_aggregator.reconstruction.methods import RECONSTRUCTIONS
     from calmkit_aggregator.service.cli import planning_options
 
-    parser.add_argument("--domain", required=True, metavar="SIZES",
-                        help="category counts of the attributes, e.g. 2,2,3,2")
+    parser.add_argument(
+        "--domain",
+        required=True,
+        metavar="SIZES",
+        help="category counts of the attributes, e.g. 2,2,3,2",
+    )
     parser.add_argument("--n", type=POSITIVE, required=True, help="expected users")
-    parser.add_argument("--k", type=POSITIVE, required=True,
-                        help="the size of the marginals to be queried")
-    parser.add_argument("--epsilon", type=positive_float, required=True,
-                        help="each user's LDP budget")
+    parser.add_argument(
+        "--k", type=POSITIVE, required=True, help="the size of the marginals to be queried"
+    )
+    parser.add_argument(
+        "--epsilon", type=positive_float, required=True, help="each user's LDP budget"
+    )
     planning_options(parser)
-    parser.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
-                        help="how the answers will be reconstructed, which the pipeline "
-                        "planner's predicted error accounts for (see simulate --reconstruct)")
+    parser.add_argument(
+        "--reconstruct",
+        choices=RECONSTRUCTIONS,
+        default="local",
+        help="how the answers will be reconstructed, which the pipeline "
+        "planner's predicted error accounts for (see simulate --reconstruct)",
+    )
     parser.set_defaults(planner="pipeline", pilot=PILOT_FRACTION, theta=DEFAULT_THETA)
     json_option(parser)
 
@@ -161,14 +218,18 @@ def _plan_paper(args: argparse.Namespace, schema: Any) -> int:
     from calmkit_aggregator.planning.algorithm1 import choose_views
     from calmkit_client import Plan
 
-    choice = choose_views(schema.sizes, args.epsilon, args.n, args.k, theta=args.theta,
-                          l=args.l, m=args.m)  # fmt: skip
+    choice = choose_views(
+        schema.sizes, args.epsilon, args.n, args.k, theta=args.theta, l=args.l, m=args.m
+    )
     plan = Plan(schema, args.epsilon, choice.views)
     out: dict[str, Any] = {
-        "planner": "paper", "l": choice.l, "m": plan.m,
-        "views": [list(v) for v in plan.views], "oracles": list(plan.oracles or ()),
+        "planner": "paper",
+        "l": choice.l,
+        "m": plan.m,
+        "views": [list(v) for v in plan.views],
+        "oracles": list(plan.oracles or ()),
         "rule": choice.rule,
-    }  # fmt: skip
+    }
     if args.json:
         print(json.dumps(out))
     else:
@@ -196,9 +257,17 @@ def _plan_pipeline(args: argparse.Namespace, schema: Any) -> int:
         first = pilot_plan(schema, args.epsilon, users=cut)
         fixed, n_main = first.views, args.n - cut
         users = [cut / first.m] * first.m
-    chosen = choose_plan(schema.sizes, args.epsilon, n_main, workload_of(schema, args.k, None),
-                         fixed_views=fixed, fixed_users=users, l=args.l, m=args.m,
-                         reconstruction=args.reconstruct)  # fmt: skip
+    chosen = choose_plan(
+        schema.sizes,
+        args.epsilon,
+        n_main,
+        workload_of(schema, args.k, None),
+        fixed_views=fixed,
+        fixed_users=users,
+        l=args.l,
+        m=args.m,
+        reconstruction=args.reconstruct,
+    )
     plan = Plan(schema, args.epsilon, chosen.views)
     ranked = sorted(chosen.candidates, key=lambda c: c.sse)
     out = {
@@ -213,13 +282,17 @@ def _plan_pipeline(args: argparse.Namespace, schema: Any) -> int:
         "predicted_noise": chosen.predicted.noise,
         "predicted_bias": chosen.predicted.bias,
         "profile": chosen.profile.to_dict(),
-        "pilot": None if pilot <= 0 else {
-            "fraction": pilot, "users": args.n - n_main, "views": [list(v) for v in fixed],
+        "pilot": None
+        if pilot <= 0
+        else {
+            "fraction": pilot,
+            "users": args.n - n_main,
+            "views": [list(v) for v in fixed],
         },
         "not_collected": [names[a] for a in (*chosen.single, *chosen.predicted.uncollected)],
         "notes": chosen.notes(names),
         "candidates": [c.to_dict() for c in ranked],
-    }  # fmt: skip
+    }
     if args.json:
         print(json.dumps(out))
     else:
@@ -227,8 +300,7 @@ def _plan_pipeline(args: argparse.Namespace, schema: Any) -> int:
     return 0
 
 
-def _print_pipeline_plan(out: dict[str, Any], chosen: Any, ranked: list[Any],
-                         plan: Any) -> None:  # fmt: skip
+def _print_pipeline_plan(out: dict[str, Any], chosen: Any, ranked: list[Any], plan: Any) -> None:
     pilot = out["pilot"]
     if pilot is not None:
         print(
@@ -244,9 +316,13 @@ def _print_pipeline_plan(out: dict[str, Any], chosen: Any, ranked: list[Any],
     )
     for note in out["notes"]:
         print("note:", note)
-    print("candidates (best first): " + ", ".join(
-        f"l={c.l} m={c.m}{'' if c.design == 'spread' else ' ' + c.design} {c.sse:.3g}"
-        for c in ranked[:8]))  # fmt: skip
+    print(
+        "candidates (best first): "
+        + ", ".join(
+            f"l={c.l} m={c.m}{'' if c.design == 'spread' else ' ' + c.design} {c.sse:.3g}"
+            for c in ranked[:8]
+        )
+    )
     for v in out["views"][:20]:
         print("  ", v)
     if plan.m > 20:
@@ -261,39 +337,67 @@ def _simulate_options(parser: argparse.ArgumentParser) -> None:
     from .collect import PATHS
     from .mechanisms import MECHANISMS
 
-    parser.add_argument("--mechanism", default="calm", choices=tuple(MECHANISMS), metavar="NAME",
-                        help="calm (default); LDP baselines uni, fc, am, ft, em, be; central-DP "
-                        "references priview, mwem, datacube, wff")  # fmt: skip
+    parser.add_argument(
+        "--mechanism",
+        default="calm",
+        choices=tuple(MECHANISMS),
+        metavar="NAME",
+        help="calm (default); LDP baselines uni, fc, am, ft, em, be; central-DP "
+        "references priview, mwem, datacube, wff",
+    )
     _data_options(parser)
-    parser.add_argument("--n", type=POSITIVE, default=None,
-                        help="resample the population to n users, with replacement (default: "
-                        "the dataset's users)")  # fmt: skip
-    parser.add_argument("--k", type=POSITIVE, required=True,
-                        help="the size of the queried marginals")
-    parser.add_argument("--epsilon", type=positive_float, required=True,
-                        help="the privacy budget")
+    parser.add_argument(
+        "--n",
+        type=POSITIVE,
+        default=None,
+        help="resample the population to n users, with replacement (default: the dataset's users)",
+    )
+    parser.add_argument(
+        "--k", type=POSITIVE, required=True, help="the size of the queried marginals"
+    )
+    parser.add_argument("--epsilon", type=positive_float, required=True, help="the privacy budget")
     planning_options(parser)
     parser.set_defaults(theta=DEFAULT_THETA)
-    parser.add_argument("--queries", type=POSITIVE, default=50,
-                        help="random k-way queries per repetition")
-    parser.add_argument("--reps", type=POSITIVE, default=20,
-                        help="repetitions (fresh reports each); the SSE is their mean ± sd")
-    parser.add_argument("--seed", type=NON_NEGATIVE, default=0,
-                        help="fixes the synthetic dataset, the resample to --n users, each "
-                        "repetition's queries and the method's randomness, as independent "
-                        "streams: runs that differ only in --mechanism, --planner, --l/--m "
-                        "or other method options answer the same queries on the same "
-                        "users")  # fmt: skip
-    parser.add_argument("--path", choices=PATHS, default="fast",
-                        help="fast: sample each view's support counts directly; faithful: "
-                        "every user through the client code (same distribution)")  # fmt: skip
-    parser.add_argument("--no-shrink", action="store_true",
-                        help="skip interaction shrinkage: the paper's CALM pipeline exactly")
-    parser.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
-                        help="calm: how queries are answered from the views; local: maximum "
-                        "entropy per query over the views' projections (the paper's); "
-                        "global: also one model fitted to all views at once, which answers "
-                        "the pairs no view holds")  # fmt: skip
+    parser.add_argument(
+        "--queries", type=POSITIVE, default=50, help="random k-way queries per repetition"
+    )
+    parser.add_argument(
+        "--reps",
+        type=POSITIVE,
+        default=20,
+        help="repetitions (fresh reports each); the SSE is their mean ± sd",
+    )
+    parser.add_argument(
+        "--seed",
+        type=NON_NEGATIVE,
+        default=0,
+        help="fixes the synthetic dataset, the resample to --n users, each "
+        "repetition's queries and the method's randomness, as independent "
+        "streams: runs that differ only in --mechanism, --planner, --l/--m "
+        "or other method options answer the same queries on the same "
+        "users",
+    )
+    parser.add_argument(
+        "--path",
+        choices=PATHS,
+        default="fast",
+        help="fast: sample each view's support counts directly; faithful: "
+        "every user through the client code (same distribution)",
+    )
+    parser.add_argument(
+        "--no-shrink",
+        action="store_true",
+        help="skip interaction shrinkage: the paper's CALM pipeline exactly",
+    )
+    parser.add_argument(
+        "--reconstruct",
+        choices=RECONSTRUCTIONS,
+        default="local",
+        help="calm: how queries are answered from the views; local: maximum "
+        "entropy per query over the views' projections (the paper's); "
+        "global: also one model fitted to all views at once, which answers "
+        "the pairs no view holds",
+    )
     _central_options(parser)
     json_option(parser)
 
@@ -301,19 +405,39 @@ def _simulate_options(parser: argparse.ArgumentParser) -> None:
 def _central_options(parser: argparse.ArgumentParser) -> None:
     """simulate's options of the central-DP references."""
     central = parser.add_argument_group("central-DP references (mwem, datacube, wff)")
-    central.add_argument("--rounds", type=POSITIVE, default=None,
-                         help="MWEM rounds T (default: the paper's rule)")
-    central.add_argument("--strategy", choices=("fourier", "marginals"), default=None,
-                         help="datacube strategy (default fourier)")
-    central.add_argument("--budgets", choices=("optimal", "uniform"), default=None,
-                         help="datacube budget allocation (default optimal)")
-    central.add_argument("--noise", choices=("laplace", "gaussian"), default=None,
-                         help="datacube noise (default laplace)")
-    central.add_argument("--delta", type=positive_float, default=None,
-                         help="delta of (epsilon, delta)-DP: WFF (default 1e-6), datacube "
-                         "with Gaussian noise")  # fmt: skip
-    central.add_argument("--workload", choices=("k", "upto-k"), default=None,
-                         help="WFF workload (default k: all k-way marginals)")
+    central.add_argument(
+        "--rounds", type=POSITIVE, default=None, help="MWEM rounds T (default: the paper's rule)"
+    )
+    central.add_argument(
+        "--strategy",
+        choices=("fourier", "marginals"),
+        default=None,
+        help="datacube strategy (default fourier)",
+    )
+    central.add_argument(
+        "--budgets",
+        choices=("optimal", "uniform"),
+        default=None,
+        help="datacube budget allocation (default optimal)",
+    )
+    central.add_argument(
+        "--noise",
+        choices=("laplace", "gaussian"),
+        default=None,
+        help="datacube noise (default laplace)",
+    )
+    central.add_argument(
+        "--delta",
+        type=positive_float,
+        default=None,
+        help="delta of (epsilon, delta)-DP: WFF (default 1e-6), datacube with Gaussian noise",
+    )
+    central.add_argument(
+        "--workload",
+        choices=("k", "upto-k"),
+        default=None,
+        help="WFF workload (default k: all k-way marginals)",
+    )
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -324,13 +448,23 @@ def _simulate(args: argparse.Namespace) -> int:
     from .seeds import POPULATION, stream
 
     t0 = time.perf_counter()
-    mechanism = make_mechanism(args.mechanism, theta=args.theta, m=args.m, l=args.l,
-                               path=args.path, shrink=not args.no_shrink,
-                               reconstruction=args.reconstruct,
-                               planner=args.planner, pilot=args.pilot,
-                               rounds=args.rounds, strategy=args.strategy,
-                               budgets=args.budgets, noise=args.noise, delta=args.delta,
-                               workload=args.workload)  # fmt: skip
+    mechanism = make_mechanism(
+        args.mechanism,
+        theta=args.theta,
+        m=args.m,
+        l=args.l,
+        path=args.path,
+        shrink=not args.no_shrink,
+        reconstruction=args.reconstruct,
+        planner=args.planner,
+        pilot=args.pilot,
+        rounds=args.rounds,
+        strategy=args.strategy,
+        budgets=args.budgets,
+        noise=args.noise,
+        delta=args.delta,
+        workload=args.workload,
+    )
     # the seed's streams (see calmkit_simulator.seeds): the synthetic dataset from the
     # root, the resample from its own, the queries and reports per repetition from theirs
     pop = load_dataset(args.dataset, args.data_dir, args.d, args.max_categories, rng=args.seed)
@@ -342,8 +476,16 @@ def _simulate(args: argparse.Namespace) -> int:
         _warn(warnings)
     progress = Progress(args.reps, f"{args.mechanism} reps") if not args.json else None
     update = progress.update if progress is not None else None
-    results = run_mechanism(pop, mechanism, args.epsilon, args.k, args.queries, args.reps,
-                            rng=args.seed, progress=update)  # fmt: skip
+    results = run_mechanism(
+        pop,
+        mechanism,
+        args.epsilon,
+        args.k,
+        args.queries,
+        args.reps,
+        rng=args.seed,
+        progress=update,
+    )
     if progress is not None:
         progress.close()
     out = _simulation(args, mechanism, pop, results, warnings)
@@ -355,8 +497,9 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _simulation(args: argparse.Namespace, mechanism: Any, pop: Any, results: list[Any],
-                warnings: list[str]) -> dict[str, Any]:  # fmt: skip
+def _simulation(
+    args: argparse.Namespace, mechanism: Any, pop: Any, results: list[Any], warnings: list[str]
+) -> dict[str, Any]:
     """What ``calmkit simulate --json`` prints (but the seconds it took)."""
     import numpy as np
 
@@ -381,10 +524,12 @@ def _simulation(args: argparse.Namespace, mechanism: Any, pop: Any, results: lis
         "reconstruct": args.reconstruct,
         "planner": getattr(mechanism, "planner", None),
         "chosen": chosen,
-        "reps": [{"sse": r.sse, "uniform_sse": r.uniform_sse,
-                  "queries": [list(q) for q in r.queries]} for r in results],
+        "reps": [
+            {"sse": r.sse, "uniform_sse": r.uniform_sse, "queries": [list(q) for q in r.queries]}
+            for r in results
+        ],
         "warnings": warnings,
-    }  # fmt: skip
+    }
 
 
 def _print_simulation(out: dict[str, Any], pop: Any, args: argparse.Namespace) -> None:
@@ -428,9 +573,14 @@ def _run_grid(name: str, tasks: list[Any], args: argparse.Namespace) -> dict[str
     interrupted = False
     try:
         try:
-            results = run_tasks(list(unique.values()), cache, args.data_dir, jobs=jobs,
-                                progress=progress.update,
-                                scheduler=getattr(args, "scheduler", None))  # fmt: skip
+            results = run_tasks(
+                list(unique.values()),
+                cache,
+                args.data_dir,
+                jobs=jobs,
+                progress=progress.update,
+                scheduler=getattr(args, "scheduler", None),
+            )
         except KeyboardInterrupt:
             interrupted = True
             results = {k: r for k, t in unique.items() if (r := cache.get(t)) is not None}
@@ -440,40 +590,68 @@ def _run_grid(name: str, tasks: list[Any], args: argparse.Namespace) -> dict[str
     finally:
         progress.close()
         cache.close()
-    return {"results": results, "elapsed": elapsed, "runs": runs, "interrupted": interrupted,
-            "total": len(unique), "computed": len(results) - cached}  # fmt: skip
+    return {
+        "results": results,
+        "elapsed": elapsed,
+        "runs": runs,
+        "interrupted": interrupted,
+        "total": len(unique),
+        "computed": len(results) - cached,
+    }
 
 
-def _finish_grid(name: str, grid: dict[str, Any], paths: dict[str, Any] | None,
-                 report_key: str, args: argparse.Namespace) -> int:  # fmt: skip
+def _finish_grid(
+    name: str,
+    grid: dict[str, Any],
+    paths: dict[str, Any] | None,
+    report_key: str,
+    args: argparse.Namespace,
+) -> int:
     """Print the summary; the exit status says what a script needs to know."""
     results = grid["results"]
     counts: dict[str, int] = {}
     for r in results.values():
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     missing = sorted({r["message"] for r in results.values() if r["status"] == "missing_data"})
-    summary = {"figure": name, "tasks": len(results), "of": grid["total"], "status": counts,
-               "computed": grid["computed"], "seconds": round(grid["elapsed"], 1),
-               "interrupted": grid["interrupted"],
-               "outputs": {k: str(v) for k, v in (paths or {}).items()},
-               "kept_existing": paths is None}  # fmt: skip
+    summary = {
+        "figure": name,
+        "tasks": len(results),
+        "of": grid["total"],
+        "status": counts,
+        "computed": grid["computed"],
+        "seconds": round(grid["elapsed"], 1),
+        "interrupted": grid["interrupted"],
+        "outputs": {k: str(v) for k, v in (paths or {}).items()},
+        "kept_existing": paths is None,
+    }
     if args.json:
         print(json.dumps(summary))
     else:
-        done = f"{len(results)} of {grid['total']} tasks" if grid["interrupted"] else (
-            f"{len(results)} tasks")
-        where = (f"report {paths[report_key]}" if paths is not None else
-                 f"kept the existing report in {args.out}: it has more finished results "
-                 "than this run")  # fmt: skip
+        done = (
+            f"{len(results)} of {grid['total']} tasks"
+            if grid["interrupted"]
+            else (f"{len(results)} tasks")
+        )
+        where = (
+            f"report {paths[report_key]}"
+            if paths is not None
+            else f"kept the existing report in {args.out}: it has more finished results "
+            "than this run"
+        )
         print(f"{name}: {done} {counts} in {grid['elapsed']:.0f} s; {where}")
     if grid["interrupted"]:
-        print(f"calmkit: interrupted: {len(results)} of {grid['total']} tasks are done and "
-              "cached; run the same command again to resume", file=sys.stderr)  # fmt: skip
+        print(
+            f"calmkit: interrupted: {len(results)} of {grid['total']} tasks are done and "
+            "cached; run the same command again to resume",
+            file=sys.stderr,
+        )
         return INTERRUPTED_EXIT
     if missing:
-        print(f"calmkit: error: {counts['missing_data']} tasks had no data ({missing[0]}"
-              f"{f'; and {len(missing) - 1} more' if len(missing) > 1 else ''})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"calmkit: error: {counts['missing_data']} tasks had no data ({missing[0]}"
+            f"{f'; and {len(missing) - 1} more' if len(missing) > 1 else ''})",
+            file=sys.stderr,
+        )
         return NO_DATA_EXIT
     return 0
 
@@ -481,33 +659,57 @@ def _finish_grid(name: str, grid: dict[str, Any], paths: dict[str, Any] | None,
 def _experiment_options(parser: argparse.ArgumentParser) -> None:
     from .figures import FIGURES
 
-    parser.add_argument("figure", choices=[*sorted(FIGURES), "planner"],
-                        help="a figure of the paper, or planner: the default planner against "
-                        "a fixed grid of (l, m) (writes DIR/planner.md)")  # fmt: skip
+    parser.add_argument(
+        "figure",
+        choices=[*sorted(FIGURES), "planner"],
+        help="a figure of the paper, or planner: the default planner against "
+        "a fixed grid of (l, m) (writes DIR/planner.md)",
+    )
     parser.add_argument("--quick", action="store_true", help="a reduced grid (seconds)")
     parser.add_argument("--out", default="results", metavar="DIR", help="output folder")
-    parser.add_argument("--seed", type=NON_NEGATIVE, default=0,
-                        help="seed of every task: fixes each population's resample, the "
-                        "queries of each repetition and the classification split, shared by "
-                        "every mechanism of a setting, and each task's own randomness")  # fmt: skip
-    parser.add_argument("--reps", type=POSITIVE, default=None,
-                        help="repetitions per setting (default: the paper's 20; --quick: 2)")
-    parser.add_argument("--queries", type=POSITIVE, default=50,
-                        help="random queries per repetition")
+    parser.add_argument(
+        "--seed",
+        type=NON_NEGATIVE,
+        default=0,
+        help="seed of every task: fixes each population's resample, the "
+        "queries of each repetition and the classification split, shared by "
+        "every mechanism of a setting, and each task's own randomness",
+    )
+    parser.add_argument(
+        "--reps",
+        type=POSITIVE,
+        default=None,
+        help="repetitions per setting (default: the paper's 20; --quick: 2)",
+    )
+    parser.add_argument(
+        "--queries", type=POSITIVE, default=50, help="random queries per repetition"
+    )
     parser.add_argument("--n", type=POSITIVE, default=None, help="only the panels with this n")
-    parser.add_argument("--dataset", default=None, metavar="NAME",
-                        help="run every panel on this dataset instead of the paper's")
-    parser.add_argument("--data-dir", default=None, metavar="DIR",
-                        help="dataset folder (default: $CALMKIT_DATA, else the per-user "
-                        "folder that `calmkit datasets fetch` fills)")  # fmt: skip
-    parser.add_argument("--jobs", type=POSITIVE, default=None,
-                        help="worker processes (default: all cores)")
-    parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                        help="run the tasks on a Dask cluster: 'local' starts a LocalCluster "
-                        "of --jobs workers, tcp://host:8786 uses a running scheduler (its "
-                        "workers need calmkit installed); same results as --jobs")  # fmt: skip
-    parser.add_argument("--no-plot", action="store_true",
-                        help="skip the PNG (no matplotlib)")
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        metavar="NAME",
+        help="run every panel on this dataset instead of the paper's",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="dataset folder (default: $CALMKIT_DATA, else the per-user "
+        "folder that `calmkit datasets fetch` fills)",
+    )
+    parser.add_argument(
+        "--jobs", type=POSITIVE, default=None, help="worker processes (default: all cores)"
+    )
+    parser.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="run the tasks on a Dask cluster: 'local' starts a LocalCluster "
+        "of --jobs workers, tcp://host:8786 uses a running scheduler (its "
+        "workers need calmkit installed); same results as --jobs",
+    )
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib)")
     json_option(parser, "print a JSON summary instead of text")
 
 
@@ -517,11 +719,17 @@ def _experiment(args: argparse.Namespace) -> int:
 
     if args.figure == "planner":
         return _planner_experiment(args)
-    figure = build_figure(args.figure, quick=args.quick, seed=args.seed, reps=args.reps,
-                          queries=args.queries, n=args.n, dataset=args.dataset)  # fmt: skip
+    figure = build_figure(
+        args.figure,
+        quick=args.quick,
+        seed=args.seed,
+        reps=args.reps,
+        queries=args.queries,
+        n=args.n,
+        dataset=args.dataset,
+    )
     grid = _run_grid(figure.name, figure.tasks(), args)
-    paths = write_outputs(figure, grid["results"], args.out, grid["runs"],
-                          plot=not args.no_plot)  # fmt: skip
+    paths = write_outputs(figure, grid["results"], args.out, grid["runs"], plot=not args.no_plot)
     return _finish_grid(figure.name, grid, paths, "results", args)
 
 
@@ -529,15 +737,27 @@ def _planner_experiment(args: argparse.Namespace) -> int:
     """``calmkit experiment planner``: the default planner against the fixed grid."""
     from .planner_bench import model_check, planner_tasks, planning_times, write_planner_report
 
-    tasks = planner_tasks(reps=args.reps or (2 if args.quick else 5), queries=args.queries,
-                          seed=args.seed, quick=args.quick, data_dir=args.data_dir)  # fmt: skip
+    tasks = planner_tasks(
+        reps=args.reps or (2 if args.quick else 5),
+        queries=args.queries,
+        seed=args.seed,
+        quick=args.quick,
+        data_dir=args.data_dir,
+    )
     grid = _run_grid("planner", [t.task for t in tasks], args)
     if grid["interrupted"]:
         return _finish_grid("planner", grid, None, "md", args)
     timings = planning_times(repeats=1, dims=(16,)) if args.quick else planning_times(repeats=5)
     checks = model_check(tasks, args.data_dir)
-    paths = write_planner_report(tasks, grid["results"], args.out, grid["runs"], timings,
-                                 plot=not args.no_plot, checks=checks)  # fmt: skip
+    paths = write_planner_report(
+        tasks,
+        grid["results"],
+        args.out,
+        grid["runs"],
+        timings,
+        plot=not args.no_plot,
+        checks=checks,
+    )
     return _finish_grid("planner", grid, paths, "md", args)
 
 
@@ -545,14 +765,26 @@ def _datasets_options(parser: argparse.ArgumentParser) -> None:
     from .catalog import MIRROR_ENV
 
     parser.add_argument("action", choices=("list", "fetch", "path"), help="what to do")
-    parser.add_argument("names", nargs="*", metavar="NAME",
-                        help="dataset names (fetch: one or more, or all; path: one)")
-    parser.add_argument("--data-dir", "--dir", default=None, metavar="DIR",
-                        help="data folder (default: $CALMKIT_DATA, else the per-user data "
-                        "folder)")  # fmt: skip
-    parser.add_argument("--mirror", default=None, metavar="URL_OR_DIR",
-                        help="a folder or URL with the source files under their original "
-                        f"names (default: the official sources; or ${MIRROR_ENV})")  # fmt: skip
+    parser.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help="dataset names (fetch: one or more, or all; path: one)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        "--dir",
+        default=None,
+        metavar="DIR",
+        help="data folder (default: $CALMKIT_DATA, else the per-user data folder)",
+    )
+    parser.add_argument(
+        "--mirror",
+        default=None,
+        metavar="URL_OR_DIR",
+        help="a folder or URL with the source files under their original "
+        f"names (default: the official sources; or ${MIRROR_ENV})",
+    )
     json_option(parser, "machine-readable output")
 
 
@@ -591,15 +823,23 @@ def _list_datasets(args, catalog, dataset_path, default_data_dir, user_data_dir)
     rows = []
     for src in catalog.values():
         where = dataset_path(src.name, args.data_dir)
-        rows.append({
-            "name": src.name, "title": src.title, "source": src.home,
-            "licence": src.licence, "citation": src.citation,
-            "downloads": [{"url": d.url, "sha256": d.sha256, "size": d.size}
-                          for d in src.downloads],
-            "files": dict(src.outputs), "fetchable": src.fetchable,
-            "present": where.is_file(), "path": str(where),
-            "notes": [*src.notes, *([src.manual] if src.manual else [])],
-        })  # fmt: skip
+        rows.append(
+            {
+                "name": src.name,
+                "title": src.title,
+                "source": src.home,
+                "licence": src.licence,
+                "citation": src.citation,
+                "downloads": [
+                    {"url": d.url, "sha256": d.sha256, "size": d.size} for d in src.downloads
+                ],
+                "files": dict(src.outputs),
+                "fetchable": src.fetchable,
+                "present": where.is_file(),
+                "path": str(where),
+                "notes": [*src.notes, *([src.manual] if src.manual else [])],
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

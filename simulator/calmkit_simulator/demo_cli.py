@@ -25,19 +25,29 @@ DEMO_WAVES = 20
 
 def register(subparsers: Any) -> None:
     """Add ``calmkit demo`` to the ``calmkit`` parser's ``subparsers``."""
-    add_command(subparsers, "demo",
-                "the whole system on one machine: a server, a synthetic population "
-                "reporting through the client, answers beside the truth (no files)",
-                run=_demo, options=_demo_options, extra="aggregator")  # fmt: skip
+    add_command(
+        subparsers,
+        "demo",
+        "the whole system on one machine: a server, a synthetic population "
+        "reporting through the client, answers beside the truth (no files)",
+        run=_demo,
+        options=_demo_options,
+        extra="aggregator",
+    )
 
 
 def _demo_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--users", type=POSITIVE, default=100_000, help="synthetic users")
-    parser.add_argument("--epsilon", type=positive_float, default=1.0,
-                        help="each user's LDP budget")  # fmt: skip
-    parser.add_argument("--seed", type=NON_NEGATIVE, default=0,
-                        help="seed of the population, the plan and the simulated devices' "
-                        "randomness: the same seed prints the same tables")  # fmt: skip
+    parser.add_argument(
+        "--epsilon", type=positive_float, default=1.0, help="each user's LDP budget"
+    )
+    parser.add_argument(
+        "--seed",
+        type=NON_NEGATIVE,
+        default=0,
+        help="seed of the population, the plan and the simulated devices' "
+        "randomness: the same seed prints the same tables",
+    )
     json_option(parser, "print one JSON object (counts, phases, every table) instead of text")
 
 
@@ -56,12 +66,14 @@ def _demo(args: argparse.Namespace) -> int:
     if len(phases) > 1:
         phases[-1]["views"] = closed.plan.m
     out = {
-        "users": pop.n, "epsilon": args.epsilon, "seed": args.seed,
+        "users": pop.n,
+        "epsilon": args.epsilon,
+        "seed": args.seed,
         "acknowledged": run["acknowledged"],
         "counted": closed.reports,
         "phases": phases,
         "queries": _tables(pop, run["answers"]),
-    }  # fmt: skip
+    }
     seconds = time.perf_counter() - t0
     if args.json:
         print(json.dumps(out))
@@ -96,8 +108,13 @@ def _serve_and_collect(pop: Any, args: argparse.Namespace) -> dict[str, Any]:
         finally:
             graceful_stop(server, 5.0)
             storage.close()
-    return {"info": info, "closed": closed, "acknowledged": acknowledged, "answers": answers,
-            "address": address}  # fmt: skip
+    return {
+        "info": info,
+        "closed": closed,
+        "acknowledged": acknowledged,
+        "answers": answers,
+        "address": address,
+    }
 
 
 def _report(pop: Any, address: str, info: Any, args: argparse.Namespace) -> int:
@@ -119,8 +136,9 @@ def _report(pop: Any, address: str, info: Any, args: argparse.Namespace) -> int:
     with Collector(address, info.collection_id, info.submit_token, state) as client:
         ack = client_wire.Acknowledgement()
         for wave in waves:
-            done = client.submit_many(pop.codes[wave], ids[wave],
-                                      progress=bar.update if bar else None)  # fmt: skip
+            done = client.submit_many(
+                pop.codes[wave], ids[wave], progress=bar.update if bar else None
+            )
             ack = ack + done
     state.close()
     if bar is not None:
@@ -138,34 +156,43 @@ def _tables(pop: Any, answers: list[tuple[tuple[int, ...], Any]]) -> list[dict[s
         truth = pop.marginal(q)
         labels = [schema.attributes[a].categories for a in q]
         cells = [
-            {"labels": [labels[i][c] for i, c in enumerate(index)],
-             "true": float(truth[index]), "estimate": float(answer.values[index]),
-             "total_error": float(np.sqrt(answer.variance[index]))}
+            {
+                "labels": [labels[i][c] for i, c in enumerate(index)],
+                "true": float(truth[index]),
+                "estimate": float(answer.values[index]),
+                "total_error": float(np.sqrt(answer.variance[index])),
+            }
             for index in np.ndindex(truth.shape)
-        ]  # fmt: skip
-        rows.append({
-            "attrs": list(answer.attributes), "method": answer.method,
-            "sse": float(((answer.values - truth) ** 2).sum()),
-            "uniform_sse": float(((truth - 1.0 / truth.size) ** 2).sum()),
-            "cells": cells,
-        })  # fmt: skip
+        ]
+        rows.append(
+            {
+                "attrs": list(answer.attributes),
+                "method": answer.method,
+                "sse": float(((answer.values - truth) ** 2).sum()),
+                "uniform_sse": float(((truth - 1.0 / truth.size) ** 2).sum()),
+                "cells": cells,
+            }
+        )
     return rows
 
 
 DEMO_CELLS = 12  # table rows printed per query (--json has every cell)
 
 
-def _print_demo(out: dict[str, Any], pop: Any, info: Any, closed: Any, address: str,
-                seconds: float) -> None:  # fmt: skip
+def _print_demo(
+    out: dict[str, Any], pop: Any, info: Any, closed: Any, address: str, seconds: float
+) -> None:
     plan, phases = closed.plan, out["phases"]
     print(f"calmkit demo: {pop.describe().splitlines()[0]} (seed {out['seed']})")
     print(f"  server on {address}, SQLite storage in a temporary directory")
     print(f"  collection {closed.collection_id}, epsilon {out['epsilon']} per user")
     if len(phases) > 1:
-        print(f"  pilot: {phases[0]['reports']} users reported on {info.plan.m} attribute "
-              f"pairs; from their reports\n  the server chose {plan.m} views of "
-              f"{max(len(v) for v in plan.views)} attributes for the other "
-              f"{phases[1]['reports']} users (plan {plan.digest[:12]})")  # fmt: skip
+        print(
+            f"  pilot: {phases[0]['reports']} users reported on {info.plan.m} attribute "
+            f"pairs; from their reports\n  the server chose {plan.m} views of "
+            f"{max(len(v) for v in plan.views)} attributes for the other "
+            f"{phases[1]['reports']} users (plan {plan.digest[:12]})"
+        )
     else:
         print(f"  one phase: m = {plan.m} views (plan {plan.digest[:12]})")
     print(f"  {out['acknowledged']} reports acknowledged, {out['counted']} counted; closed")
@@ -176,10 +203,13 @@ def _print_demo(out: dict[str, Any], pop: Any, info: Any, closed: Any, address: 
     for r in out["queries"]:
         names = r["attrs"]
         ratio = r["uniform_sse"] / r["sse"] if r["sse"] > 0 else float("inf")
-        print(f"\n  {' x '.join(names)}: {r['method']}, SSE {r['sse']:.2e} "
-              f"(Uniform {r['uniform_sse']:.2e}, {ratio:.0f}x larger)")  # fmt: skip
-        width = [max(len(n), *(len(c["labels"][i]) for c in r["cells"]))
-                 for i, n in enumerate(names)]  # fmt: skip
+        print(
+            f"\n  {' x '.join(names)}: {r['method']}, SSE {r['sse']:.2e} "
+            f"(Uniform {r['uniform_sse']:.2e}, {ratio:.0f}x larger)"
+        )
+        width = [
+            max(len(n), *(len(c["labels"][i]) for c in r["cells"])) for i, n in enumerate(names)
+        ]
         head = "  ".join(n.ljust(w) for n, w in zip(names, width))
         print(f"    {head}    true  estimate  total.err")
         for c in r["cells"][:DEMO_CELLS]:

@@ -131,16 +131,24 @@ def run_mechanism(
     for rep in range(reps):
         qs = random_queries(population.d, k, queries, stream(base, QUERIES, rep))
         t0 = time.perf_counter()
-        release = mechanism.run(population, epsilon, k,
-                                np.random.default_rng(stream(base, METHOD, rep)))  # fmt: skip
+        release = mechanism.run(
+            population, epsilon, k, np.random.default_rng(stream(base, METHOD, rep))
+        )
         errors, uniform = [], []
         for q, answer in zip(qs, release.answer_many(qs)):
             truth = population.marginal(q)
             errors.append(sse(truth, answer))
             uniform.append(sse(truth, np.full(truth.shape, 1.0 / truth.size)))
         seconds = time.perf_counter() - t0
-        results.append(MechanismRep(float(np.mean(errors)), float(np.mean(uniform)), seconds,
-                                    release.describe(), tuple(qs)))  # fmt: skip
+        results.append(
+            MechanismRep(
+                float(np.mean(errors)),
+                float(np.mean(uniform)),
+                seconds,
+                release.describe(),
+                tuple(qs),
+            )
+        )
         if progress is not None:
             progress(1)
     return results

@@ -31,8 +31,16 @@ from calmkit_aggregator.planning.covering import construct_cover, cover_lower_bo
 from .datasets import DatasetError, load_dataset
 from .tasks import Task
 
-__all__ = ["SETTINGS", "PlannerTask", "Setting", "model_check", "planner_tasks",
-           "planning_times", "ratio_interval", "write_planner_report"]  # fmt: skip
+__all__ = [
+    "SETTINGS",
+    "PlannerTask",
+    "Setting",
+    "model_check",
+    "planner_tasks",
+    "planning_times",
+    "ratio_interval",
+    "write_planner_report",
+]
 
 # Covering designs are built for the grid only up to this lower bound (their cost).
 _COVER_LIMIT = 3000
@@ -70,8 +78,13 @@ SETTINGS = (
     Setting("adult", "Adult (uncapped), n=45,222", 3, (0.5, 1.0, 2.0), max_l=3),
     Setting("acs", "ACS d=23, n=47,461", 3, (0.5, 1.0, 2.0)),
     Setting(
-        "synthetic:8-40", "synthetic d=20, 8-40 categories, n=10^5", 3, (1.0,), d=20,
-        n=100_000, max_l=3,
+        "synthetic:8-40",
+        "synthetic d=20, 8-40 categories, n=10^5",
+        3,
+        (1.0,),
+        d=20,
+        n=100_000,
+        max_l=3,
     ),
 )
 QUICK_SETTINGS = (Setting("synthetic", "synthetic d=8, n=2^12", 3, (0.5, 2.0), d=8, n=1 << 12),)
@@ -135,9 +148,21 @@ def planner_tasks(
             def task(
                 options: tuple[tuple[str, Any], ...], s: Setting = s, eps: float = eps
             ) -> Task:
-                return Task(s.dataset, "calm", float(eps), s.k, s.k, d=s.d, n=s.n,
-                            max_categories=s.max_categories, options=options, reps=reps,
-                            queries=queries, seed=seed, shared_seed=True)  # fmt: skip
+                return Task(
+                    s.dataset,
+                    "calm",
+                    float(eps),
+                    s.k,
+                    s.k,
+                    d=s.d,
+                    n=s.n,
+                    max_categories=s.max_categories,
+                    options=options,
+                    reps=reps,
+                    queries=queries,
+                    seed=seed,
+                    shared_seed=True,
+                )
 
             default: tuple[tuple[str, Any], ...] = (("planner", "pipeline"),)
             if pilot is not None:
@@ -178,9 +203,15 @@ def _planning_times(repeats: int, dims: tuple[int, ...]) -> list[dict[str, Any]]
     for d in dims:
         gen = np.random.default_rng(d)
         margs = [gen.dirichlet(np.ones(2)) for _ in range(d)]
-        pilot_like = DataProfile(tuple(margs), 0.02, "pilot", 1 << 17, 0.02,
-                                 (0.004, 0.011, 0.02, 0.032, 0.06),
-                                 marginal_pair_weights(margs))  # fmt: skip
+        pilot_like = DataProfile(
+            tuple(margs),
+            0.02,
+            "pilot",
+            1 << 17,
+            0.02,
+            (0.004, 0.011, 0.02, 0.032, 0.06),
+            marginal_pair_weights(margs),
+        )
         for k in (2, 3, 4):
             sizes = (2,) * d
             times = {}
@@ -219,8 +250,9 @@ def model_check(tasks: list[PlannerTask], data_dir: str | None = None) -> dict[s
         if not grid:
             continue
         first = grid[0].task
-        pop = load_dataset(setting.dataset, data_dir, setting.d, setting.max_categories,
-                           rng=first.seed)  # fmt: skip
+        pop = load_dataset(
+            setting.dataset, data_dir, setting.d, setting.max_categories, rng=first.seed
+        )
         if setting.n is not None and setting.n != pop.n:
             pop = pop.resample(setting.n, rng=first.seed)
         schema, sizes = pop.schema, pop.schema.sizes
@@ -232,11 +264,13 @@ def model_check(tasks: list[PlannerTask], data_dir: str | None = None) -> dict[s
                 dep = pair_dependence(pop.marginal((a, b)).reshape(sizes[a], sizes[b]))
                 weights[a, b] = weights[b, a] = dep
                 deps.append(dep)
-        profile = DataProfile.from_marginals(margs, float(np.mean(deps)) if deps else 0.0,
-                                             pair_weights=weights)  # fmt: skip
+        profile = DataProfile.from_marginals(
+            margs, float(np.mean(deps)) if deps else 0.0, pair_weights=weights
+        )
         for t in grid:
-            plan = plan_collection(schema, t.epsilon, pop.n, setting.k, planner="paper",
-                                   l=t.l, m=t.m)  # fmt: skip
+            plan = plan_collection(
+                schema, t.epsilon, pop.n, setting.k, planner="paper", l=t.l, m=t.m
+            )
             users = [pop.n / len(plan.views)] * len(plan.views)
             out[t.task.key()] = predict_error(
                 sizes, plan.views, users, t.epsilon, Workload(k=setting.k), profile, n=pop.n
@@ -312,8 +346,9 @@ def summarize(tasks: list[PlannerTask], results: dict[str, dict[str, Any]]) -> l
         best = min(grid, key=lambda g: g[1]) if grid else None
         per_rep = [np.asarray(results[g[0].task.key()]["sse"], dtype=float) for g in grid]
         d_reps = np.asarray((default or {}).get("sse") or [], dtype=float)
-        paired = (best is not None and d_reps.size >= 2
-                  and all(r.size == d_reps.size for r in per_rep))  # fmt: skip
+        paired = (
+            best is not None and d_reps.size >= 2 and all(r.size == d_reps.size for r in per_rep)
+        )
         lo, hi = ratio_interval(d_reps, np.array(per_rep)) if paired else (math.nan, math.nan)
         chosen = (default or {}).get("chosen") or {}
         predicted = [float(x) for x in (default or {}).get("predicted", [])]
@@ -375,19 +410,46 @@ def write_planner_report(
     (root / "data").mkdir(parents=True, exist_ok=True)
     with paths["csv"].open("w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["setting", "k", "epsilon", "role", "l", "m", "status", "sse_mean",
-                         "sse_se", "uniform", "chosen", "reps", "seed", "message"])  # fmt: skip
+        writer.writerow(
+            [
+                "setting",
+                "k",
+                "epsilon",
+                "role",
+                "l",
+                "m",
+                "status",
+                "sse_mean",
+                "sse_se",
+                "uniform",
+                "chosen",
+                "reps",
+                "seed",
+                "message",
+            ]
+        )
         for t in tasks:
             res = results.get(t.task.key()) or {}
             mean, se = _stats(res)
             chosen = res.get("chosen") or {}
-            writer.writerow([t.setting.label, t.setting.k, t.epsilon, t.role,
-                             t.l if t.l is not None else chosen.get("l", ""),
-                             t.m if t.m is not None else chosen.get("m", ""),
-                             res.get("status", "missing"), mean, se,
-                             float(np.mean(res["uniform"])) if res.get("uniform") else "",
-                             ";".join(f"{k}={v}" for k, v in chosen.items()), t.task.reps,
-                             t.task.seed, res.get("message", "")])  # fmt: skip
+            writer.writerow(
+                [
+                    t.setting.label,
+                    t.setting.k,
+                    t.epsilon,
+                    t.role,
+                    t.l if t.l is not None else chosen.get("l", ""),
+                    t.m if t.m is not None else chosen.get("m", ""),
+                    res.get("status", "missing"),
+                    mean,
+                    se,
+                    float(np.mean(res["uniform"])) if res.get("uniform") else "",
+                    ";".join(f"{k}={v}" for k, v in chosen.items()),
+                    t.task.reps,
+                    t.task.seed,
+                    res.get("message", ""),
+                ]
+            )
     summary = summarize(tasks, results)
     if plot:
         paths["png"] = _plot(summary, root / "figures" / "planner.png")
@@ -435,9 +497,11 @@ def _markdown(
     if plot:
         lines += ["![planner](figures/planner.png)", ""]
     for run in runs:
-        lines.append(f"- run `{run['command']}`: {run['computed']} tasks computed in "
-                     f"{run['seconds']:.0f} s with {run['jobs']} worker(s), finished "
-                     f"{run['at']}")  # fmt: skip
+        lines.append(
+            f"- run `{run['command']}`: {run['computed']} tasks computed in "
+            f"{run['seconds']:.0f} s with {run['jobs']} worker(s), finished "
+            f"{run['at']}"
+        )
     if runs:
         lines.append("")
     lines += _summary_table(summary)
@@ -458,10 +522,15 @@ def _markdown(
             "| Algorithm 1 (CPU-s) |",
             "|---|---|---|---|---|",
         ]
-        lines += [f"| {t['d']} | {t['k']} | {t['pipeline']:.3f} | {t['pilot']:.3f} | "
-                  f"{t['paper']:.3f} |" for t in timings]  # fmt: skip
-    pairs = [(checks[t.task.key()], _stats(results.get(t.task.key()))[0]) for t in tasks
-             if t.role == "grid" and t.task.key() in checks]  # fmt: skip
+        lines += [
+            f"| {t['d']} | {t['k']} | {t['pipeline']:.3f} | {t['pilot']:.3f} | {t['paper']:.3f} |"
+            for t in timings
+        ]
+    pairs = [
+        (checks[t.task.key()], _stats(results.get(t.task.key()))[0])
+        for t in tasks
+        if t.role == "grid" and t.task.key() in checks
+    ]
     pairs = [(p, m) for p, m in pairs if math.isfinite(m) and m > 0]
     if pairs:
         ratio = np.array([p / m for p, m in pairs])
@@ -498,8 +567,11 @@ def _verdict(ok: list[dict[str, Any]]) -> list[str]:
         f"{expected.min():.2f} to {expected.max():.2f}).",
     ]
     above = [r for r in ok if r["default_over_best_lo"] > _TARGET]
-    near = [r for r in ok if r["default_over_best"] > _TARGET
-            and not r["default_over_best_lo"] > _TARGET]  # fmt: skip
+    near = [
+        r
+        for r in ok
+        if r["default_over_best"] > _TARGET and not r["default_over_best_lo"] > _TARGET
+    ]
     lines += [
         "",
         f"Above the target of {_TARGET} x the best grid point: "
@@ -523,8 +595,9 @@ def _summary_table(summary: list[dict[str, Any]]) -> list[str]:
     ]
     for r in summary:
         if r["status"] != "ok":
-            lines.append(f"| {r['setting']} | {r['k']} | {r['epsilon']:g} | {r['status']} |"
-                         + " |" * 11)  # fmt: skip
+            lines.append(
+                f"| {r['setting']} | {r['k']} | {r['epsilon']:g} | {r['status']} |" + " |" * 11
+            )
             continue
         pilot = f" + pilot {r['pilot_m']}" if r["pilot_m"] else ""
         lines.append(
@@ -547,20 +620,32 @@ def _grid_table(
     checks: dict[str, float],
 ) -> list[str]:
     """Every grid point's SSE, its ratio to the best, and the model's prediction."""
-    lines = ["", "## Every grid point", "",
-             "| setting | k | eps | (l, m) | SSE | / best | model | model / SSE |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        "## Every grid point",
+        "",
+        "| setting | k | eps | (l, m) | SSE | / best | model | model / SSE |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in summary:
-        group = [t for t in tasks if t.setting.label == r["setting"] and t.setting.k == r["k"]
-                 and t.epsilon == r["epsilon"] and t.role == "grid"]  # fmt: skip
+        group = [
+            t
+            for t in tasks
+            if t.setting.label == r["setting"]
+            and t.setting.k == r["k"]
+            and t.epsilon == r["epsilon"]
+            and t.role == "grid"
+        ]
         for t in sorted(group, key=lambda t: (t.l or 0, t.m or 0)):
             mean, se = _stats(results.get(t.task.key()))
             if math.isfinite(mean):
                 ratio = mean / r["best_sse"]
                 model = checks.get(t.task.key(), math.nan)
-                lines.append(f"| {r['setting']} | {r['k']} | {r['epsilon']:g} | ({t.l}, {t.m}) | "
-                             f"{_fmt(mean)} ± {_fmt(se)} | {ratio:.2f} | {_fmt(model)} | "
-                             f"{model / mean:.2f} |")  # fmt: skip
+                lines.append(
+                    f"| {r['setting']} | {r['k']} | {r['epsilon']:g} | ({t.l}, {t.m}) | "
+                    f"{_fmt(mean)} ± {_fmt(se)} | {ratio:.2f} | {_fmt(model)} | "
+                    f"{model / mean:.2f} |"
+                )
     return lines
 
 
@@ -582,8 +667,10 @@ def _time_table(ok: list[dict[str, Any]]) -> list[str]:
     ]
     for r in timed:
         ours, theirs = r["default_seconds"], r["paper_seconds"]
-        lines.append(f"| {r['setting']} | {r['k']} | {r['epsilon']:g} | {ours:.2f} | "
-                     f"{theirs:.2f} | {ours / theirs:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {r['setting']} | {r['k']} | {r['epsilon']:g} | {ours:.2f} | "
+            f"{theirs:.2f} | {ours / theirs:.2f} |"
+        )
     return lines
 
 
@@ -610,8 +697,12 @@ def _plot(summary: list[dict[str, Any]], path: Path) -> Path:
     ax.axhline(1.15, color="gray", lw=0.8, ls="--", label="1.15x the best grid point")
     ax.set_yscale("log")
     ax.set_ylabel("SSE / best grid point")
-    ax.set_xticks(x, [f"{r['setting'].split(',')[0]}\neps {r['epsilon']:g}" for r in ok],
-                  rotation=90, fontsize=7)  # fmt: skip
+    ax.set_xticks(
+        x,
+        [f"{r['setting'].split(',')[0]}\neps {r['epsilon']:g}" for r in ok],
+        rotation=90,
+        fontsize=7,
+    )
     ax.legend(fontsize=8)
     ax.set_title("Planner vs the best fixed (l, m)", fontsize=10)
     fig.tight_layout()

@@ -58,9 +58,15 @@ def plot_figure(figure: Figure, results: dict[str, dict[str, Any]], path: Path |
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
     if handles:
-        fig.legend(list(handles.values()), list(handles), loc="upper center", fontsize=8,
-                   ncol=min(8, len(handles)), bbox_to_anchor=(0.5, 1 - 0.35 / height),
-                   frameon=False)  # fmt: skip
+        fig.legend(
+            list(handles.values()),
+            list(handles),
+            loc="upper center",
+            fontsize=8,
+            ncol=min(8, len(handles)),
+            bbox_to_anchor=(0.5, 1 - 0.35 / height),
+            frameon=False,
+        )
     units = _privacy_units(figure, results)
     bottom = 0.0
     if len(set(units.values())) > 1:  # say what epsilon protects for each mechanism
@@ -113,8 +119,16 @@ def _lines(
             if s["status"]:
                 skipped.append(f"{name}: {'/'.join(sorted(s['status'])).replace('_', ' ')}")
             continue
-        ax.errorbar(s["x"], s["mean"], yerr=s["sd"], marker="o", ms=3, capsize=2, label=name,
-                    color=colors.get(name))  # fmt: skip
+        ax.errorbar(
+            s["x"],
+            s["mean"],
+            yerr=s["sd"],
+            marker="o",
+            ms=3,
+            capsize=2,
+            label=name,
+            color=colors.get(name),
+        )
     for (series, x), value in panel.paper.items():
         ax.scatter([x], [value], marker="*", s=80, color="black", zorder=5)
         ax.annotate(
@@ -125,8 +139,16 @@ def _lines(
     ax.set_ylabel(panel.ylabel)
     ax.grid(True, which="both", alpha=0.3)
     if skipped:
-        ax.text(0.98, 0.98, "\n".join(skipped), transform=ax.transAxes, fontsize=7,
-                va="top", ha="right", bbox={"facecolor": "white", "alpha": 0.8})  # fmt: skip
+        ax.text(
+            0.98,
+            0.98,
+            "\n".join(skipped),
+            transform=ax.transAxes,
+            fontsize=7,
+            va="top",
+            ha="right",
+            bbox={"facecolor": "white", "alpha": 0.8},
+        )
 
 
 def _classify(
@@ -138,8 +160,16 @@ def _classify(
             if s["status"]:
                 skipped.append(f"{name}: {'/'.join(sorted(s['status'])).replace('_', ' ')}")
             continue
-        ax.errorbar(s["x"], s["mean"], yerr=s["sd"], marker="o", ms=3, capsize=2, label=name,
-                    color=colors.get(name))  # fmt: skip
+        ax.errorbar(
+            s["x"],
+            s["mean"],
+            yerr=s["sd"],
+            marker="o",
+            ms=3,
+            capsize=2,
+            label=name,
+            color=colors.get(name),
+        )
     for p in panel.points:
         res = results.get(p.task.key())
         if res and res["status"] == "ok":
@@ -152,8 +182,16 @@ def _classify(
     ax.set_ylabel(panel.ylabel)
     ax.grid(True, alpha=0.3)
     if skipped:
-        ax.text(0.98, 0.98, "\n".join(skipped), transform=ax.transAxes, fontsize=7,
-                va="top", ha="right", bbox={"facecolor": "white", "alpha": 0.8})  # fmt: skip
+        ax.text(
+            0.98,
+            0.98,
+            "\n".join(skipped),
+            transform=ax.transAxes,
+            fontsize=7,
+            va="top",
+            ha="right",
+            bbox={"facecolor": "white", "alpha": 0.8},
+        )
 
 
 def _heatmap(

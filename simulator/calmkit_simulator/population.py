@@ -83,8 +83,12 @@ class Population:
         """The users at positions ``rows`` (an int array), same schema; the codes are
         already valid, so they are not checked again."""
         out = object.__new__(Population)
-        for name, value in (("schema", self.schema), ("codes", self.codes[np.asarray(rows)]),
-                            ("name", self.name), ("notes", self.notes)):  # fmt: skip
+        for name, value in (
+            ("schema", self.schema),
+            ("codes", self.codes[np.asarray(rows)]),
+            ("name", self.name),
+            ("notes", self.notes),
+        ):
             object.__setattr__(out, name, value)
         return out
 

@@ -14,8 +14,10 @@ __all__ = ["Progress", "progress_bar"]
 
 def _clock(seconds: float) -> str:
     seconds = round(seconds)
-    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else (
-        f"{seconds // 60}m{seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
+        if seconds >= 3600
+        else (f"{seconds // 60}m{seconds % 60:02d}s")
     )
 
 
@@ -24,9 +26,14 @@ class Progress:
     stderr; ``clock`` to ``time.monotonic`` (tests pass their own)."""
 
     def __init__(
-        self, total: int, desc: str, every: float = 30.0, stream: TextIO | None = None,
-        clock: Callable[[], float] = time.monotonic, bar: bool | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        total: int,
+        desc: str,
+        every: float = 30.0,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        bar: bool | None = None,
+    ) -> None:
         self.total, self.desc, self.every = total, desc, every
         self.stream = stream if stream is not None else sys.stderr
         self._clock = clock
@@ -56,8 +63,11 @@ class Progress:
         rate = self.done / elapsed if elapsed > 0 else 0.0
         eta = f", ETA {_clock((self.total - self.done) / rate)}" if rate > 0 else ""
         pct = 100 * self.done / self.total if self.total else 100.0
-        print(f"{self.desc}: {self.done}/{self.total} ({pct:.0f}%), "
-              f"{_clock(elapsed)} elapsed{eta}", file=self.stream, flush=True)  # fmt: skip
+        print(
+            f"{self.desc}: {self.done}/{self.total} ({pct:.0f}%), {_clock(elapsed)} elapsed{eta}",
+            file=self.stream,
+            flush=True,
+        )
 
     def close(self) -> None:
         if self._bar is not None:

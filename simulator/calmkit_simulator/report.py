@@ -68,8 +68,16 @@ def _rows(figure: Figure, results: dict[str, dict[str, Any]]) -> list[dict[str, 
                 continue
             seen.add(ident)
             row = summarize(p.task, results[p.task.key()])
-            out.append({"figure": figure.name, "panel": panel.label, "series": p.series,
-                        "x": p.x, "row": "" if p.row is None else p.row, **row})  # fmt: skip
+            out.append(
+                {
+                    "figure": figure.name,
+                    "panel": panel.label,
+                    "series": p.series,
+                    "x": p.x,
+                    "row": "" if p.row is None else p.row,
+                    **row,
+                }
+            )
     return out
 
 

@@ -41,6 +41,7 @@ from .seeds import METHOD, SPLIT, stream
 
 __all__ = ["Task", "load_population", "run_task"]
 
+
 @dataclass(frozen=True)
 class Task:
     """One mechanism at one setting; ``k`` is the workload size the mechanism plans
@@ -151,7 +152,9 @@ def _queries(
         if len(_MEMO.truths) >= 4096:  # populations shipped by a cluster bypass the clear
             _MEMO.truths.clear()
         qs = random_queries(
-            pop.d, task.query_k, task.queries,
+            pop.d,
+            task.query_k,
+            task.queries,
             np.random.SeedSequence([task.seed, pop.d, task.query_k, rep]),
         )
         _MEMO.truths[key] = (qs, [pop.marginal(q) for q in qs])
@@ -237,9 +240,15 @@ def _run_classify(task: Task, data_dir: str | None, mechanism: Any) -> dict[str,
     for rep in range(task.reps):
         rng = np.random.default_rng(task.rep_seed(rep))
         try:
-            r = run_classification(pop, setting, mechanism, task.epsilon,
-                                   stream(task.seed, SPLIT, rep), task.duplicate,
-                                   method_rng=rng)  # fmt: skip
+            r = run_classification(
+                pop,
+                setting,
+                mechanism,
+                task.epsilon,
+                stream(task.seed, SPLIT, rep),
+                task.duplicate,
+                method_rng=rng,
+            )
         except NotScalable as exc:
             return {"status": "not_scalable", "message": str(exc), "mechanism": mechanism.name}
         out["error"].append(r.error)

@@ -312,8 +312,10 @@ def test_a_view_takes_the_least_loaded_pairs_among_the_tied_attributes(seed: int
     gen = np.random.default_rng(seed)
     pairs = np.triu(gen.integers(0, 1000, (16, 16)), 1)
     pairs = pairs + pairs.T
-    loads = {s: sum(int(pairs[a, b]) for a, b in itertools.combinations(s, 2))
-             for s in itertools.combinations(range(16), 4)}  # fmt: skip
+    loads = {
+        s: sum(int(pairs[a, b]) for a, b in itertools.combinations(s, 2))
+        for s in itertools.combinations(range(16), 4)
+    }
     best = min(loads, key=loads.__getitem__)
     assert sorted(loads.values())[1] > loads[best]
     got = _next_even(16, 4, np.zeros(16, np.int64), pairs, set(), gen)
@@ -383,8 +385,9 @@ def test_the_fallback_draws_until_it_finds_the_last_unused_set() -> None:
     every = itertools.combinations(range(21), 6)
     left = (2, 3, 5, 8, 13, 20)
     used = {s for s in every if s != left}
-    got = _next_even(21, 6, np.zeros(21, np.int64), np.zeros((21, 21), np.int64), used,
-                         np.random.default_rng(0))  # fmt: skip
+    got = _next_even(
+        21, 6, np.zeros(21, np.int64), np.zeros((21, 21), np.int64), used, np.random.default_rng(0)
+    )
     assert got == left
 
 
@@ -412,8 +415,7 @@ def test_the_fallback_checks_every_set_of_each_draw() -> None:
     left = (1, 4, 6, 9, 15, 19)
     used = {s for s in every if s != left}
     gen = _CountingGenerator(3)
-    got = _next_even(21, 6, np.zeros(21, np.int64), np.zeros((21, 21), np.int64), used,
-                         gen)  # type: ignore[arg-type]  # fmt: skip
+    got = _next_even(21, 6, np.zeros(21, np.int64), np.zeros((21, 21), np.int64), used, gen)  # type: ignore[arg-type]
     assert got == left
     assert gen.batches < 200
 
@@ -442,8 +444,11 @@ def test_a_repair_moves_the_use_inside_the_view_of_least_pair_load() -> None:
         (a,) = set(before[j]) - set(views[j])
         (b,) = set(views[j]) - set(before[j])
 
-        eligible = [v for v in before if a in v and b not in v
-                    and tuple(sorted({*v} - {a} | {b})) not in set(before)]  # fmt: skip
+        eligible = [
+            v
+            for v in before
+            if a in v and b not in v and tuple(sorted({*v} - {a} | {b})) not in set(before)
+        ]
         scores = {v: _swap_load(v, a, b, pairs) for v in eligible}
         assert scores[before[j]] == min(scores.values())
         checked += len(set(scores.values())) > 1

@@ -33,8 +33,9 @@ def test_encode_decode_round_trip_and_counts_match_the_oracles() -> None:
     np.testing.assert_array_equal(again.pseudonyms, columns.pseudonyms)
     np.testing.assert_array_equal(again.views, [r.view for r in reports])
     n, counts = again.support_deltas()
-    assert_counts_equal(SupportCounts(PLAN, n, tuple(counts)),
-                        SupportCounts.from_reports(PLAN, batches))  # fmt: skip
+    assert_counts_equal(
+        SupportCounts(PLAN, n, tuple(counts)), SupportCounts.from_reports(PLAN, batches)
+    )
     # the layout: 16-byte keys in batch order, one uint32 per GRR report
     assert columns.encode()["report_ids"][16:32] == reports[1].report_id
     grr = [r for r in reports if r.view < 2]
@@ -122,8 +123,9 @@ def test_columnar_conflicts_are_refused_whole(tmp_path: Path) -> None:
         store.add_reports("c", PLAN.digest, reports[:50])
         # report 60 reuses report 10's pseudonym: the batch is refused, nothing counted
         bad = list(reports[50:])
-        bad[10] = type(bad[10])(bad[10].report_id, reports[10].pseudonym, bad[10].view,
-                                bad[10].payload)  # fmt: skip
+        bad[10] = type(bad[10])(
+            bad[10].report_id, reports[10].pseudonym, bad[10].view, bad[10].payload
+        )
         with pytest.raises(ReportConflict, match=r"reports\[10\]\.pseudonym"):
             store.add_reports("c", PLAN.digest, columns_from_reports(PLAN, bad))
         assert store.get_collection("c").reports == 50

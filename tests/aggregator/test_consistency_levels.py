@@ -48,8 +48,10 @@ def _random_views(seed: int) -> list[MarginalTable]:
     rng = np.random.default_rng(seed)
     d = int(rng.integers(4, 10))
     sizes = rng.integers(2, 4, d)
-    picks = {tuple(sorted(rng.choice(d, size=int(rng.integers(1, 5)), replace=False).tolist()))
-             for _ in range(int(rng.integers(2, 14)))}  # fmt: skip
+    picks = {
+        tuple(sorted(rng.choice(d, size=int(rng.integers(1, 5)), replace=False).tolist()))
+        for _ in range(int(rng.integers(2, 14)))
+    }
     tables = []
     for k, view in enumerate(sorted(picks)):
         shape = tuple(int(sizes[a]) for a in view)
@@ -78,9 +80,7 @@ def test_views_sharing_nothing_take_one_round_even_at_tol_zero() -> None:
     # Only the totals are shared: one consistency pass and one Norm-Sub leave nothing
     # inconsistent (exactly 0), so the loop stops after the first round.
     rng = np.random.default_rng(3)
-    tables = [
-        MarginalTable(v, rng.normal(0.25, 0.3, (2, 2)), 1e-3) for v in [(0, 1), (2, 3)]
-    ]
+    tables = [MarginalTable(v, rng.normal(0.25, 0.3, (2, 2)), 1e-3) for v in [(0, 1), (2, 3)]]
     assert min(float(t.values.min()) for t in tables) < 0
     out = make_consistent(tables, tol=0.0)
     assert out.iterations == 1 and out.inconsistency == 0.0 and out.negativity == 0.0

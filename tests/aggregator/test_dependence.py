@@ -52,8 +52,10 @@ def _kernel_logpdf(raw: float, null: np.ndarray, nu: float, signal: np.ndarray) 
     roots = np.sqrt(null)
     h = float(_bandwidth(roots[None, :])[0])
     v = np.linspace(0.0, max(roots.max(), math.sqrt(raw)) + 12 * h, 40_001)
-    g = (stats.norm.pdf(v[:, None], roots[None, :], h)
-         + stats.norm.pdf(v[:, None], -roots[None, :], h)).mean(axis=1)  # fmt: skip
+    g = (
+        stats.norm.pdf(v[:, None], roots[None, :], h)
+        + stats.norm.pdf(v[:, None], -roots[None, :], h)
+    ).mean(axis=1)
     out = []
     for s in signal:
         c = math.sqrt(4 * nu * s)
@@ -78,15 +80,15 @@ def _kernel_logpdf(raw: float, null: np.ndarray, nu: float, signal: np.ndarray) 
 )
 def test_the_estimate_is_unbiased(truth: np.ndarray, n: int, eps: float) -> None:
     tables, oracle = pair_tables(truth, n, eps, count=1500, seed=3)
-    evidence = pair_evidence(tables, [oracle] * len(tables), [truth.sum(axis=1),
-                                                                 truth.sum(axis=0)])  # fmt: skip
+    evidence = pair_evidence(tables, [oracle] * len(tables), [truth.sum(axis=1), truth.sum(axis=0)])
     values = evidence.estimate
     se = values.std(ddof=1) / math.sqrt(values.size)
     assert abs(values.mean() - pair_dependence(truth)) <= MARGIN * se
 
 
-@pytest.mark.parametrize(("shape", "n", "eps"), [((2, 2), 300, 1.0), ((6, 41), 1100, 1.0),
-                                                 ((16, 7), 1100, 0.5)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("shape", "n", "eps"), [((2, 2), 300, 1.0), ((6, 41), 1100, 1.0), ((16, 7), 1100, 0.5)]
+)
 def test_under_independence_the_likelihood_is_the_statistics_law(
     shape: tuple[int, int], n: int, eps: float
 ) -> None:
@@ -115,8 +117,9 @@ def test_under_independence_the_likelihood_is_the_statistics_law(
     roots = np.sqrt(null)
     h = float(_bandwidth(roots[None, :])[0])
     x = np.sqrt(raw)[:, None]
-    cdf = (stats.norm.cdf((x - roots[None, :]) / h)
-           + stats.norm.cdf((x + roots[None, :]) / h) - 1).mean(axis=1)  # fmt: skip
+    cdf = (
+        stats.norm.cdf((x - roots[None, :]) / h) + stats.norm.cdf((x + roots[None, :]) / h) - 1
+    ).mean(axis=1)
     for tail in ((cdf < 0.1).mean(), (cdf > 0.9).mean()):
         assert abs(tail - 0.1) <= MARGIN * math.sqrt(0.09 / raw.size + 0.09 / null.size)
 
@@ -137,8 +140,10 @@ def test_a_skewed_large_domain_reads_as_independent() -> None:
     values = []
     for table in tables:
         var = (oracle.variance(1100) + 1 / (1100 * 246)) * 246
-        margs = [estimated_marginal(table.values.sum(axis=1), var / 6, unbiased=True),
-                 estimated_marginal(table.values.sum(axis=0), var / 41, unbiased=True)]  # fmt: skip
+        margs = [
+            estimated_marginal(table.values.sum(axis=1), var / 6, unbiased=True),
+            estimated_marginal(table.values.sum(axis=0), var / 41, unbiased=True),
+        ]
         values.append(pair_evidence([table], [oracle], margs).estimate[0])
     arr = np.array(values)
     assert abs(arr.mean()) <= MARGIN * arr.std(ddof=1) / math.sqrt(arr.size)
@@ -159,13 +164,16 @@ def test_pair_evidence_replays_its_simulation_and_skips_what_tells_nothing() -> 
     empty = MarginalTable((0, 1), truth, np.inf, 0)
     big_oracle = choose_oracle(25 * 41, 1.0)
     big = MarginalTable((0, 1), np.full((25, 41), 1 / 1025), big_oracle.variance(5000), 5000)
-    evidence = pair_evidence([flat, empty, tables[0], big],
-                             [choose_oracle(3, 1.0), oracle, oracle, big_oracle],
-                             [*margs, np.full(25, 0.04), np.full(41, 1 / 41)])  # fmt: skip
+    evidence = pair_evidence(
+        [flat, empty, tables[0], big],
+        [choose_oracle(3, 1.0), oracle, oracle, big_oracle],
+        [*margs, np.full(25, 0.04), np.full(41, 1 / 41)],
+    )
     assert evidence.pairs.tolist() == [[0, 1]]
     gen = np.random.default_rng(_BOOTSTRAP)
-    noise = dependence_statistic(draw_estimates(oracle, np.outer(*margs[:2]).reshape(-1), 900,
-                                                gen), 2, 3)  # fmt: skip
+    noise = dependence_statistic(
+        draw_estimates(oracle, np.outer(*margs[:2]).reshape(-1), 900, gen), 2, 3
+    )
     raw = float(dependence_statistic(tables[0].values.reshape(1, -1), 2, 3)[0])
     assert evidence.raw[0] == raw and evidence.unit[0] == pytest.approx(2 / 6)
     np.testing.assert_array_equal(evidence.null[0], noise)
@@ -193,14 +201,16 @@ def test_the_likelihood_is_the_noise_density_shifted_and_widened_by_the_signal()
     # against numerical integration on a 250x finer grid: the likelihood's 160 nodes
     # (each cell's spread counted) are within 3% of it wherever the likelihood is
     # within e^-8 of its peak (log difference 0.03)
-    evidence = _evidence([0.3, 2.0, 0.01], [0.2, 1.5, 0.02], [0.01, 0.4, 1e-4], [0.25, 0.8, 0.5],
-                         [8.0, 11.25, 8.0])  # fmt: skip
+    evidence = _evidence(
+        [0.3, 2.0, 0.01], [0.2, 1.5, 0.02], [0.01, 0.4, 1e-4], [0.25, 0.8, 0.5], [8.0, 11.25, 8.0]
+    )
     deps = np.array([[0.0, 0.1, 0.3, 1.0], [0.0, 0.3, 0.5, 1.0], [0.0, 0.005, 0.01, 0.05]])
     got = evidence.log_likelihood(deps)
     for i in range(3):
         nu = evidence.null[i].mean() / evidence.dim[i]
-        want = _kernel_logpdf(float(evidence.raw[i]), evidence.null[i], nu,
-                              deps[i] * evidence.unit[i])  # fmt: skip
+        want = _kernel_logpdf(
+            float(evidence.raw[i]), evidence.null[i], nu, deps[i] * evidence.unit[i]
+        )
         near = want > want.max() - 8
         np.testing.assert_allclose(got[i][near], want[near], atol=0.03)
         assert np.all(got[i][~near] < want.max() - 6)
@@ -218,12 +228,20 @@ def _direct_quantiles(evidence: PairEvidence, weights: np.ndarray, bounds) -> li
     r = np.exp(logr)
     pair_like = []
     for i in range(evidence.count):
-        one = PairEvidence(evidence.pairs[i : i + 1], evidence.raw[i : i + 1],
-                           evidence.null[i : i + 1], evidence.unit[i : i + 1],
-                           evidence.dim[i : i + 1])  # fmt: skip
+        one = PairEvidence(
+            evidence.pairs[i : i + 1],
+            evidence.raw[i : i + 1],
+            evidence.null[i : i + 1],
+            evidence.unit[i : i + 1],
+            evidence.dim[i : i + 1],
+        )
         deps = (ds[:, None] * weights[i] * r[None, :]).reshape(-1)
-        like = np.concatenate([np.exp(one.log_likelihood(deps[j : j + 20_000][None, :]))[0]
-                               for j in range(0, deps.size, 20_000)])  # fmt: skip
+        like = np.concatenate(
+            [
+                np.exp(one.log_likelihood(deps[j : j + 20_000][None, :]))[0]
+                for j in range(0, deps.size, 20_000)
+            ]
+        )
         zero = float(np.exp(one.log_likelihood(np.zeros((1, 1))))[0, 0])
         pair_like.append((like.reshape(ds.size, r.size), zero))
     total = np.zeros(ds.size)
@@ -244,11 +262,16 @@ def _direct_quantiles(evidence: PairEvidence, weights: np.ndarray, bounds) -> li
     [
         ([0.05], [0.01], [1e-4], [0.25], [1.0]),  # one clear pair
         ([0.011], [0.01], [1e-4], [0.25], [1.0]),  # one pair, nothing seen
-        ([0.05, 0.3, 0.02], [0.01, 0.2, 0.02], [1e-4, 0.01, 4e-4], [0.25, 0.8, 0.5],
-         [1.0, 2.0, 0.5]),  # three pairs, unequal weights and noise
+        (
+            [0.05, 0.3, 0.02],
+            [0.01, 0.2, 0.02],
+            [1e-4, 0.01, 4e-4],
+            [0.25, 0.8, 0.5],
+            [1.0, 2.0, 0.5],
+        ),  # three pairs, unequal weights and noise
         ([4.0, 0.02], [3.1, 0.01], [1.5, 1e-4], [0.8, 0.25], [1.3, 0.7]),  # a swamped pair
     ],
-)  # fmt: skip
+)
 def test_the_posterior_matches_direct_integration(raw, mean0, var0, unit, weights) -> None:  # type: ignore[no-untyped-def]
     bounds = (1e-3, 0.5)
     evidence = _evidence(raw, mean0, var0, unit)
@@ -297,8 +320,13 @@ def test_pairs_swamped_by_noise_leave_the_prior() -> None:
     # noise a thousand times a 6 x 41 pilot table's against dependences of at most
     # 0.5: the likelihood is flat over the prior's range, the posterior its prior
     bounds = lo, hi = (1e-3, 0.5)
-    evidence = _evidence([3.9e3, 1.2e3, 0.35e3], [3.1e3, 1.4e3, 0.3e3], [1.5e5, 0.3e5, 0.01e5],
-                         0.8, [200.0, 100.0, 20.0])  # fmt: skip
+    evidence = _evidence(
+        [3.9e3, 1.2e3, 0.35e3],
+        [3.1e3, 1.4e3, 0.3e3],
+        [1.5e5, 0.3e5, 0.01e5],
+        0.8,
+        [200.0, 100.0, 20.0],
+    )
     post = dependence_posterior(evidence, np.ones(3), bounds)
     step = math.log(hi / lo) / (_GRID - 1)
     prior = [lo * (hi / lo) ** f for f in QUANTILES]
@@ -318,8 +346,9 @@ def test_precise_pairs_take_their_values_and_pull_d() -> None:
     np.testing.assert_allclose(post.pair_means, dep, rtol=0.03)
     # a pair with no dependence among them keeps its 0 (posterior mean well below D)
     raw = np.append(evidence.raw, 0.01)
-    mixed = dependence_posterior(_evidence(raw, 0.01, 1e-9, 0.5, 2e5), np.ones(count + 1),
-                                 (1e-3, 0.5))  # fmt: skip
+    mixed = dependence_posterior(
+        _evidence(raw, 0.01, 1e-9, 0.5, 2e5), np.ones(count + 1), (1e-3, 0.5)
+    )
     assert mixed.pair_means[-1] < 0.05 * dep
 
 

@@ -284,8 +284,9 @@ def _replay_dependent(views, attrs, l, w, start=()) -> None:  # type: ignore[no-
         elif live:
             assert live <= set(v), (v, live)
         else:
-            unheld = [w[a, b] for a, b in itertools.combinations(sorted(attrs), 2)
-                      if (a, b) not in pairs]  # fmt: skip
+            unheld = [
+                w[a, b] for a, b in itertools.combinations(sorted(attrs), 2) if (a, b) not in pairs
+            ]
             top = max(unheld, default=0.0)
             if top > 0:
                 best = max(w[a, b] for a, b in itertools.combinations(v, 2) if (a, b) not in pairs)
@@ -386,8 +387,9 @@ def test_a_dependent_view_spends_every_pair_it_holds(l: int) -> None:  # noqa: E
         for a, b in itertools.combinations(range(9), 2):
             assert stream.gain[a, b] == stream.gain[b, a] == (0.0 if (a, b) in held else w[a, b])
         assert stream.positive == 36 - len(held)
-        assert stream.uses.tolist() == np.bincount([a for v in views for a in v],
-                                                   minlength=9).tolist()  # fmt: skip
+        assert (
+            stream.uses.tolist() == np.bincount([a for v in views for a in v], minlength=9).tolist()
+        )
 
 
 def test_a_view_grows_by_the_most_unheld_dependence_then_the_least_used() -> None:
@@ -491,8 +493,9 @@ def test_balanced_views_are_weighted_rounds_and_hold_heavier_pairs_than_spread(
         assert tuple(dealt[:m]) == views
         assert views[0] == tuple(sorted(np.unravel_index(np.argmax(w), w.shape))) or l > 2
         held = {p for v in views for p in itertools.combinations(v, 2)}
-        spread = {p for v in spread_views(range(d), l, m, rng=seed)
-                  for p in itertools.combinations(v, 2)}  # fmt: skip
+        spread = {
+            p for v in spread_views(range(d), l, m, rng=seed) for p in itertools.combinations(v, 2)
+        }
         assert sum(w[p] for p in held) > sum(w[p] for p in spread)
 
 
@@ -516,9 +519,9 @@ def test_balanced_views_without_weights_are_the_spread_views() -> None:
     for seed in SEEDS:
         for l, m in ((2, 20), (3, 30)):  # noqa: E741
             start = [(0, 1)]
-            assert balanced_views(range(9), l, m, np.zeros((9, 9)), rng=seed,
-                                  start=start) == spread_views(range(9), l, m, rng=seed,
-                                                               start=start)  # fmt: skip
+            assert balanced_views(
+                range(9), l, m, np.zeros((9, 9)), rng=seed, start=start
+            ) == spread_views(range(9), l, m, rng=seed, start=start)
 
 
 def test_balanced_views_spend_the_pairs_start_holds() -> None:

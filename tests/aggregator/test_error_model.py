@@ -27,8 +27,9 @@ from calmkit_simulator import Population, collect_support
 MARGIN = 4.0  # standard errors
 
 
-def _measure(pop: Population, plan: Plan, queries: list[tuple[int, ...]], reps: int,
-             shrink: bool) -> tuple[float, float]:  # fmt: skip
+def _measure(
+    pop: Population, plan: Plan, queries: list[tuple[int, ...]], reps: int, shrink: bool
+) -> tuple[float, float]:
     """Mean SSE over fixed queries per repetition: (mean, standard error). Each
     repetition draws new reports and a new assignment of users to views (the plan's
     hash seed), as the model's sampling term assumes."""
@@ -38,8 +39,9 @@ def _measure(pop: Population, plan: Plan, queries: list[tuple[int, ...]], reps: 
     for rep in range(reps):
         fresh = Plan(plan.schema, plan.epsilon, plan.views, seed=rep + 1)
         est = reconstruct(collect_support(pop, fresh, gen), shrink=shrink)
-        per_rep.append(np.mean([((est.answer(q).values - t) ** 2).sum()
-                                for q, t in zip(queries, truths)]))  # fmt: skip
+        per_rep.append(
+            np.mean([((est.answer(q).values - t) ** 2).sum() for q, t in zip(queries, truths)])
+        )
     arr = np.array(per_rep)
     return float(arr.mean()), float(arr.std(ddof=1) / math.sqrt(reps))
 
@@ -61,14 +63,15 @@ def test_projection_answers_match_the_prediction_where_it_is_exact(eps: float) -
     queries = [(0, 1, 2), (1, 2, 3), (3, 4, 5), (0, 4, 5)]
     profile = DataProfile.from_marginals([np.full(2, 0.5)] * 6, 0.0)
     users = np.bincount(plan.assign_many(np.arange(pop.n, dtype=np.uint64)), minlength=4)
-    pred = predict_error(sizes, views, users, eps, Workload(queries=queries), profile,
-                         shrink=False)  # fmt: skip
+    pred = predict_error(sizes, views, users, eps, Workload(queries=queries), profile, shrink=False)
     mean, se = _measure(pop, plan, queries, reps=60, shrink=False)
     assert abs(mean - pred.sse) <= MARGIN * se, (mean, pred.sse, se)
     assert pred.bias == 0.0 and pred.noise == pred.sse
     # without pooling (each view alone) the prediction would be far off: pooling matters
-    alone = [predict_error(sizes, [v], [u], eps, Workload(queries=[v]), profile,
-                           shrink=False).sse for v, u in zip(views, users)]  # fmt: skip
+    alone = [
+        predict_error(sizes, [v], [u], eps, Workload(queries=[v]), profile, shrink=False).sse
+        for v, u in zip(views, users)
+    ]
     assert abs(mean - float(np.mean(alone))) > MARGIN * se
 
 
@@ -77,8 +80,13 @@ def test_max_ent_products_match_the_amplified_prediction(eps: float) -> None:
     # each attribute alone in a view: every 3-way answer is the product of noisy
     # 1-way marginals; the noise of one is spread along the others' distributions
     sizes = (2, 2, 3, 2, 3)
-    probs = [np.array([0.8, 0.2]), np.array([0.3, 0.7]), np.array([0.6, 0.3, 0.1]),
-             np.array([0.5, 0.5]), np.array([0.2, 0.2, 0.6])]  # fmt: skip
+    probs = [
+        np.array([0.8, 0.2]),
+        np.array([0.3, 0.7]),
+        np.array([0.6, 0.3, 0.1]),
+        np.array([0.5, 0.5]),
+        np.array([0.2, 0.2, 0.6]),
+    ]
     pop = _independent(sizes, probs, 1 << 16, seed=4)
     views = [(a,) for a in range(5)]
     plan = Plan(pop.schema, eps, views)
@@ -106,14 +114,23 @@ def test_the_workload_sum_equals_brute_force_over_all_queries(
     gen = np.random.default_rng(7)
     raw = gen.exponential(size=(7, 7))
     weights = raw + raw.T if uneven else None  # how the dependence spreads over pairs
-    profile = DataProfile.from_marginals([gen.dirichlet(np.ones(s)) for s in sizes], dependence,
-                                         pair_weights=weights)  # fmt: skip
+    profile = DataProfile.from_marginals(
+        [gen.dirichlet(np.ones(s)) for s in sizes], dependence, pair_weights=weights
+    )
     every = list(itertools.combinations(range(len(sizes)), k))
     for eps in (0.3, 2.0):  # Norm-Sub simulated at 0.3, linear at 2
-        by_k = predict_error(sizes, views, users, eps, Workload(k=k), profile,
-                             reconstruction=reconstruction)  # fmt: skip
-        brute = predict_error(sizes, views, users, eps, Workload(queries=every), profile,
-                              reconstruction=reconstruction)  # fmt: skip
+        by_k = predict_error(
+            sizes, views, users, eps, Workload(k=k), profile, reconstruction=reconstruction
+        )
+        brute = predict_error(
+            sizes,
+            views,
+            users,
+            eps,
+            Workload(queries=every),
+            profile,
+            reconstruction=reconstruction,
+        )
         assert by_k.sse == pytest.approx(brute.sse, rel=1e-9)
         assert by_k.noise == pytest.approx(brute.noise, rel=1e-9)
         assert by_k.bias == pytest.approx(brute.bias, rel=1e-9, abs=1e-15)
@@ -125,8 +142,10 @@ def test_an_unheld_pair_costs_its_own_dependence() -> None:
     # in the profile (mean x weight) the model's bias is that, pair by pair.
     sizes = (2, 3, 2, 2, 3)
     gen = np.random.default_rng(21)
-    pop = Population(Schema.from_sizes(sizes), np.stack(
-        [gen.integers(0, s, 4000) for s in sizes], axis=1).astype(np.uint8))  # fmt: skip
+    pop = Population(
+        Schema.from_sizes(sizes),
+        np.stack([gen.integers(0, s, 4000) for s in sizes], axis=1).astype(np.uint8),
+    )
     codes = pop.codes.copy()
     codes[:, 1] = np.where(gen.random(4000) < 0.6, codes[:, 0], codes[:, 1])  # 0-1 depend
     codes[:, 4] = np.where(gen.random(4000) < 0.3, codes[:, 3] + 1, codes[:, 4])  # 3-4 a bit
@@ -146,8 +165,12 @@ def test_an_unheld_pair_costs_its_own_dependence() -> None:
     views = [(0, 1), (2, 3), (3, 4)]  # hold the two dependent pairs
     exact = [MarginalTable(v, pop.marginal(v), 0.0, pop.n) for v in views]
     queries = [q for q in pairs if q not in views]
-    measured = np.mean([((answer_query(exact, q, pop.schema.shape(q)).values
-                          - pop.marginal(q)) ** 2).sum() for q in queries])  # fmt: skip
+    measured = np.mean(
+        [
+            ((answer_query(exact, q, pop.schema.shape(q)).values - pop.marginal(q)) ** 2).sum()
+            for q in queries
+        ]
+    )
     pred = predict_error(sizes, views, [1e15] * 3, 1.0, Workload(queries=queries), profile)
     assert pred.bias == pytest.approx(measured, rel=1e-6)
     even = DataProfile.from_marginals(margs, mean)  # the same mean, spread evenly
@@ -215,8 +238,9 @@ def _exact_profile(pop: Population) -> DataProfile:
         dep = float(((t - np.outer(t.sum(1), t.sum(0))) ** 2).sum())
         unit[a, b] = unit[b, a] = dep / ((t.shape[0] - 1) * (t.shape[1] - 1) / t.size)
     mean = float(unit[np.triu_indices(d, 1)].mean())
-    return DataProfile.from_marginals([pop.marginal((a,)) for a in range(d)], mean,
-                                      pair_weights=unit)  # fmt: skip
+    return DataProfile.from_marginals(
+        [pop.marginal((a,)) for a in range(d)], mean, pair_weights=unit
+    )
 
 
 def _one_factor(n: int, flips: tuple[float, ...], seed: int) -> Population:
@@ -240,13 +264,17 @@ def test_global_reconstruction_recovers_unheld_pairs_as_predicted(shape: str) ->
     from calmkit_aggregator.reconstruction.global_model import fit_global
 
     flips = (0.1, 0.15, 0.2, 0.1, 0.12)
-    pop = (_chain(200_000, flips[:4], seed=31) if shape == "chain"
-           else _one_factor(200_000, flips, seed=31))  # fmt: skip
+    pop = (
+        _chain(200_000, flips[:4], seed=31)
+        if shape == "chain"
+        else _one_factor(200_000, flips, seed=31)
+    )
     profile = _exact_profile(pop)
     views = [(0, 1), (1, 2), (3, 4)]
     plan = Plan(pop.schema, 1.0, views)
-    est = fit_global(plan, [MarginalTable(v, pop.marginal(v), 0.0, pop.n) for v in views],
-                     tol=1e-12)  # fmt: skip
+    est = fit_global(
+        plan, [MarginalTable(v, pop.marginal(v), 0.0, pop.n) for v in views], tol=1e-12
+    )
     for query in [(0, 2), (0, 3), (1, 4)]:
         truth = pop.marginal(query)
         measured = float(((est.answer(query).values - truth) ** 2).sum())
@@ -291,8 +319,7 @@ def test_shrinking_pure_noise_matches_the_james_stein_prediction() -> None:
     profile = DataProfile.from_marginals([np.full(2, 0.5)] * 8, 0.0)
     users = np.bincount(plan.assign_many(np.arange(pop.n, dtype=np.uint64)), minlength=2)
     pred = predict_error(sizes, views, users, 1.0, Workload(queries=queries), profile)
-    off = predict_error(sizes, views, users, 1.0, Workload(queries=queries), profile,
-                        shrink=False)  # fmt: skip
+    off = predict_error(sizes, views, users, 1.0, Workload(queries=queries), profile, shrink=False)
     mean, se = _measure(pop, plan, queries, reps=60, shrink=True)
     assert abs(mean - pred.sse) <= MARGIN * se, (mean, pred.sse, se)
     # shrinkage removes most of the interaction noise: the unshrunk prediction is far
@@ -306,8 +333,7 @@ def test_the_normal_approximation_of_a_multinomial_keeps_its_total_and_moments()
     s = np.array([[1000.0], [400.0]])
     gen = np.random.default_rng(3)
     draws = np.concatenate([_normal_multinomial(s, probs, gen) for _ in range(400)], axis=1)
-    np.testing.assert_allclose(draws.sum(axis=2), np.broadcast_to(s, draws.shape[:2]),
-                               rtol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(draws.sum(axis=2), np.broadcast_to(s, draws.shape[:2]), rtol=1e-12)
     count = 400 * _SAMPLES
     for b in range(2):
         cov = s[b, 0] * (np.diag(probs[b]) - np.outer(probs[b], probs[b]))
@@ -325,8 +351,13 @@ def test_a_workload_too_large_to_key_is_refused() -> None:
 
 
 QUARTERS = (0.3, 0.2, 0.25, 0.25)
-CASES = [("OUE", 30, 5.0, QUARTERS), ("GRR", 30, 5.0, QUARTERS), ("OUE", 35, 3.0, (0.6, 0.4)),
-         ("OUE", 20_000, 1.0, QUARTERS), ("GRR", 20_000, 1.0, QUARTERS)]  # fmt: skip
+CASES = [
+    ("OUE", 30, 5.0, QUARTERS),
+    ("GRR", 30, 5.0, QUARTERS),
+    ("OUE", 35, 3.0, (0.6, 0.4)),
+    ("OUE", 20_000, 1.0, QUARTERS),
+    ("GRR", 20_000, 1.0, QUARTERS),
+]
 
 
 @pytest.mark.parametrize(("name", "users", "eps", "cells"), CASES)
@@ -346,8 +377,9 @@ def test_simulated_views_draw_reports_as_the_oracle_does(
     size = t.size
     oracle = make_oracle(name, size, eps)
     p, q = oracle.p, oracle.q
-    errors = _simulate(oracle, np.full(100, float(users)), np.tile(t, (100, 1)),
-                       np.random.default_rng(5))  # fmt: skip
+    errors = _simulate(
+        oracle, np.full(100, float(users)), np.tile(t, (100, 1)), np.random.default_rng(5)
+    )
     flat = errors.reshape(-1, size)
     count = 100 * _SAMPLES
     if name == "GRR":
@@ -369,11 +401,14 @@ def test_a_prediction_without_norm_sub_activity_does_not_depend_on_the_simulatio
     sizes = (2,) * 8
     profile = DataProfile.from_marginals([np.full(2, 0.5)] * 8, 0.01)
     views = [(0, 1, 2), (3, 4, 5), (5, 6, 7)]
-    many = [predict_error(sizes, views, [20_000.0] * 3, 1.0, Workload(k=3), profile, seed=s)
-            for s in (0, 1)]  # fmt: skip
+    many = [
+        predict_error(sizes, views, [20_000.0] * 3, 1.0, Workload(k=3), profile, seed=s)
+        for s in (0, 1)
+    ]
     assert many[0] == many[1]
-    few = [predict_error(sizes, views, [30.0] * 3, 1.0, Workload(k=3), profile, seed=s)
-           for s in (0, 1)]  # fmt: skip
+    few = [
+        predict_error(sizes, views, [30.0] * 3, 1.0, Workload(k=3), profile, seed=s) for s in (0, 1)
+    ]
     assert few[0].sse != few[1].sse
 
 
@@ -399,8 +434,9 @@ def test_the_prediction_does_not_depend_on_attribute_labels(order: int) -> None:
         profile = DataProfile.from_marginals(full, 0.01)
         vs = [tuple(label[a] for a in v) for v in views]
         qs = [tuple(label[a] for a in q) for q in queries]
-        return predict_error((2,) * d, vs, [5000.0] * len(vs), 1.0, Workload(queries=qs),
-                             profile).sse  # fmt: skip
+        return predict_error(
+            (2,) * d, vs, [5000.0] * len(vs), 1.0, Workload(queries=qs), profile
+        ).sse
 
     assert predict(300, labels) == pytest.approx(predict(8, list(range(8))), rel=1e-9)
 
@@ -415,8 +451,9 @@ def test_the_james_stein_table_without_signal_is_the_chi_square_integral(dim: in
     chi = stats.chi2(dim)
 
     def moment(power: int) -> float:
-        return float(integrate.quad(lambda x: ((x - dim) ** 2 / x) ** power * chi.pdf(x),
-                                    dim, np.inf)[0])  # fmt: skip
+        return float(
+            integrate.quad(lambda x: ((x - dim) ** 2 / x) ** power * chi.pdf(x), dim, np.inf)[0]
+        )
 
     mean = moment(1) / dim
     se = math.sqrt(max(moment(2) / dim**2 - mean**2, 0.0) / 8000)
@@ -511,8 +548,9 @@ def test_views_beyond_the_simulated_ones_copy_the_nearest_simulated_view(
     views = [(a,) for a in range(d)]
 
     def predict(seed: int) -> float:
-        return predict_error((2,) * d, views, [40.0] * d, 1.0, Workload(k=1), profile,
-                             seed=seed).sse  # fmt: skip
+        return predict_error(
+            (2,) * d, views, [40.0] * d, 1.0, Workload(k=1), profile, seed=seed
+        ).sse
 
     ratios = []
     for seed in range(3):
@@ -595,8 +633,9 @@ def test_simulated_component_variances_match_the_analytic_ones_away_from_zero() 
     model = _Views(np.array(shape), [(0, 1)], np.array([20_000.0]), 1.0, None)
     oracle, nu = model.oracles[0], float(model.nu[0])
     truth = np.tile(np.array([0.2, 0.1, 0.2, 0.15, 0.15, 0.2]), (200, 1))
-    bias2, var = _simulate_components(oracle, np.full(200, 20_000.0), truth, shape, patterns,
-                                      np.random.default_rng(4))  # fmt: skip
+    bias2, var = _simulate_components(
+        oracle, np.full(200, 20_000.0), truth, shape, patterns, np.random.default_rng(4)
+    )
     analytic = np.array([6 / 2 * 1, 6 / 3 * 2, 6 / 6 * 2]) * nu
     se = analytic * math.sqrt(2 / (200 * (_SAMPLES - 1)))
     assert np.all(np.abs(var.mean(axis=0) - analytic) <= MARGIN * se)
@@ -612,8 +651,7 @@ def test_pooling_weighs_views_by_their_oracles_f_independent_variance() -> None:
     # its error is sum w_j^2 v_j minus the users' sampling term dim / (L_S n)
     from calmkit_aggregator.planning.error_model import _components, _pool, _Views
 
-    model = _Views(np.array([2, 2, 2, 2]), [(0, 1), (0, 2, 3)], np.array([900.0, 300.0]),
-                   1.0, None)  # fmt: skip
+    model = _Views(np.array([2, 2, 2, 2]), [(0, 1), (0, 2, 3)], np.array([900.0, 300.0]), 1.0, None)
     comps = _components(model, 2)
     err, groups = _pool(model, comps, 1200.0)
     rows = [i for i in range(comps.count) if comps.attrs[i, 0] == 0 and comps.attrs[i, 1] < 0]
@@ -646,15 +684,18 @@ def test_small_inputs_at_their_boundaries() -> None:
     assert predict_error((1, 2), [(1,)], [100.0], 1.0, Workload(k=1), one).uncollected == ()
     # an oracle name per view, no more, no less
     with pytest.raises(CalmkitError, match=r"^oracles \(1\) must name one oracle per view$"):
-        predict_error((2, 2, 2), [(0, 1), (1, 2)], [9.0, 9.0], 1.0, Workload(k=2), profile,
-                      oracles=["GRR"])  # fmt: skip
-    named = predict_error((2, 2, 2), [(0, 1), (1, 2)], [9.0, 9.0], 1.0, Workload(k=2),
-                          profile, oracles=["GRR", "OUE"])  # fmt: skip
+        predict_error(
+            (2, 2, 2), [(0, 1), (1, 2)], [9.0, 9.0], 1.0, Workload(k=2), profile, oracles=["GRR"]
+        )
+    named = predict_error(
+        (2, 2, 2), [(0, 1), (1, 2)], [9.0, 9.0], 1.0, Workload(k=2), profile, oracles=["GRR", "OUE"]
+    )
     assert named.sse > 0
     # a view with one expected user is simulated with one report: every table a vertex
     grr = make_oracle("GRR", 2, 1.0)
-    errors = _simulate(grr, np.full(20, 1.0), np.tile([0.5, 0.5], (20, 1)),
-                       np.random.default_rng(1))  # fmt: skip
+    errors = _simulate(
+        grr, np.full(20, 1.0), np.tile([0.5, 0.5], (20, 1)), np.random.default_rng(1)
+    )
     tables = errors + 0.5
     assert np.all(np.isclose(tables.max(axis=2), 1.0))
 
@@ -801,8 +842,9 @@ def test_one_way_workloads_do_not_depend_on_the_pair_dependence() -> None:
     # k = 1: no query holds a pair, so the dependence adds nothing (views or not)
     profile = DataProfile.from_marginals([np.array([0.7, 0.3])] * 4, 0.0)
     for views, users in (([(0, 1)], [500.0]), ([(0,), (1, 2, 3)], [300.0, 300.0])):
-        preds = _predict_errors((2, 2, 2, 2), views, users, 1.0, Workload(k=1), profile,
-                                [0.0, 0.05, 0.3])  # fmt: skip
+        preds = _predict_errors(
+            (2, 2, 2, 2), views, users, 1.0, Workload(k=1), profile, [0.0, 0.05, 0.3]
+        )
         assert preds[0] == preds[1] == preds[2]
 
 
@@ -846,8 +888,7 @@ def test_pooled_biases_add_before_they_are_squared() -> None:
     # (sum w_j b_j)^2 + sum w_j^2 v_j - dim / (L_S n)
     from calmkit_aggregator.planning.error_model import _components, _pool, _Views
 
-    model = _Views(np.array([2, 2, 2, 2]), [(0, 1), (0, 2, 3)], np.array([900.0, 300.0]),
-                   1.0, None)  # fmt: skip
+    model = _Views(np.array([2, 2, 2, 2]), [(0, 1), (0, 2, 3)], np.array([900.0, 300.0]), 1.0, None)
     comps = _components(model, 2)
     rows = [i for i in range(comps.count) if comps.attrs[i, 0] == 0 and comps.attrs[i, 1] < 0]
     b = np.array([0.3, 0.5])
@@ -877,8 +918,14 @@ def test_simulated_norm_sub_bias_matches_a_direct_simulation_near_zero() -> None
     oracle = model.oracles[0]
     assert oracle.name == "GRR"
     views = 400
-    bias2, var = _simulate_components(oracle, np.full(views, 30.0), np.tile(truth, (views, 1)),
-                                    shape, patterns, np.random.default_rng(8))  # fmt: skip
+    bias2, var = _simulate_components(
+        oracle,
+        np.full(views, 30.0),
+        np.tile(truth, (views, 1)),
+        shape,
+        patterns,
+        np.random.default_rng(8),
+    )
     got, got_se = bias2.mean(axis=0), bias2.std(axis=0, ddof=1) / math.sqrt(views)
 
     gen = np.random.default_rng(9)
@@ -888,9 +935,14 @@ def test_simulated_norm_sub_bias_matches_a_direct_simulation_near_zero() -> None
     errors = norm_sub_rows((counts / 30 - q) / (p - q)) - truth
     tables = errors.reshape(draws, 2, 2)
     rows, cols = tables.sum(axis=2), tables.sum(axis=1)
-    parts = [rows - rows.mean(axis=1, keepdims=True), cols - cols.mean(axis=1, keepdims=True),
-             tables - tables.mean(axis=2, keepdims=True) - tables.mean(axis=1, keepdims=True)
-             + tables.mean(axis=(1, 2), keepdims=True)]  # fmt: skip
+    parts = [
+        rows - rows.mean(axis=1, keepdims=True),
+        cols - cols.mean(axis=1, keepdims=True),
+        tables
+        - tables.mean(axis=2, keepdims=True)
+        - tables.mean(axis=1, keepdims=True)
+        + tables.mean(axis=(1, 2), keepdims=True),
+    ]
     want, want_se = [], []
     for part in parts:
         flat = part.reshape(draws, -1)
@@ -954,8 +1006,9 @@ def test_normal_oue_draws_have_the_oracles_variance_where_counts_are_tiny(
     p, q, s = oracle.p, oracle.q, 100
     truth = np.array([0.01, 0.09, 0.15, 0.15, 0.15, 0.15, 0.15, 0.15])
     views = 625  # x 32 samples
-    errors = error_model._simulate(oracle, np.full(views, float(s)), np.tile(truth, (views, 1)),
-                                   np.random.default_rng(10)).reshape(-1, 8)  # fmt: skip
+    errors = error_model._simulate(
+        oracle, np.full(views, float(s)), np.tile(truth, (views, 1)), np.random.default_rng(10)
+    ).reshape(-1, 8)
     t = truth[0]
     assert t * s * p * (1 - p) + (1 - t) * s * q * (1 - q) < 1  # below one report
     want = ((p - q) ** 2 * s * t * (1 - t) + s * t * p * (1 - p) + s * (1 - t) * q * (1 - q)) / (
@@ -979,8 +1032,9 @@ def test_views_up_to_4096_cells_are_simulated_and_larger_ones_are_not() -> None:
         saved = error_model._CLIP_SDS
         try:
             error_model._CLIP_SDS = clip
-            return predict_error((64, cols), [(0, 1)], [5000.0], 2.0,
-                                 Workload(queries=[(0, 1)]), profile).sse  # fmt: skip
+            return predict_error(
+                (64, cols), [(0, 1)], [5000.0], 2.0, Workload(queries=[(0, 1)]), profile
+            ).sse
         finally:
             error_model._CLIP_SDS = saved
 

@@ -87,14 +87,22 @@ def test_pairs_answers_are_maxent_given_the_views_and_the_unheld_pairs(name: str
     from_model = 0
     for q in _queries():
         constraints = query_constraints(tables, q)
-        free = [(i, j) for i, j in itertools.combinations(range(len(q)), 2)
-                if not any({i, j} <= set(axes) for axes, _ in constraints)]  # fmt: skip
+        free = [
+            (i, j)
+            for i, j in itertools.combinations(range(len(q)), 2)
+            if not any({i, j} <= set(axes) for axes, _ in constraints)
+        ]
         pairs = [((i, j), project(ALL, joint, (q[i], q[j]))) for i, j in free]
         shape = tuple(SIZES[a] for a in q)
         expected, _, _ = maximum_entropy(shape, [*pairs, *constraints], tol=TOL, max_iter=5000)
         ans = est.answer(q)
-        assert ans.method == ("maxent+model" if free else "projection" if any(
-            set(q) <= set(v) for v in views) else "maxent")  # fmt: skip
+        assert ans.method == (
+            "maxent+model"
+            if free
+            else "projection"
+            if any(set(q) <= set(v) for v in views)
+            else "maxent"
+        )
         from_model += bool(free)
         np.testing.assert_allclose(ans.values, expected, atol=1e-9)
         if len(q) <= 2:  # a pair is the joint's, held or not
@@ -117,8 +125,9 @@ def test_a_known_junction_tree_is_recovered_in_one_sweep() -> None:
     # one sweep scales each clique to its target once; the second finds every target met
     assert fit.iterations == 2 and fit.residual <= TOL
     for q in _queries():
-        np.testing.assert_allclose(fit.model.marginal(q, 1 << 20), project(ALL, joint, q),
-                                   atol=1e-14)  # fmt: skip
+        np.testing.assert_allclose(
+            fit.model.marginal(q, 1 << 20), project(ALL, joint, q), atol=1e-14
+        )
 
 
 def test_model_beats_per_query_maxent_on_an_unobserved_pair() -> None:
@@ -132,8 +141,9 @@ def test_model_beats_per_query_maxent_on_an_unobserved_pair() -> None:
         est = fit_global(plan, tables, tol=TOL, answers=answers)
         np.testing.assert_allclose(est.answer((0, 2)).values, truth, atol=1e-12)
         # the chain's 3-way marginal is pairwise log-linear: both answers are exact
-        np.testing.assert_allclose(est.answer((0, 1, 2)).values, project(ALL, joint, (0, 1, 2)),
-                                   atol=1e-10)  # fmt: skip
+        np.testing.assert_allclose(
+            est.answer((0, 1, 2)).values, project(ALL, joint, (0, 1, 2)), atol=1e-10
+        )
     independent = np.outer(truth.sum(axis=1), truth.sum(axis=0))
     assert np.abs(independent - truth).max() > 0.01  # the pair is dependent
 
@@ -153,8 +163,9 @@ def test_a_clique_cap_keeps_every_view_in_the_answers(answers: str) -> None:
         for v in views:  # every view's projection onto the query holds
             common = tuple(a for a in q if a in v)
             if common:
-                np.testing.assert_allclose(project(q, ans.values, common),
-                                           project(ALL, joint, common), atol=1e-9)  # fmt: skip
+                np.testing.assert_allclose(
+                    project(q, ans.values, common), project(ALL, joint, common), atol=1e-9
+                )
     for v in views:  # a query inside a view is its projection
         np.testing.assert_allclose(est.answer(v).values, project(ALL, joint, v), atol=1e-9)
 
@@ -222,8 +233,10 @@ def test_junction_trees_hold_every_view_and_run_intersection(seed: int) -> None:
     rng = np.random.default_rng(seed)
     d = 12
     sizes = tuple(int(s) for s in rng.integers(2, 4, size=d))
-    views = [tuple(sorted(rng.choice(d, size=int(rng.integers(2, 4)), replace=False).tolist()))
-             for _ in range(10)]  # fmt: skip
+    views = [
+        tuple(sorted(rng.choice(d, size=int(rng.integers(2, 4)), replace=False).tolist()))
+        for _ in range(10)
+    ]
     tree = junction_tree(views, sizes)
     assert all(tree.home(v) is not None for v in views)
     assert {a for c in tree.cliques for a in c} == set(range(d))

@@ -61,8 +61,11 @@ def test_probing_wraps_around_the_end(bulk: bool) -> None:
         for i in range(300):
             table.insert(as_words(keys[i : i + 1]), as_words(values[i : i + 1]))
     assert table._used[:299].all() and table._used[-1]  # the run wrapped to slot 0 on
-    _agrees(table, {k.tobytes(): v.tobytes() for k, v in zip(keys, values)},
-            np.concatenate([keys, rng.integers(0, 256, (50, 16), dtype=np.uint8)]))  # fmt: skip
+    _agrees(
+        table,
+        {k.tobytes(): v.tobytes() for k, v in zip(keys, values)},
+        np.concatenate([keys, rng.integers(0, 256, (50, 16), dtype=np.uint8)]),
+    )
 
 
 @pytest.mark.parametrize("values", [True, False])

@@ -64,8 +64,9 @@ def _view_counts(plan: Plan, codes: np.ndarray, gen: np.random.Generator):  # ty
     n = np.array([g.size for g in groups], dtype=np.int64)
     counts = []
     for view, members in zip(plan.views, groups):
-        index = np.ravel_multi_index(tuple(cells[members][:, list(view)].T),
-                                     tuple(SIZES[a] for a in view))  # fmt: skip
+        index = np.ravel_multi_index(
+            tuple(cells[members][:, list(view)].T), tuple(SIZES[a] for a in view)
+        )
         counts.append(np.bincount(index, minlength=math.prod(SIZES[a] for a in view)))
     return n, counts
 
@@ -79,8 +80,9 @@ def _measured(plan: Plan, codes: np.ndarray, seed: int) -> tuple[float, float]:
     for _ in range(REPS):
         n, counts = _view_counts(plan, codes, gen)
         estimator = reconstruct_by(sample_support(plan, n, counts, gen), "local", True)
-        runs.append(np.mean([((estimator.answer(q).values - truth[q]) ** 2).sum()
-                             for q in queries]))  # fmt: skip
+        runs.append(
+            np.mean([((estimator.answer(q).values - truth[q]) ** 2).sum() for q in queries])
+        )
     return float(np.mean(runs)), float(np.std(runs, ddof=1) / math.sqrt(REPS))
 
 
@@ -120,7 +122,10 @@ def test_the_error_model_predicts_the_measured_sse_on_large_domains(
     users = [USERS / plan.m] * plan.m
     pred = predict_error(SIZES, plan.views, users, 1.0, Workload(k=3), profile, n=USERS)
     assert mean - MARGIN * se <= 2 * pred.sse and pred.sse <= 2 * (mean + MARGIN * se), (
-        pred, mean, se)  # fmt: skip
+        pred,
+        mean,
+        se,
+    )
     if not dependent:
         # the sampled population's pairs carry only its finite-sample dependence
         assert pred.bias < 0.2 * pred.sse

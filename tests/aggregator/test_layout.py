@@ -22,15 +22,19 @@ ENGINE = sorted(
     for m in pkgutil.walk_packages(calmkit_aggregator.__path__, "calmkit_aggregator.")
     if not m.ispkg and not m.name.startswith("calmkit_aggregator.service")
 )
-FORBIDDEN = re.compile(r"^\s*(import|from)\s+(grpc|google\.protobuf|calmkit_proto|sqlite3|"
-                       r"psycopg|\.+service|calmkit_aggregator\.service)\b", re.M)  # fmt: skip
+FORBIDDEN = re.compile(
+    r"^\s*(import|from)\s+(grpc|google\.protobuf|calmkit_proto|sqlite3|"
+    r"psycopg|\.+service|calmkit_aggregator\.service)\b",
+    re.M,
+)
 
 
 def test_engine_modules_import_no_service_code() -> None:
     assert "reconstruction.maxent" in ENGINE and "planning.search" in ENGINE and len(ENGINE) > 10
     root = Path(calmkit_aggregator.__file__).parent
-    offending = {m: FORBIDDEN.findall((root / (m.replace(".", "/") + ".py")).read_text())
-                 for m in ENGINE}  # fmt: skip
+    offending = {
+        m: FORBIDDEN.findall((root / (m.replace(".", "/") + ".py")).read_text()) for m in ENGINE
+    }
     assert {m: hits for m, hits in offending.items() if hits} == {}
     # and at run time: importing all of the engine loads nothing of the service
     probe = (
@@ -39,15 +43,13 @@ def test_engine_modules_import_no_service_code() -> None:
         "print(','.join(m for m in sys.modules if m.startswith('calmkit_aggregator.service')"
         " or m.split('.')[0] == 'psycopg'))\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         check=True)  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 
 
 def _run(code: str) -> str:
     """``code``'s output in a fresh interpreter (nothing of calmkit imported yet)."""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return out.stdout.strip()
 
 
@@ -66,8 +68,13 @@ def test_storage_loads_neither_the_planner_nor_scipy() -> None:
     assert _run(probe) == "[]"
 
 
-PACKAGES = ("calmkit_client", "calmkit_aggregator", "calmkit_aggregator.planning",
-            "calmkit_aggregator.reconstruction", "calmkit_simulator")  # fmt: skip
+PACKAGES = (
+    "calmkit_client",
+    "calmkit_aggregator",
+    "calmkit_aggregator.planning",
+    "calmkit_aggregator.reconstruction",
+    "calmkit_simulator",
+)
 
 
 def _exports(package: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -77,15 +84,21 @@ def _exports(package: str) -> tuple[dict[str, str], dict[str, str]]:
     spec = importlib.util.find_spec(package)
     assert spec is not None and spec.origin is not None
     tree = ast.parse(Path(spec.origin).read_text())
-    block = next(node for node in tree.body if isinstance(node, ast.If)
-                 and ast.unparse(node.test) == "TYPE_CHECKING")  # fmt: skip
+    block = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
     seen, lazy = {}, {}
     for node in block.body:
         assert isinstance(node, ast.ImportFrom)
         module = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
         seen.update({alias.name: module for alias in node.names})
-    call = next(node for node in ast.walk(ast.Module(block.orelse, type_ignores=[]))
-                if isinstance(node, ast.Call) and ast.unparse(node.func) == "lazy_exports")
+    call = next(
+        node
+        for node in ast.walk(ast.Module(block.orelse, type_ignores=[]))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "lazy_exports"
+    )
     for module, names in ast.literal_eval(call.args[1]).items():
         lazy.update({name: importlib.util.resolve_name(module, package) for name in names})
     return seen, lazy

@@ -57,8 +57,9 @@ def test_zero_over_zero_is_zero() -> None:
     np.testing.assert_array_equal(p, [[0.5, 0.5], [0.0, 0.0]])
     assert (residual, it) == (0.0, 1)
     # disjoint supports leave no mass at all: P stays 0 (not NaN) and the residual says so
-    p, residual, _ = maximum_entropy((2, 2), [((0,), np.array([1.0, 0.0])),
-                                              ((0,), np.array([0.0, 1.0]))])  # fmt: skip
+    p, residual, _ = maximum_entropy(
+        (2, 2), [((0,), np.array([1.0, 0.0])), ((0,), np.array([0.0, 1.0]))]
+    )
     np.testing.assert_array_equal(p, np.zeros((2, 2)))
     assert residual == 1.0
 
@@ -84,8 +85,11 @@ def test_answer_query_stops_at_1000_sweeps_by_default() -> None:
     # constraints no table meets, each sweep moving P (the first margin changes with
     # the third's pair): no tolerance is reached, so only the cap stops IPF
     pair = np.array([[0.5, 0.0], [0.0, 0.5]])
-    tables = [MarginalTable((0, 1), pair, 1e-4), MarginalTable((1, 2), pair, 1e-4),
-              MarginalTable((0, 2), np.array([[0.0, 0.5], [0.5, 0.0]]), 1e-4)]  # fmt: skip
+    tables = [
+        MarginalTable((0, 1), pair, 1e-4),
+        MarginalTable((1, 2), pair, 1e-4),
+        MarginalTable((0, 2), np.array([[0.0, 0.5], [0.5, 0.0]]), 1e-4),
+    ]
     ans = answer_query(tables, (0, 1, 2), (2, 2, 2), tol=-1.0)
     assert ans.method == "maxent" and ans.iterations == 1000
     assert answer_query(tables, (0, 1, 2), (2, 2, 2), tol=-1.0, max_iter=5).iterations == 5
@@ -96,14 +100,15 @@ def test_the_default_tolerance_is_1e_10() -> None:
     # does, well before the cap
     rng = np.random.default_rng(1)
     joint = rng.dirichlet(np.ones(8)).reshape(2, 2, 2)
-    cons = [((0, 1), joint.sum(axis=2)), ((1, 2), joint.sum(axis=0)),
-            ((0, 2), joint.sum(axis=1))]  # fmt: skip
+    cons = [((0, 1), joint.sum(axis=2)), ((1, 2), joint.sum(axis=0)), ((0, 2), joint.sum(axis=1))]
     p, residual, it = maximum_entropy((2, 2, 2), cons)
     p2, residual2, it2 = maximum_entropy((2, 2, 2), cons, tol=1e-10, max_iter=1000)
     assert 2 < it == it2 < 1000 and residual == residual2 < 1e-9
     np.testing.assert_array_equal(p, p2)
-    tables = [MarginalTable(v, joint.sum(axis=d), 1e-4) for v, d in
-              [((0, 1), 2), ((1, 2), 0), ((0, 2), 1)]]  # fmt: skip
+    tables = [
+        MarginalTable(v, joint.sum(axis=d), 1e-4)
+        for v, d in [((0, 1), 2), ((1, 2), 0), ((0, 2), 1)]
+    ]
     ans = answer_query(tables, (0, 1, 2), (2, 2, 2))
     assert ans.method == "maxent" and ans.iterations == it and ans.residual == residual
 

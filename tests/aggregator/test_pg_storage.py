@@ -52,8 +52,12 @@ def test_replicas_count_each_report_once(pg_dsn: str) -> None:
                         return
 
     rng = np.random.default_rng(3)
-    _run_all([threading.Thread(target=send, args=(s, list(rng.permutation(len(chunks)))))
-              for s in replicas])  # fmt: skip
+    _run_all(
+        [
+            threading.Thread(target=send, args=(s, list(rng.permutation(len(chunks)))))
+            for s in replicas
+        ]
+    )
     assert not errors
     assert sum(o.accepted for o in outcomes) == 4000  # each report counted exactly once
     assert sum(o.duplicates for o in outcomes) == 2 * 4000
@@ -75,8 +79,9 @@ def test_one_pseudonym_two_replicas_one_report(pg_dsn: str) -> None:
     a.create_collection("p", PLAN, 2, TOKEN_HASH)
     pseudonyms = [r.pseudonym for r in reports[:20]]
     # replica b gets the same 20 devices' pseudonyms under other report ids
-    other = [StoredReport(r.report_id, p, r.view, r.payload)
-             for r, p in zip(reports[20:], pseudonyms)]  # fmt: skip
+    other = [
+        StoredReport(r.report_id, p, r.view, r.payload) for r, p in zip(reports[20:], pseudonyms)
+    ]
     results: dict[str, object] = {}
     start = threading.Barrier(2)
 
@@ -87,8 +92,12 @@ def test_one_pseudonym_two_replicas_one_report(pg_dsn: str) -> None:
         except CalmkitError as exc:
             results[name] = exc
 
-    _run_all([threading.Thread(target=send, args=("a", a, reports[:20])),
-              threading.Thread(target=send, args=("b", b, other))])  # fmt: skip
+    _run_all(
+        [
+            threading.Thread(target=send, args=("a", a, reports[:20])),
+            threading.Thread(target=send, args=("b", b, other)),
+        ]
+    )
     won = [k for k, v in results.items() if v == BatchOutcome(20, 0)]
     lost = [v for v in results.values() if isinstance(v, CalmkitError)]
     assert len(won) == 1 and len(lost) == 1
@@ -173,8 +182,13 @@ def test_one_transaction_commits_waiting_batches_each_whole(pg_dsn: str, tmp_pat
         from calmkit_aggregator.service.columns import columns_from_reports
 
         cols = columns_from_reports(PLAN, items)
-        return _Pending(PLAN.digest, cols, dedupe_batch(cols), as_words(cols.report_ids),
-                        as_words(cols.pseudonyms))  # fmt: skip
+        return _Pending(
+            PLAN.digest,
+            cols,
+            dedupe_batch(cols),
+            as_words(cols.report_ids),
+            as_words(cols.pseudonyms),
+        )
 
     y = reports[150]
     group = [
@@ -187,8 +201,13 @@ def test_one_transaction_commits_waiting_batches_each_whole(pg_dsn: str, tmp_pat
     keys = store._keys_of("g")
     with keys.lock:
         store._commit("g", keys, group)
-    assert [p.outcome for p in group] == [BatchOutcome(100, 0), None, BatchOutcome(0, 70),
-                                          BatchOutcome(100, 1), None]  # fmt: skip
+    assert [p.outcome for p in group] == [
+        BatchOutcome(100, 0),
+        None,
+        BatchOutcome(0, 70),
+        BatchOutcome(100, 1),
+        None,
+    ]
     assert isinstance(group[1].error, ReportConflict) and "reports[10].pseudonym" in str(
         group[1].error
     )
@@ -237,14 +256,20 @@ def test_a_replica_killed_mid_transaction_stores_nothing_and_frees_the_lock(
     root = Path(__file__).resolve().parents[2]
     store = PgStorage(pg_dsn)
     store.create_collection("k", PLAN, 2, TOKEN_HASH)
-    child = subprocess.Popen([sys.executable, "-c", _KILL_IN_TRANSACTION, pg_dsn], cwd=root,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILL_IN_TRANSACTION, pg_dsn],
+        cwd=root,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout is not None and child.stdin is not None
     assert child.stdout.readline().strip() == "locked"
     _, mine = simulate(PLAN, 40, seed=28)
     result: list[object] = []
-    waiter = threading.Thread(target=lambda: result.append(store.add_reports("k", PLAN.digest,
-                                                                             mine)))  # fmt: skip
+    waiter = threading.Thread(
+        target=lambda: result.append(store.add_reports("k", PLAN.digest, mine))
+    )
     waiter.start()
     waiter.join(0.5)
     assert waiter.is_alive()  # waits for the dead-to-be replica's lock
@@ -302,8 +327,10 @@ def _v1_database(dsn: str, reports: list[StoredReport], extra_rows: int = 0) -> 
 
     with psycopg.connect(dsn) as conn:
         conn.execute(_V1_SCHEMA)
-        conn.execute("INSERT INTO collections VALUES ('old', %s, %s, 2, 'open', %s, 1.0, NULL, "
-                     "NULL)", (PLAN.to_json(), PLAN.digest, TOKEN_HASH))  # fmt: skip
+        conn.execute(
+            "INSERT INTO collections VALUES ('old', %s, %s, 2, 'open', %s, 1.0, NULL, NULL)",
+            (PLAN.to_json(), PLAN.digest, TOKEN_HASH),
+        )
         half = len(reports) // 2
         for part in (reports[:half], reports[half:]):
             cols = columns_from_reports(PLAN, part)
@@ -311,13 +338,20 @@ def _v1_database(dsn: str, reports: list[StoredReport], extra_rows: int = 0) -> 
             conn.execute(
                 "INSERT INTO batches (collection_id, phase, count, report_ids, pseudonyms, views, "
                 "cells, bits) VALUES ('old', 0, %s, %s, %s, %s, %s, %s)",
-                (len(part), *(blobs[c] for c in ("report_ids", "pseudonyms", "views", "cells",
-                                                  "bits"))),
-            )  # fmt: skip
+                (
+                    len(part),
+                    *(blobs[c] for c in ("report_ids", "pseudonyms", "views", "cells", "bits")),
+                ),
+            )
             n, counts = cols.support_deltas()
-            conn.execute("INSERT INTO support VALUES ('old', 0, %s, %s, %s)",
-                         (uuid.uuid4(), n.astype("<i8").tobytes(),
-                          np.concatenate(counts).astype("<i8").tobytes()))  # fmt: skip
+            conn.execute(
+                "INSERT INTO support VALUES ('old', 0, %s, %s, %s)",
+                (
+                    uuid.uuid4(),
+                    n.astype("<i8").tobytes(),
+                    np.concatenate(counts).astype("<i8").tobytes(),
+                ),
+            )
         rows = [(r.report_id, r.pseudonym) for r in reports]
         rows += [(bytes([i]) * 16, bytes([i + 1]) * 16) for i in range(extra_rows)]
         with conn.cursor() as cur:
@@ -341,8 +375,9 @@ def test_a_version_1_database_is_migrated(pg_dsn: str, tmp_path: Path) -> None:
         assert store.add_reports("old", PLAN.digest, reports[::7]) == BatchOutcome(0, 43)
         x = reports[3]
         with pytest.raises(ReportConflict, match="pseudonym"):
-            store.add_reports("old", PLAN.digest, [StoredReport(b"\x05" * 16, x.pseudonym,
-                                                                x.view, x.payload)])  # fmt: skip
+            store.add_reports(
+                "old", PLAN.digest, [StoredReport(b"\x05" * 16, x.pseudonym, x.view, x.payload)]
+            )
         more = simulate(PLAN, 20, seed=30)[1]
         assert store.add_reports("old", PLAN.digest, more) == BatchOutcome(20, 0)
     with psycopg.connect(pg_dsn) as conn:
@@ -356,8 +391,11 @@ def test_a_damaged_version_1_database_is_refused_unchanged(pg_dsn: str) -> None:
     import psycopg
 
     _v1_database(pg_dsn, simulate(PLAN, 30, seed=31)[1], extra_rows=2)
-    with pytest.raises(CalmkitError, match=r"reports of collection 'old' \(32\) must equal the "
-                       r"reports in its batch log \(30\) to migrate"):  # fmt: skip
+    with pytest.raises(
+        CalmkitError,
+        match=r"reports of collection 'old' \(32\) must equal the "
+        r"reports in its batch log \(30\) to migrate",
+    ):
         PgStorage(pg_dsn)
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT version FROM calmkit_schema").fetchone() == (1,)
@@ -375,8 +413,11 @@ def test_refuses_a_newer_or_foreign_database(pg_dsn: str, pg_server: object) -> 
     foreign = pg_server.create_database()  # type: ignore[attr-defined]
     with psycopg.connect(foreign) as conn:
         conn.execute("CREATE TABLE batches (x INTEGER)")
-    with pytest.raises(CalmkitError, match=r"is not a calmkit store \(it has a table named "
-                       r"'batches'"):  # fmt: skip
+    with pytest.raises(
+        CalmkitError,
+        match=r"is not a calmkit store \(it has a table named "
+        r"'batches'",
+    ):
         PgStorage(foreign)
 
 
@@ -386,11 +427,13 @@ def _pg_dedupe_exact(store: PgStorage, cid: str, stored: list[StoredReport]) -> 
     assert store.add_reports(cid, PLAN.digest, stored) == BatchOutcome(0, len(stored))
     x = stored[len(stored) // 2]
     with pytest.raises(ReportConflict, match="report_id"):
-        store.add_reports(cid, PLAN.digest, [StoredReport(x.report_id, b"\x01" * 16, x.view,
-                                                          x.payload)])  # fmt: skip
+        store.add_reports(
+            cid, PLAN.digest, [StoredReport(x.report_id, b"\x01" * 16, x.view, x.payload)]
+        )
     with pytest.raises(ReportConflict, match="pseudonym"):
-        store.add_reports(cid, PLAN.digest, [StoredReport(b"\x02" * 16, x.pseudonym, x.view,
-                                                          x.payload)])  # fmt: skip
+        store.add_reports(
+            cid, PLAN.digest, [StoredReport(b"\x02" * 16, x.pseudonym, x.view, x.payload)]
+        )
 
 
 @pytest.mark.parametrize("damage", ["none", "corrupt", "other_db"])

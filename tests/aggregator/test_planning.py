@@ -31,9 +31,13 @@ from calmkit_simulator import collect_support, synthetic_population
 
 @pytest.mark.parametrize(
     ("sizes", "n", "eps"),
-    [((2,) * 30, 100_000, 0.5), ((2,) * 30, 100_000, 2.0), ((2, 3, 4, 2, 5, 3, 2, 2), 50_000, 1.0),
-     ((2,) * 120, 20_000, 1.0)],
-)  # fmt: skip
+    [
+        ((2,) * 30, 100_000, 0.5),
+        ((2,) * 30, 100_000, 2.0),
+        ((2, 3, 4, 2, 5, 3, 2, 2), 50_000, 1.0),
+        ((2,) * 120, 20_000, 1.0),
+    ],
+)
 def test_every_attribute_is_held_when_users_allow(
     sizes: tuple[int, ...], n: int, eps: float
 ) -> None:
@@ -60,8 +64,11 @@ def test_the_search_considers_l_1_and_picks_the_least_regret() -> None:
     assert any(c.l == 1 for c in chosen.candidates)
     best = np.min([c.range for c in chosen.candidates], axis=0)
     regret = [float(np.mean(np.log(np.array(c.range) / best))) for c in chosen.candidates]
-    picked = next(i for i, c in enumerate(chosen.candidates)
-                  if (c.l, c.m, c.design) == (chosen.l, chosen.m, chosen.design))  # fmt: skip
+    picked = next(
+        i
+        for i, c in enumerate(chosen.candidates)
+        if (c.l, c.m, c.design) == (chosen.l, chosen.m, chosen.design)
+    )
     assert regret[picked] == pytest.approx(min(regret))
     assert chosen.predicted.sse == pytest.approx(chosen.candidates[picked].sse)
 
@@ -159,9 +166,16 @@ def test_a_pilot_without_reports_still_plans_the_rest() -> None:
     pilot = SupportCounts.zeros(pilot_plan(schema, 1.0, seed=1))
     main = plan_after_pilot(pilot, 5000, Workload(k=2), seed=2)
     assert main.plan.m >= 1 and main.choice.predicted.sse > 0
-    want = choose_plan(schema.sizes, 1.0, 5000, Workload(k=2), profile_from_pilot(pilot),
-                       fixed_views=pilot.plan.views, fixed_users=[1.0] * pilot.plan.m,
-                       rng=2)  # fmt: skip
+    want = choose_plan(
+        schema.sizes,
+        1.0,
+        5000,
+        Workload(k=2),
+        profile_from_pilot(pilot),
+        fixed_views=pilot.plan.views,
+        fixed_users=[1.0] * pilot.plan.m,
+        rng=2,
+    )
     assert (main.choice.views, main.choice.predicted) == (want.views, want.predicted)
 
 
@@ -256,8 +270,10 @@ def test_the_phased_design_plans_for_its_reconstruction() -> None:
         got = plan_next_phase(PhasedDesign(6000, 1200, 3, reconstruction=how), pilot)
         want = plan_after_pilot(pilot, 4800, Workload(k=3), seed=1, reconstruction=how)
         assert got.plan == want.plan and got.choice.predicted == want.choice.predicted
-    local, global_ = (plan_after_pilot(pilot, 4800, Workload(k=3), seed=1, reconstruction=how)
-                      for how in ("local", "global"))  # fmt: skip
+    local, global_ = (
+        plan_after_pilot(pilot, 4800, Workload(k=3), seed=1, reconstruction=how)
+        for how in ("local", "global")
+    )
     assert local.plan.views != global_.plan.views  # so the design's choice matters here
 
 
@@ -313,8 +329,13 @@ def test_a_profile_that_knows_the_dependent_pairs_holds_them() -> None:
 
 def test_every_view_expects_at_least_as_many_users_as_it_has_cells() -> None:
     sizes = [2] * 16
-    chosen = choose_plan(sizes, 4.0, 3000, Workload(k=3), DataProfile.from_marginals(
-        [np.array([0.5, 0.5])] * 16, 0.3))  # fmt: skip
+    chosen = choose_plan(
+        sizes,
+        4.0,
+        3000,
+        Workload(k=3),
+        DataProfile.from_marginals([np.array([0.5, 0.5])] * 16, 0.3),
+    )
     for c in chosen.candidates:
         assert c.m <= min(MAX_VIEWS, 3000 // 2**c.l) or c.design == "cover"
     assert chosen.m * 2**chosen.l <= 3000
@@ -327,16 +348,24 @@ def test_the_prediction_is_the_expectation_over_the_uncertain_dependence() -> No
     for c in chosen.candidates:
         assert len(c.range) == 5 and c.sse == pytest.approx(np.mean(c.range), rel=1e-12)
     assert chosen.predicted.sse == pytest.approx(
-        next(c.sse for c in chosen.candidates if (c.l, c.m, c.design) ==
-             (chosen.l, chosen.m, chosen.design)), rel=1e-12)  # fmt: skip
+        next(
+            c.sse
+            for c in chosen.candidates
+            if (c.l, c.m, c.design) == (chosen.l, chosen.m, chosen.design)
+        ),
+        rel=1e-12,
+    )
     # the point prediction at the median dependence (the middle of five quantiles)
-    mine = next(c for c in chosen.candidates
-                if (c.l, c.m, c.design) == (chosen.l, chosen.m, chosen.design))  # fmt: skip
+    mine = next(
+        c for c in chosen.candidates if (c.l, c.m, c.design) == (chosen.l, chosen.m, chosen.design)
+    )
     assert chosen.median_sse == mine.range[2] < chosen.predicted.sse
     # the expectation lies above the prediction at the median dependence: the SSE grows
     # with the dependence and the upper quantiles are far from the median
-    assert chosen.predicted.sse > sorted(
-        c.range for c in chosen.candidates if c.m == chosen.m and c.l == chosen.l)[0][2]
+    assert (
+        chosen.predicted.sse
+        > sorted(c.range for c in chosen.candidates if c.m == chosen.m and c.l == chosen.l)[0][2]
+    )
 
 
 def test_the_workload_and_the_plans_defaults() -> None:

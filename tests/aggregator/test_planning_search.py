@@ -69,13 +69,15 @@ def test_m_stops_growing_once_its_noise_alone_is_past_the_best(
     # (1.05) is past it, so more views (more noise) cannot win: 800 is never scored,
     # though no two rises came in a row
     values = {50: 1.0, 200: 1.2, 800: 0.1}
-    _model(monkeypatch, lambda size, m: values.get(m, 2.0),
-           lambda size, m: 1.05 if m == 200 else 0.0)  # fmt: skip
+    _model(
+        monkeypatch, lambda size, m: values.get(m, 2.0), lambda size, m: 1.05 if m == 200 else 0.0
+    )
     chosen = choose_plan([2] * 100, 1.0, 1 << 24, Workload(k=3), _flat(100), l=2)
     assert 800 not in _ms(chosen, 2) and chosen.m == 50
     # noise below the best: the patience rule goes on to 800
-    _model(monkeypatch, lambda size, m: values.get(m, 2.0),
-           lambda size, m: 0.95 if m == 200 else 0.0)  # fmt: skip
+    _model(
+        monkeypatch, lambda size, m: values.get(m, 2.0), lambda size, m: 0.95 if m == 200 else 0.0
+    )
     chosen = choose_plan([2] * 100, 1.0, 1 << 24, Workload(k=3), _flat(100), l=2)
     assert chosen.m == 800
 
@@ -208,8 +210,16 @@ def test_the_refinement_stays_within_the_views_not_already_fixed(
 
     _model(monkeypatch, lambda size, m: 20.0 - m)
     fixed = pilot_views(range(5), rng=0)
-    chosen = choose_plan([2] * 5, 1.0, 1 << 20, Workload(k=2), _flat(5), l=2,
-                         fixed_views=fixed, fixed_users=[100.0] * len(fixed))  # fmt: skip
+    chosen = choose_plan(
+        [2] * 5,
+        1.0,
+        1 << 20,
+        Workload(k=2),
+        _flat(5),
+        l=2,
+        fixed_views=fixed,
+        fixed_users=[100.0] * len(fixed),
+    )
     assert _ms(chosen, 2) == {3, 4, 5, 7} and chosen.m == 7
 
 
@@ -295,14 +305,16 @@ def test_sizes_without_room_are_skipped_not_the_end_of_the_search() -> None:
     # every pair already has its view (a first phase): l = 2 has no room, the search
     # goes on to l = 3
     fixed = list(itertools.combinations(range(5), 2))
-    chosen = choose_plan([2] * 5, 1.0, 20_000, Workload(k=3), _flat(5), fixed_views=fixed,
-                         fixed_users=[1000.0] * 10)  # fmt: skip
+    chosen = choose_plan(
+        [2] * 5, 1.0, 20_000, Workload(k=3), _flat(5), fixed_views=fixed, fixed_users=[1000.0] * 10
+    )
     assert all(c.l != 2 or c.design == "paper" for c in chosen.candidates)
     assert any(c.l == 3 for c in chosen.candidates)
     # a first phase of single attributes: the next phase may measure them alone again
     singles = [(a,) for a in range(6)]
-    again = choose_plan([2] * 6, 1.0, 20_000, Workload(k=2), _flat(6), fixed_views=singles,
-                        fixed_users=[1000.0] * 6)  # fmt: skip
+    again = choose_plan(
+        [2] * 6, 1.0, 20_000, Workload(k=2), _flat(6), fixed_views=singles, fixed_users=[1000.0] * 6
+    )
     ones = [c for c in again.candidates if c.l == 1]
     assert ones and ones[0].m == 6
     # m may be every new view there is
@@ -316,8 +328,17 @@ def test_the_prediction_counts_the_fixed_views_users_in_the_population() -> None
     from calmkit_aggregator.planning.error_model import predict_error
 
     fixed = [(0, 1), (2, 3)]
-    chosen = choose_plan([2] * 4, 1.0, 5000, Workload(k=2), _flat(4), l=2, m=2,
-                         fixed_views=fixed, fixed_users=[700.0, 300.0])  # fmt: skip
+    chosen = choose_plan(
+        [2] * 4,
+        1.0,
+        5000,
+        Workload(k=2),
+        _flat(4),
+        l=2,
+        m=2,
+        fixed_views=fixed,
+        fixed_users=[700.0, 300.0],
+    )
     views = list(fixed) + list(chosen.views)
     users = [700.0, 300.0, 2500.0, 2500.0]
     direct = predict_error([2] * 4, views, users, 1.0, Workload(k=2), _flat(4), n=6000.0)
@@ -331,8 +352,9 @@ def test_sizes_and_planner_results_are_checked_and_frozen() -> None:
         choose_plan([], 1.0, 100, Workload(k=1))
     with pytest.raises(PlanError, match=r"^sizes \(\[2, 0\]\) must be category counts >= 1$"):
         choose_plan([2, 0], 1.0, 100, Workload(k=1))
-    one = choose_plan([3], 1.0, 1000, Workload(k=1), DataProfile.from_marginals(
-        [np.full(3, 1 / 3)], 0.0))  # fmt: skip
+    one = choose_plan(
+        [3], 1.0, 1000, Workload(k=1), DataProfile.from_marginals([np.full(3, 1 / 3)], 0.0)
+    )
     assert one.views == ((0,),)
     with pytest.raises(dataclasses.FrozenInstanceError):
         one.m = 5  # type: ignore[misc]

@@ -100,8 +100,11 @@ def test_the_pilot_profile_weights_pairs_by_their_marginals() -> None:
     schema = Schema.from_sizes([2] * 6)
     flat, skewed = np.array([0.5, 0.5]), np.array([0.9, 0.1])
     pilot, oracles = [], []
-    for seed, (a, b), (pa, pb) in [(8, (0, 1), (flat, flat)), (9, (2, 3), (skewed, skewed)),
-                                   (10, (4, 5), (flat, skewed))]:  # fmt: skip
+    for seed, (a, b), (pa, pb) in [
+        (8, (0, 1), (flat, flat)),
+        (9, (2, 3), (skewed, skewed)),
+        (10, (4, 5), (flat, skewed)),
+    ]:
         tables, oracle = _pair_tables(np.outer(pa, pb), 50_000, 2.0, count=1, seed=seed)
         pilot.append(MarginalTable((a, b), tables[0].values, tables[0].variance, 50_000))
         oracles.append(oracle)
@@ -126,8 +129,9 @@ def test_pilot_margins_pool_their_views_by_inverse_variance_then_read_them() -> 
     schema = Schema.from_sizes([2, 3, 2])
     o1, o2 = choose_oracle(2, 1.0), choose_oracle(6, 1.0)
     one = MarginalTable((0,), np.array([0.7, 0.3]), o1.variance(400), 400)
-    pair = MarginalTable((0, 1), np.array([[0.4, 0.1, 0.15], [0.05, 0.2, 0.1]]),
-                         o2.variance(150), 150)  # fmt: skip
+    pair = MarginalTable(
+        (0, 1), np.array([[0.4, 0.1, 0.15], [0.05, 0.2, 0.1]]), o2.variance(150), 150
+    )
     single = MarginalTable((2,), np.array([1.6, -0.6]), o1.variance(1), 1)
     empty = MarginalTable((0,), np.array([0.5, 0.5]), np.inf, 0)
     profile = estimate_profile(schema, [empty, one, pair, single], [o1, o1, o2, o1])
@@ -141,12 +145,19 @@ def test_pilot_margins_pool_their_views_by_inverse_variance_then_read_them() -> 
         return 1.0 / (per_cell * cells / size)
 
     w_one, w_pair0 = weight(o1, 400, 2, 2), weight(o2, 150, 6, 2)
-    np.testing.assert_allclose(profile.marginals[0], expected(
-        [one.values, pair.values.sum(axis=1)], [w_one, w_pair0]), rtol=1e-12)  # fmt: skip
-    np.testing.assert_allclose(profile.marginals[1], expected(
-        [pair.values.sum(axis=0)], [weight(o2, 150, 6, 3)]), rtol=1e-12)  # fmt: skip
-    np.testing.assert_allclose(profile.marginals[2], expected(
-        [single.values], [weight(o1, 1, 2, 2)]), rtol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(
+        profile.marginals[0],
+        expected([one.values, pair.values.sum(axis=1)], [w_one, w_pair0]),
+        rtol=1e-12,
+    )
+    np.testing.assert_allclose(
+        profile.marginals[1],
+        expected([pair.values.sum(axis=0)], [weight(o2, 150, 6, 3)]),
+        rtol=1e-12,
+    )
+    np.testing.assert_allclose(
+        profile.marginals[2], expected([single.values], [weight(o1, 1, 2, 2)]), rtol=1e-12
+    )
     assert profile.reports == 400 + 150 + 1
 
 
@@ -166,8 +177,10 @@ def test_a_precise_margin_is_itself_and_a_swamped_one_the_priors_median_skew() -
     # Dirichlet(1) prior read ~0.05)
     truth = np.full(41, 0.09 / 40)
     truth[0] = 0.91
-    draws = [estimated_marginal(truth + g, 0.023)
-             for g in np.random.default_rng(4).normal(0, math.sqrt(0.023), (40, 41))]  # fmt: skip
+    draws = [
+        estimated_marginal(truth + g, 0.023)
+        for g in np.random.default_rng(4).normal(0, math.sqrt(0.023), (40, 41))
+    ]
     power = np.median([float(d @ d) for d in draws])
     assert 0.5 < power < 0.95
 
@@ -213,8 +226,9 @@ def test_the_dependence_estimate_divides_the_pairs_statistics_by_their_weights()
     pilot, oracles = [], []
     for i, truth in enumerate(truths):
         tables, oracle = _pair_tables(truth, 400_000, 4.0, count=1, seed=20 + i)
-        pilot.append(MarginalTable((2 * i, 2 * i + 1), tables[0].values, tables[0].variance,
-                                   400_000))  # fmt: skip
+        pilot.append(
+            MarginalTable((2 * i, 2 * i + 1), tables[0].values, tables[0].variance, 400_000)
+        )
         oracles.append(oracle)
     profile = estimate_profile(schema, pilot, oracles)
     target = float(np.mean([pair_dependence(t) for t in truths]))
@@ -243,8 +257,13 @@ def test_pairs_with_a_one_category_attribute_do_not_make_the_weights_uneven() ->
     margs = [np.array([0.5, 0.5]), np.array([1.0]), np.array([0.5, 0.5]), np.array([0.5, 0.5])]
     profile = DataProfile.from_marginals(margs, 0.02, pair_weights=np.ones((4, 4)))
     assert profile.weights[0, 1] == 0.0 and not profile.uneven
-    assert DataProfile.from_marginals(margs, 0.02, pair_weights=np.array(
-        [[0, 0, 1, 2], [0, 0, 0, 0], [1, 0, 0, 1], [2, 0, 1, 0]], dtype=float)).uneven  # fmt: skip
+    assert DataProfile.from_marginals(
+        margs,
+        0.02,
+        pair_weights=np.array(
+            [[0, 0, 1, 2], [0, 0, 0, 0], [1, 0, 0, 1], [2, 0, 1, 0]], dtype=float
+        ),
+    ).uneven
 
 
 def test_the_posterior_without_information_has_the_prior_spread() -> None:
@@ -265,8 +284,9 @@ def test_a_given_profile_is_exact_normalised_and_read_only() -> None:
     assert profile.dependence_sd == 0.0 and profile.dependence_quantiles == (0.02,)
     summary = profile.to_dict()
     assert summary["dependence_sd"] == 0.0 and summary["dependence_quantiles"] == [0.02]
-    weighted = DataProfile.from_marginals([near, np.array([0.5, 0.5]), np.array([0.2, 0.8])],
-                                          0.02, pair_weights=np.ones((3, 3)))  # fmt: skip
+    weighted = DataProfile.from_marginals(
+        [near, np.array([0.5, 0.5]), np.array([0.2, 0.8])], 0.02, pair_weights=np.ones((3, 3))
+    )
     assert not weighted.weights.flags.writeable
     with pytest.raises(ValueError, match="read-only"):
         weighted.weights[0, 1] = 5.0
@@ -370,8 +390,13 @@ def test_more_posterior_and_weight_edges() -> None:
 
     gen = np.random.default_rng(2)
     null = gen.gamma(50.0, 1e-4, size=(40, 200))  # mean 0.005, 100 dimensions
-    far = PairEvidence(np.zeros((40, 2), dtype=np.int64), np.full(40, 0.005 + 5.0 * 0.25), null,
-                       np.full(40, 0.25), np.full(40, 100.0))  # fmt: skip
+    far = PairEvidence(
+        np.zeros((40, 2), dtype=np.int64),
+        np.full(40, 0.005 + 5.0 * 0.25),
+        null,
+        np.full(40, 0.25),
+        np.full(40, 100.0),
+    )
     post = dependence_posterior(far, np.ones(40), (1e-3, 0.3))
     step = (0.3 / 1e-3) ** (1 / (_GRID - 1))  # the lattice's
     assert all(0.3 / step**1.01 <= q <= 0.3 for q in post.quantiles)
@@ -381,16 +406,19 @@ def test_more_posterior_and_weight_edges() -> None:
     with pytest.raises(CalmkitError, match=r"^marginals\[0\] must be a distribution"):
         DataProfile.from_marginals([np.array([1.2, -0.2])], 0.0)
     # one pair only, or weights equal up to rounding: even
-    two = DataProfile.from_marginals([np.array([0.5, 0.5])] * 2, 0.0,
-                                     pair_weights=np.full((2, 2), 0.3))  # fmt: skip
+    two = DataProfile.from_marginals(
+        [np.array([0.5, 0.5])] * 2, 0.0, pair_weights=np.full((2, 2), 0.3)
+    )
     assert not two.uneven
-    third = DataProfile.from_marginals([np.array([0.5, 0.5])] * 4, 0.0,
-                                       pair_weights=np.full((4, 4), 0.1))  # fmt: skip
+    third = DataProfile.from_marginals(
+        [np.array([0.5, 0.5])] * 4, 0.0, pair_weights=np.full((4, 4), 0.1)
+    )
     assert not third.uneven
     rounded = np.ones((4, 4))
     rounded[0, 2] = rounded[2, 0] = 1 + 1e-12
-    assert not DataProfile.from_marginals([np.array([0.5, 0.5])] * 4, 0.0,
-                                          pair_weights=rounded).uneven  # fmt: skip
+    assert not DataProfile.from_marginals(
+        [np.array([0.5, 0.5])] * 4, 0.0, pair_weights=rounded
+    ).uneven
 
 
 def test_marginal_pair_weights_for_more_categories() -> None:
@@ -417,14 +445,16 @@ def test_the_representative_stops_at_the_simplex_edge_on_its_ray() -> None:
 def test_last_profile_edges() -> None:
     import dataclasses
 
-    profile = DataProfile.from_marginals([np.array([0.5, 0.5])] * 2, 0.01,
-                                         pair_weights=np.full((2, 2), 0.3))  # fmt: skip
+    profile = DataProfile.from_marginals(
+        [np.array([0.5, 0.5])] * 2, 0.01, pair_weights=np.full((2, 2), 0.3)
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         profile.dependence = 0.5  # type: ignore[misc]
     assert profile.weights[0, 1] == 1.0  # one pair: normalised to mean 1 all the same
     with pytest.raises(CalmkitError, match=r"^pair_weights must be symmetric$"):
-        DataProfile.from_marginals([np.array([0.5, 0.5])] * 2, 0.0,
-                                   pair_weights=np.array([[0.0, 2.0], [1.0, 0.0]]))  # fmt: skip
+        DataProfile.from_marginals(
+            [np.array([0.5, 0.5])] * 2, 0.0, pair_weights=np.array([[0.0, 2.0], [1.0, 0.0]])
+        )
     # an attribute no pilot view holds, before held ones, keeps the prior's marginal
     truth = np.array([[0.4, 0.1], [0.1, 0.4]])
     tables, oracle = _pair_tables(truth, 5000, 1.0, count=1, seed=12)

@@ -46,11 +46,13 @@ def _check_dedupe(store: Storage, stored: list[StoredReport]) -> None:
     assert store.add_reports("c", PLAN.digest, stored) == BatchOutcome(0, len(stored))
     x = stored[len(stored) // 2]
     with pytest.raises(ReportConflict, match="report_id"):
-        store.add_reports("c", PLAN.digest, [StoredReport(x.report_id, b"\x01" * 16, x.view,
-                                                          x.payload)])  # fmt: skip
+        store.add_reports(
+            "c", PLAN.digest, [StoredReport(x.report_id, b"\x01" * 16, x.view, x.payload)]
+        )
     with pytest.raises(ReportConflict, match="pseudonym"):
-        store.add_reports("c", PLAN.digest, [StoredReport(b"\x02" * 16, x.pseudonym, x.view,
-                                                          x.payload)])  # fmt: skip
+        store.add_reports(
+            "c", PLAN.digest, [StoredReport(b"\x02" * 16, x.pseudonym, x.view, x.payload)]
+        )
     fresh = simulate(PLAN, 10, seed=42)[1]
     assert store.add_reports("c", PLAN.digest, fresh) == BatchOutcome(10, 0)
     assert store.get_collection("c").reports == len(stored) + 10
@@ -92,8 +94,9 @@ def test_the_log_after_the_snapshot_is_replayed(tmp_path: Path) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert proc.returncode == -9, proc.stderr
     assert read_snapshot(str(_snapshot_file(path)), "c").reports == 2000  # the old one
     with Storage(path) as store:

@@ -172,8 +172,17 @@ def test_schema_and_pragmas(tmp_path: Path, plan: Plan) -> None:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         cols = [r[1] for r in raw.execute("PRAGMA table_info(batches)")]
-        assert cols == ["seq", "collection_id", "phase", "count", "report_ids", "pseudonyms",
-                        "views", "cells", "bits"]  # fmt: skip
+        assert cols == [
+            "seq",
+            "collection_id",
+            "phase",
+            "count",
+            "report_ids",
+            "pseudonyms",
+            "views",
+            "cells",
+            "bits",
+        ]
         cols = [r[1] for r in raw.execute("PRAGMA table_info(support)")]
         assert cols == ["collection_id", "phase", "n", "counts"]
         tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -559,12 +568,17 @@ def test_keys_alike_in_their_first_bytes_are_told_apart(store: Storage, plan: Pl
     choose them) are still distinct reports; repeats among them still count once."""
     store.create_collection("abc", plan, 2, TOKEN_HASH)
     _, reports = simulate(plan, 300, seed=14)
-    alike = [StoredReport(b"\x11" * 8 + r.report_id[8:], b"\x22" * 8 + r.pseudonym[8:], r.view,
-                          r.payload) for r in reports]  # fmt: skip
+    alike = [
+        StoredReport(
+            b"\x11" * 8 + r.report_id[8:], b"\x22" * 8 + r.pseudonym[8:], r.view, r.payload
+        )
+        for r in reports
+    ]
     assert store.add_reports("abc", plan.digest, alike[:200] + alike[:20]) == BatchOutcome(200, 20)
     assert store.add_reports("abc", plan.digest, alike) == BatchOutcome(100, 200)
-    clash = StoredReport(alike[5].report_id, b"\x22" * 8 + b"\x00" * 8, alike[5].view,
-                         alike[5].payload)  # fmt: skip
+    clash = StoredReport(
+        alike[5].report_id, b"\x22" * 8 + b"\x00" * 8, alike[5].view, alike[5].payload
+    )
     with pytest.raises(ReportConflict, match=r"reports\[1\]\.report_id"):
         store.add_reports("abc", plan.digest, [alike[6], clash])
     assert store.get_collection("abc").reports == 300

@@ -108,8 +108,10 @@ def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
     _, reports = simulate(MAIN, 300, seed=4)
     raw = sqlite3.connect(path)
     raw.executescript(_V1_SCHEMA)
-    raw.execute("INSERT INTO collections VALUES (?, ?, ?, 2, 'open', ?, 1.0, NULL)",
-                ("old", MAIN.to_json(), MAIN.digest, TOKEN_HASH))  # fmt: skip
+    raw.execute(
+        "INSERT INTO collections VALUES (?, ?, ?, 2, 'open', ?, 1.0, NULL)",
+        ("old", MAIN.to_json(), MAIN.digest, TOKEN_HASH),
+    )
     raw.executemany(
         "INSERT INTO reports VALUES ('old', ?, ?, ?, ?)",
         [(r.report_id, r.pseudonym, r.view, r.payload) for r in reports],
@@ -139,8 +141,9 @@ def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
 
 def test_a_design_stored_before_reconstructions_loads_as_local(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
-    planned_global = PhasedDesign(expected_n=1000, pilot_reports=100, k=2, seed=1,
-                                  reconstruction="global")  # fmt: skip
+    planned_global = PhasedDesign(
+        expected_n=1000, pilot_reports=100, k=2, seed=1, reconstruction="global"
+    )
     with Storage(path) as store:
         store.create_collection("p", PILOT, 2, TOKEN_HASH, DESIGN)
         store.create_collection("g", PILOT, 2, TOKEN_HASH, planned_global)
@@ -152,7 +155,9 @@ def test_a_design_stored_before_reconstructions_loads_as_local(tmp_path: Path) -
         assert design == DESIGN and design is not None and design.reconstruction == "local"
         assert store.get_collection("g").design == planned_global
     with sqlite3.connect(path) as raw:  # a value no planner knows: refused, naming it
-        raw.execute("UPDATE collections SET design_json = ? WHERE id = 'p'",
-                    (old.replace('"seed"', '"reconstruction": "nearest", "seed"'),))  # fmt: skip
+        raw.execute(
+            "UPDATE collections SET design_json = ? WHERE id = 'p'",
+            (old.replace('"seed"', '"reconstruction": "nearest", "seed"'),),
+        )
     with pytest.raises(CalmkitError, match=r"reconstruction \('nearest'\) must be one of"):
         Storage(path)

@@ -180,8 +180,10 @@ def test_forget_keeps_the_charge(entropy_draws: list[int]) -> None:
 # -- format 1 files -----------------------------------------------------------------------
 def _format_1_file(path: Path, secret: bytes, rows: list[tuple[str, bytes]]) -> None:
     with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE device (id INTEGER PRIMARY KEY CHECK (id = 1), "
-                     "secret BLOB NOT NULL CHECK (length(secret) = 32))")  # fmt: skip
+        conn.execute(
+            "CREATE TABLE device (id INTEGER PRIMARY KEY CHECK (id = 1), "
+            "secret BLOB NOT NULL CHECK (length(secret) = 32))"
+        )
         conn.execute(
             "CREATE TABLE reports (collection_id TEXT NOT NULL, pseudonym BLOB NOT NULL "
             "CHECK (length(pseudonym) = 16), plan_digest TEXT NOT NULL, view INTEGER NOT NULL, "

@@ -48,5 +48,6 @@ def create_collection(
     tests/integration/test_phases.py)."""
     opts.setdefault("pilot", 0.0)
     with AdminClient(address) as admin:
-        return admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id=collection_id,
-                                       seed=7, **opts)  # fmt: skip
+        return admin.create_collection(
+            POP.schema, 1.0, POP.n, 3, collection_id=collection_id, seed=7, **opts
+        )

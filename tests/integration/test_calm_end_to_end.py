@@ -60,8 +60,10 @@ def expected_sse(pop: Population, plan: Plan, k: int) -> float:
     answered from the one view holding it (see the module docstring)."""
     n_j = pop.n / plan.m
     truths = [pop.marginal(v) for v in plan.views]
-    base = [MarginalTable(v, t, float(o.variance(int(n_j))))
-            for v, t, o in zip(plan.views, truths, plan.view_oracles)]  # fmt: skip
+    base = [
+        MarginalTable(v, t, float(o.variance(int(n_j))))
+        for v, t, o in zip(plan.views, truths, plan.view_oracles)
+    ]
     ref = [t.values for t in make_consistent(base, nonnegative=False).tables]
     offsets = np.concatenate([[0], np.cumsum([t.size for t in truths])])
     size = int(offsets[-1])
@@ -70,8 +72,9 @@ def expected_sse(pop: Population, plan: Plan, k: int) -> float:
         j = int(np.searchsorted(offsets, col, side="right")) - 1
         moved = [t.values.copy() for t in base]
         moved[j].flat[col - offsets[j]] += 1.0
-        out = make_consistent([MarginalTable(t.attrs, v, t.variance) for t, v in zip(base, moved)],
-                              nonnegative=False).tables  # fmt: skip
+        out = make_consistent(
+            [MarginalTable(t.attrs, v, t.variance) for t, v in zip(base, moved)], nonnegative=False
+        ).tables
         linear[:, col] = np.concatenate([(o.values - r).ravel() for o, r in zip(out, ref)])
     sigma = np.zeros((size, size))
     for j, (t, oracle) in enumerate(zip(truths, plan.view_oracles)):

@@ -144,8 +144,26 @@ def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
 
 
 def test_simulate_reconstructs_globally_on_request(capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["simulate", "--dataset", "synthetic", "--d", "8", "--n", "20000", "--k", "3",
-            "--epsilon", "1", "--planner", "paper", "--queries", "20", "--reps", "2", "--json"]
+    base = [
+        "simulate",
+        "--dataset",
+        "synthetic",
+        "--d",
+        "8",
+        "--n",
+        "20000",
+        "--k",
+        "3",
+        "--epsilon",
+        "1",
+        "--planner",
+        "paper",
+        "--queries",
+        "20",
+        "--reps",
+        "2",
+        "--json",
+    ]
     runs = {}
     for how in ("local", "global"):
         assert main([*base, "--reconstruct", how]) == 0
@@ -159,8 +177,22 @@ def test_simulate_reconstructs_globally_on_request(capsys: pytest.CaptureFixture
 
 
 def test_simulate_runs_any_mechanism_by_name(capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["simulate", "--d", "5", "--n", "5000", "--k", "2", "--epsilon", "1", "--reps", "2",
-            "--queries", "5", "--json"]  # fmt: skip
+    base = [
+        "simulate",
+        "--d",
+        "5",
+        "--n",
+        "5000",
+        "--k",
+        "2",
+        "--epsilon",
+        "1",
+        "--reps",
+        "2",
+        "--queries",
+        "5",
+        "--json",
+    ]
     assert main([*base, "--mechanism", "uni"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mechanism"] == "Uni" and out["m"] is None
@@ -175,8 +207,18 @@ def test_plan_accounts_for_the_chosen_reconstruction(capsys: pytest.CaptureFixtu
     from calmkit_aggregator.planning.search import choose_plan
     from calmkit_client import Schema
 
-    base = ["plan", "--domain", ",".join(["2"] * 10), "--n", "20000", "--k", "3",
-            "--epsilon", "1", "--json"]  # fmt: skip
+    base = [
+        "plan",
+        "--domain",
+        ",".join(["2"] * 10),
+        "--n",
+        "20000",
+        "--k",
+        "3",
+        "--epsilon",
+        "1",
+        "--json",
+    ]
     schema = Schema.from_sizes([2] * 10)
     cut = pilot_size(20000, 0.2)
     first = pilot_plan(schema, 1.0, users=cut)
@@ -184,9 +226,15 @@ def test_plan_accounts_for_the_chosen_reconstruction(capsys: pytest.CaptureFixtu
         assert main([*base, "--reconstruct", reconstruction]) == 0
         out = json.loads(capsys.readouterr().out)
         assert out["reconstruction"] == reconstruction
-        direct = choose_plan(schema.sizes, 1.0, 20000 - cut, Workload(k=3),
-                             fixed_views=first.views, fixed_users=[cut / first.m] * first.m,
-                             reconstruction=reconstruction)  # fmt: skip
+        direct = choose_plan(
+            schema.sizes,
+            1.0,
+            20000 - cut,
+            Workload(k=3),
+            fixed_views=first.views,
+            fixed_users=[cut / first.m] * first.m,
+            reconstruction=reconstruction,
+        )
         assert out["predicted_sse"] == pytest.approx(direct.predicted.sse, rel=1e-12)
         assert out["views"] == [list(v) for v in direct.views]
     assert main([*base, "--reconstruct", "nearest"]) == 2
@@ -196,11 +244,14 @@ def test_a_closed_pipe_ends_the_output_quietly() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from calmkit_client.cli import main; "
-            "sys.exit(main(['plan', '--domain', '2,2,2,2', '--n', '1000', '--k', '2', "
-            "'--epsilon', '1']))")  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)  # fmt: skip
+    code = (
+        "import sys; from calmkit_client.cli import main; "
+        "sys.exit(main(['plan', '--domain', '2,2,2,2', '--n', '1000', '--k', '2', "
+        "'--epsilon', '1']))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # the reader is gone before the first line (`| head -0`)
     err = proc.stderr.read().decode()

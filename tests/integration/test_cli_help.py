@@ -41,9 +41,12 @@ def test_every_option_has_help(command: str, capsys: pytest.CaptureFixture[str])
 def test_defaults_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    for shown in ("repetitions (fresh reports each); the SSE is their mean ± sd (default: 20)",
-                  "random k-way queries per repetition (default: 50)",
-                  "(default: fast)", "same queries on the same users (default: 0)"):  # fmt: skip
+    for shown in (
+        "repetitions (fresh reports each); the SSE is their mean ± sd (default: 20)",
+        "random k-way queries per repetition (default: 50)",
+        "(default: fast)",
+        "same queries on the same users (default: 0)",
+    ):
         assert shown in text
 
 
@@ -57,11 +60,13 @@ def test_a_default_of_zero_is_shown(command: str, capsys: pytest.CaptureFixture[
 
 
 def test_help_loads_nothing_heavy() -> None:
-    code = ("import sys\nfrom calmkit_client.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "heavy = ('numpy', 'grpc', 'scipy', 'calmkit_aggregator.planning',\n"
-            "         'calmkit_aggregator.reconstruction', 'calmkit_simulator.datasets')\n"
-            "print(sorted(m for m in heavy if m in sys.modules))")  # fmt: skip
+    code = (
+        "import sys\nfrom calmkit_client.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = ('numpy', 'grpc', 'scipy', 'calmkit_aggregator.planning',\n"
+        "         'calmkit_aggregator.reconstruction', 'calmkit_simulator.datasets')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
@@ -72,28 +77,55 @@ def test_help_loads_nothing_heavy() -> None:
         (["simulate", "--k", "2", "--epsilon", "1", "--n", "0"], "n (0) must be an int >= 1"),
         (["simulate", "--k", "2", "--epsilon", "1", "--d", "0"], "d (0) must be an int >= 1"),
         (["simulate", "--k", "2", "--epsilon", "1", "--reps", "0"], "reps (0) must be an int >= 1"),
-        (["simulate", "--k", "2", "--epsilon", "1", "--queries", "0"],
-         "queries (0) must be an int >= 1"),
+        (
+            ["simulate", "--k", "2", "--epsilon", "1", "--queries", "0"],
+            "queries (0) must be an int >= 1",
+        ),
         (["simulate", "--k", "2", "--epsilon", "nan"], "epsilon (nan) must be finite and > 0"),
-        (["simulate", "--k", "2", "--epsilon", "1", "--max-categories", "1"],
-         "max_categories (1) must be an int >= 2"),
-        (["simulate", "--k", "2", "--epsilon", "1", "--pilot", "1"],
-         "pilot (1.0) must be in [0, 1)"),
+        (
+            ["simulate", "--k", "2", "--epsilon", "1", "--max-categories", "1"],
+            "max_categories (1) must be an int >= 2",
+        ),
+        (
+            ["simulate", "--k", "2", "--epsilon", "1", "--pilot", "1"],
+            "pilot (1.0) must be in [0, 1)",
+        ),
         (["demo", "--users", "-5"], "users (-5) must be an int >= 1"),
         (["demo", "--users", "many"], "users ('many') must be an int >= 1"),
-        (["simulate", "--k", "2", "--epsilon", "1", "--mechanism", "nope"],
-         "mechanism ('nope') must be one of ['calm', 'uni'"),
-        (["simulate", "--k", "2", "--epsilon", "710", "--reps", "1"],
-         "epsilon (710.0) must be <= 44"),
-        (["plan", "--domain", "2,2,2", "--n", "1000", "--k", "2", "--epsilon", "710"],
-         "epsilon (710.0) must be <= 44"),
+        (
+            ["simulate", "--k", "2", "--epsilon", "1", "--mechanism", "nope"],
+            "mechanism ('nope') must be one of ['calm', 'uni'",
+        ),
+        (
+            ["simulate", "--k", "2", "--epsilon", "710", "--reps", "1"],
+            "epsilon (710.0) must be <= 44",
+        ),
+        (
+            ["plan", "--domain", "2,2,2", "--n", "1000", "--k", "2", "--epsilon", "710"],
+            "epsilon (710.0) must be <= 44",
+        ),
         (["serve", "--db", "x.db", "--rate-limit", "0"], "rate_limit (0.0) must be finite and > 0"),
-        (["collection", "create", "--domain", "2,2", "--epsilon", "1"],
-         "n (none given) must be set for 'create'"),
-        (["collection", "create", "--domain", "2,2", "--epsilon", "1", "--n", "100",
-          "--reconstruct", "nearest"], "reconstruct ('nearest') must be one of ['local', "),
+        (
+            ["collection", "create", "--domain", "2,2", "--epsilon", "1"],
+            "n (none given) must be set for 'create'",
+        ),
+        (
+            [
+                "collection",
+                "create",
+                "--domain",
+                "2,2",
+                "--epsilon",
+                "1",
+                "--n",
+                "100",
+                "--reconstruct",
+                "nearest",
+            ],
+            "reconstruct ('nearest') must be one of ['local', ",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_values_are_one_line_naming_option_and_value(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -114,9 +146,12 @@ def test_bad_values_are_one_line_naming_option_and_value(
     ],
 )
 def test_bad_csv_inputs_are_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, domains: str | None,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: bytes,
+    domains: str | None,
     message: str,
-) -> None:  # fmt: skip
+) -> None:
     (tmp_path / "data.csv").write_bytes(content)
     if domains is not None:
         (tmp_path / "data.domains.json").write_text(domains)
@@ -140,14 +175,48 @@ def test_shapes_that_spoil_answers_are_warned(
     rows = [f"{i % 2},same,v{i % 200}" for i in range(2000)]
     (tmp_path / "d.csv").write_text("a,one,wide\n" + "\n".join(rows) + "\n")
     dataset = f"csv:{tmp_path / 'd.csv'}"
-    assert main(["simulate", "--dataset", dataset, "--k", "2", "--epsilon", "1",
-                 "--reps", "2", "--queries", "2"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "simulate",
+                "--dataset",
+                dataset,
+                "--k",
+                "2",
+                "--epsilon",
+                "1",
+                "--reps",
+                "2",
+                "--queries",
+                "2",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "warning: attribute 'one' has one category ('same'): its marginal is known" in err
     assert "warning: attribute 'wide' has 200 categories" in err and "--max-categories" in err
     assert "'a'" not in err
-    assert main(["simulate", "--dataset", dataset, "--k", "2", "--epsilon", "1", "--reps", "2",
-                 "--queries", "2", "--max-categories", "8"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "simulate",
+                "--dataset",
+                dataset,
+                "--k",
+                "2",
+                "--epsilon",
+                "1",
+                "--reps",
+                "2",
+                "--queries",
+                "2",
+                "--max-categories",
+                "8",
+            ]
+        )
+        == 0
+    )
     assert "200 categories" not in capsys.readouterr().err
 
 

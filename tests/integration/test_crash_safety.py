@@ -47,10 +47,23 @@ def _start(db: str, snapshots: Path | None = None) -> tuple[subprocess.Popen[str
     extra = [] if snapshots is None else ["--key-snapshots", str(snapshots)]
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(  # faulthandler: a SIGABRT dumps every thread's stack
-        [sys.executable, "-X", "faulthandler", "-c", SERVE, "serve", "--address",
-         "127.0.0.1:0", "--db", db, *extra],
-        stdout=subprocess.PIPE, stderr=log, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-X",
+            "faulthandler",
+            "-c",
+            SERVE,
+            "serve",
+            "--address",
+            "127.0.0.1:0",
+            "--db",
+            db,
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
     _LOGS[proc.pid] = log
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -69,8 +82,10 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.wait(timeout=30)
         log = _LOGS[proc.pid]
         log.seek(0)
-        pytest.fail("calmkit serve did not stop within 30 s of SIGTERM:\n"
-                    + log.read().decode(errors="replace")[-8000:])  # fmt: skip
+        pytest.fail(
+            "calmkit serve did not stop within 30 s of SIGTERM:\n"
+            + log.read().decode(errors="replace")[-8000:]
+        )
     assert code == 0
 
 
@@ -301,16 +316,19 @@ def _tgkill(pid: int, tid: int, sig: int) -> None:
         raise OSError(ctypes.get_errno(), "tgkill failed")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine != "x86_64",
-                    reason="tgkill by syscall number: Linux x86-64")  # fmt: skip
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.uname().machine != "x86_64",
+    reason="tgkill by syscall number: Linux x86-64",
+)
 def test_sigterm_to_any_thread_stops_the_server(tmp_path: Path) -> None:
     """The kernel hands a process's SIGTERM to any thread; one landing on a gRPC thread
     only marks Python's handler as pending, so the main thread must not wait without a
     timeout (it did: the server then ignored SIGTERM until a second signal)."""
     proc, _ = _start(str(tmp_path / "agg.db"))
     try:
-        others = [int(t.name) for t in Path(f"/proc/{proc.pid}/task").iterdir()
-                  if int(t.name) != proc.pid]  # fmt: skip
+        others = [
+            int(t.name) for t in Path(f"/proc/{proc.pid}/task").iterdir() if int(t.name) != proc.pid
+        ]
         assert others, "calmkit serve runs its gRPC server on other threads"
         _tgkill(proc.pid, others[-1], signal.SIGTERM)
         assert proc.wait(timeout=30) == 0

@@ -22,8 +22,9 @@ def address(server: Server) -> str:
 
 def _create(address: str, cid: str, epsilon: float) -> str:
     with AdminClient(address) as admin:
-        info = admin.create_collection(POP.schema, epsilon, POP.n, 2, collection_id=cid,
-                                       seed=1, pilot=0.0)  # fmt: skip
+        info = admin.create_collection(
+            POP.schema, epsilon, POP.n, 2, collection_id=cid, seed=1, pilot=0.0
+        )
     return info.submit_token
 
 

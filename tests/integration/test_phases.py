@@ -44,8 +44,9 @@ def _serving(tmp_path: Path) -> Iterator[tuple[str, Storage]]:
 def test_the_plan_changes_after_the_pilot_and_users_report_once(tmp_path: Path) -> None:
     with _serving(tmp_path) as (address, storage):
         with AdminClient(address) as admin:
-            info = admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id="p",
-                                           seed=5, pilot=0.1)  # fmt: skip
+            info = admin.create_collection(
+                POP.schema, 1.0, POP.n, 3, collection_id="p", seed=5, pilot=0.1
+            )
         target = pilot_size(POP.n, 0.1)
         assert info.phase == 0 and info.pilot_target == target == 600
         pilot_plan = info.plan
@@ -83,10 +84,12 @@ def test_the_plan_changes_after_the_pilot_and_users_report_once(tmp_path: Path) 
 def test_paper_planner_and_no_pilot_make_one_phase(tmp_path: Path) -> None:
     with _serving(tmp_path) as (address, _storage):
         with AdminClient(address) as admin:
-            paper = admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id="a",
-                                            planner="paper")  # fmt: skip
-            single = admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id="b",
-                                             pilot=0.0)  # fmt: skip
+            paper = admin.create_collection(
+                POP.schema, 1.0, POP.n, 3, collection_id="a", planner="paper"
+            )
+            single = admin.create_collection(
+                POP.schema, 1.0, POP.n, 3, collection_id="b", pilot=0.0
+            )
         assert paper.pilot_target == single.pilot_target == 0
         assert paper.phase == single.phase == 0
 
@@ -97,13 +100,23 @@ def test_the_phases_are_planned_for_the_reconstruction_asked_for(
     seeded_entropy(1)  # the devices' reports, hence the pilot's counts, are reproducible
     with _serving(tmp_path) as (address, storage):
         with AdminClient(address) as admin:
-            info = admin.create_collection(WIDE.schema, 1.0, WIDE.n, 3, collection_id="g",
-                                           seed=5, reconstruction="global")  # fmt: skip
-            one = admin.create_collection(WIDE.schema, 1.0, WIDE.n, 3, collection_id="one",
-                                          seed=5, pilot=0.0, reconstruction="global")  # fmt: skip
+            info = admin.create_collection(
+                WIDE.schema, 1.0, WIDE.n, 3, collection_id="g", seed=5, reconstruction="global"
+            )
+            one = admin.create_collection(
+                WIDE.schema,
+                1.0,
+                WIDE.n,
+                3,
+                collection_id="one",
+                seed=5,
+                pilot=0.0,
+                reconstruction="global",
+            )
         # one phase: plan_collection's plan for global, not the one for local
-        want_one = plan_collection(WIDE.schema, 1.0, WIDE.n, 3, rng=5, seed=5,
-                                   reconstruction="global")  # fmt: skip
+        want_one = plan_collection(
+            WIDE.schema, 1.0, WIDE.n, 3, rng=5, seed=5, reconstruction="global"
+        )
         assert one.plan == want_one and one.pilot_target == 0
         # (predicted for global: the same search scores its designs otherwise)
         sizes, work = WIDE.schema.sizes, Workload(k=3)
@@ -113,8 +126,9 @@ def test_the_phases_are_planned_for_the_reconstruction_asked_for(
         target = pilot_size(WIDE.n)
         assert info.phase == 0 and info.pilot_target == target
         ids = np.arange(WIDE.n, dtype=np.uint64)
-        with Collector(address, "g", info.submit_token, DeviceState.in_memory(),
-                       batch_size=400) as client:  # fmt: skip
+        with Collector(
+            address, "g", info.submit_token, DeviceState.in_memory(), batch_size=400
+        ) as client:
             assert client.submit_many(WIDE.codes[:target], ids[:target]).accepted == target
             served = client.plan(refresh=True)
         pilot = storage.phase_support("g", 0)
@@ -137,12 +151,20 @@ def test_an_unknown_reconstruction_is_refused_and_creates_nothing(tmp_path: Path
             message = r"^reconstruction \('nearest'\) must be one of \['local', 'global'\]$"
             for options in ({}, {"pilot": 0.0}, {"planner": "paper"}):
                 with pytest.raises(CalmkitError, match=message):
-                    admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id="bad",
-                                            reconstruction="nearest", **options)  # fmt: skip
+                    admin.create_collection(
+                        POP.schema,
+                        1.0,
+                        POP.n,
+                        3,
+                        collection_id="bad",
+                        reconstruction="nearest",
+                        **options,
+                    )
             assert [c.collection_id for c in admin.list_collections()] == ["kept"]
             assert admin.get_collection("kept").plan == kept.plan
-        request = client_wire.create_request(POP.schema, 1.0, POP.n, 3, collection_id="bad",
-                                             reconstruction="x" * 100)  # fmt: skip
+        request = client_wire.create_request(
+            POP.schema, 1.0, POP.n, 3, collection_id="bad", reconstruction="x" * 100
+        )
         stub = client_wire.aggregator_stub(open_channel(address))
         with pytest.raises(grpc.RpcError) as err:
             stub.CreateCollection(request, timeout=10)

@@ -260,9 +260,29 @@ def test_cli_collection_and_query_commands(
     from calmkit_client.cli import main
 
     base = ["--address", server.address]
-    assert main(["collection", "create", *base, "--domain", "2,3,2,2,4", "--epsilon", "1",
-                 "--n", str(POP.n), "--k", "3", "--id", "cli", "--reconstruct", "global",
-                 "--json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "collection",
+                "create",
+                *base,
+                "--domain",
+                "2,3,2,2,4",
+                "--epsilon",
+                "1",
+                "--n",
+                str(POP.n),
+                "--k",
+                "3",
+                "--id",
+                "cli",
+                "--reconstruct",
+                "global",
+                "--json",
+            ]
+        )
+        == 0
+    )
     created = json.loads(capsys.readouterr().out)
     assert created["collection_id"] == "cli" and created["state"] == "open"
     design = server.storage.get_collection("cli").design  # its phase 1 is planned for global
@@ -274,13 +294,13 @@ def test_cli_collection_and_query_commands(
     closed = json.loads(capsys.readouterr().out)
     assert closed["state"] == "closed" and closed["reports"] == POP.n
     assert "submit_token" not in closed  # shown once, at creation
-    assert main(["query", *base, "--collection", "cli", "--attrs", "a3,a0", "--format",
-                 "json"]) == 0  # fmt: skip
+    assert (
+        main(["query", *base, "--collection", "cli", "--attrs", "a3,a0", "--format", "json"]) == 0
+    )
     table = json.loads(capsys.readouterr().out)
     assert table["attributes"] == ["a0", "a3"] and table["shape"] == [2, 2]
     assert sum(table["values"]) == pytest.approx(1.0)
-    assert main(["query", *base, "--collection", "cli", "--attrs", "a0,a1", "--format",
-                 "csv"]) == 0  # fmt: skip
+    assert main(["query", *base, "--collection", "cli", "--attrs", "a0,a1", "--format", "csv"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == "a0,a1,fraction,total_error" and len(lines) == 1 + 2 * 3
     assert main(["query", *base, "--collection", "nope", "--attrs", "a0"]) == 2

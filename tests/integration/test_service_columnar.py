@@ -46,8 +46,9 @@ def _old_server(storage: Storage) -> tuple[grpc.Server, int]:
 
 def _upload(address: str, info: client_wire.CollectionInfo, tmp: Path) -> Collector:
     state = DeviceState(tmp / "device.db")
-    with Collector(address, info.collection_id, info.submit_token, state,
-                   batch_size=500) as collector:  # fmt: skip
+    with Collector(
+        address, info.collection_id, info.submit_token, state, batch_size=500
+    ) as collector:
         ack = collector.submit_many(POP.codes, IDS)
         again = collector.submit_many(POP.codes[:700], IDS[:700])  # memoised: duplicates
     state.close()

@@ -39,8 +39,9 @@ class Served(Server):
 
     def create(self, collection_id: str = "c1") -> client_wire.CollectionInfo:
         with AdminClient(self.address) as admin:
-            return admin.create_collection(POP.schema, 1.0, POP.n, 3, seed=7, pilot=0.0,
-                                           collection_id=collection_id)  # fmt: skip
+            return admin.create_collection(
+                POP.schema, 1.0, POP.n, 3, seed=7, pilot=0.0, collection_id=collection_id
+            )
 
 
 @pytest.fixture
@@ -224,8 +225,9 @@ def test_huge_epsilon_and_undecodable_bytes_are_invalid_argument(served: Served)
                 admin.create_collection(POP.schema, eps, POP.n, 3, pilot=0.0)
     raw = open_channel(served.address).unary_unary(
         "/calmkit.v1.Aggregator/SubmitReports",
-        request_serializer=None, response_deserializer=None,
-    )  # fmt: skip
+        request_serializer=None,
+        response_deserializer=None,
+    )
     err = _fail(raw, b"\xff\xff\xff\xff")
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.details() == "request (4 bytes) is not a valid calmkit.v1.ReportBatch message"

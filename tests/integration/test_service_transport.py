@@ -41,8 +41,9 @@ SUBMIT = "/calmkit.v1.Aggregator/SubmitReports"
 
 def _create(address: str, root: bytes | None = None, collection_id: str = "c1") -> object:
     with AdminClient(address, root_certificates=root) as admin:
-        return admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id=collection_id,
-                                       seed=7, pilot=0.0)  # fmt: skip
+        return admin.create_collection(
+            POP.schema, 1.0, POP.n, 3, collection_id=collection_id, seed=7, pilot=0.0
+        )
 
 
 def _health(address: str, timeout: float = 2.0) -> int:
@@ -61,11 +62,17 @@ def _stalled_streams(port: int, count: int) -> list[socket.socket]:
         sock = socket.create_connection(("127.0.0.1", port))
         conn = h2_connection.H2Connection(h2_config.H2Configuration(client_side=True))
         conn.initiate_connection()
-        conn.send_headers(1, [
-            (":method", "POST"), (":scheme", "http"), (":path", SUBMIT),
-            (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"),
-            ("te", "trailers"),
-        ])  # fmt: skip
+        conn.send_headers(
+            1,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", SUBMIT),
+                (":authority", f"127.0.0.1:{port}"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ],
+        )
         conn.send_data(1, b"\x00" + struct.pack(">I", 1000) + b"\x0a\x02c1")
         sock.sendall(conn.data_to_send())
         sockets.append(sock)
@@ -86,8 +93,12 @@ def test_stalled_streams_do_not_starve_health_or_plans(server: Server) -> None:
         plan = stub.GetPlan(client_wire.pb.CollectionRef(collection_id="c1"), timeout=2.0)
         assert plan.digest == info.plan.digest  # type: ignore[attr-defined]
         # and reports still go in while the streams hang
-        with Collector(address, "c1", info.submit_token,  # type: ignore[attr-defined]
-                       DeviceState.in_memory()) as client:  # fmt: skip
+        with Collector(
+            address,
+            "c1",
+            info.submit_token,  # type: ignore[attr-defined]
+            DeviceState.in_memory(),
+        ) as client:
             assert client.submit_many(POP.codes[:500], IDS[:500]).accepted == 500
     finally:
         for sock in sockets:
@@ -99,8 +110,11 @@ def test_a_second_server_on_a_bound_port_is_refused(tmp_path: Path) -> None:
     with Storage(tmp_path / "a.db") as first_db, Storage(tmp_path / "b.db") as second_db:
         server, port = create_server("127.0.0.1:0", first_db)
         try:
-            with pytest.raises(CalmkitError, match=rf"address \('127.0.0.1:{port}'\) could not "
-                               "be bound: the port is in use"):  # fmt: skip
+            with pytest.raises(
+                CalmkitError,
+                match=rf"address \('127.0.0.1:{port}'\) could not "
+                "be bound: the port is in use",
+            ):
                 create_server(f"127.0.0.1:{port}", second_db)
             assert _health(f"127.0.0.1:{port}") == health_pb2.HealthCheckResponse.SERVING
         finally:
@@ -134,8 +148,13 @@ def test_tls_round_trip_and_plaintext_refused(tmp_path: Path) -> None:
         address = f"localhost:{port}"
         try:
             info = _create(address, root)
-            with Collector(address, "c1", info.submit_token,  # type: ignore[attr-defined]
-                           DeviceState.in_memory(), root_certificates=root) as client:  # fmt: skip
+            with Collector(
+                address,
+                "c1",
+                info.submit_token,  # type: ignore[attr-defined]
+                DeviceState.in_memory(),
+                root_certificates=root,
+            ) as client:
                 assert client.submit_many(POP.codes[:2000], IDS[:2000]).accepted == 2000
             with AdminClient(address, root_certificates=root) as admin:
                 answer = admin.query("c1", ["a0", "a1"])
@@ -160,14 +179,34 @@ def test_serve_with_tls_from_the_command_line(
 ) -> None:
     cert_file, key_file, _ = self_signed(tmp_path)
     key_file.chmod(0o644)  # a private key others can read is refused
-    code = main(["serve", "--address", "127.0.0.1:0", "--db", str(tmp_path / "a.db"),
-                 "--tls-cert", str(cert_file), "--tls-key", str(key_file)])  # fmt: skip
+    code = main(
+        [
+            "serve",
+            "--address",
+            "127.0.0.1:0",
+            "--db",
+            str(tmp_path / "a.db"),
+            "--tls-cert",
+            str(cert_file),
+            "--tls-key",
+            str(key_file),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert f"tls_key ('{key_file}') must not be readable by other users (mode 0644)" in err
     assert "chmod 600" in err and len(err.strip().splitlines()) == 1
-    code = main(["serve", "--address", "127.0.0.1:0", "--db", str(tmp_path / "a.db"),
-                 "--tls-cert", str(cert_file)])  # fmt: skip
+    code = main(
+        [
+            "serve",
+            "--address",
+            "127.0.0.1:0",
+            "--db",
+            str(tmp_path / "a.db"),
+            "--tls-cert",
+            str(cert_file),
+        ]
+    )
     assert code == 2
     assert "tls_cert and tls_key must be given together" in capsys.readouterr().err
 
@@ -175,8 +214,11 @@ def test_serve_with_tls_from_the_command_line(
 def test_non_loopback_needs_tls_or_insecure(tmp_path: Path) -> None:
     token = "s3cret-admin-token-123"
     with Storage(tmp_path / "a.db") as storage:
-        with pytest.raises(CalmkitError, match=r"address \('0.0.0.0:0'\) is not loopback.*"
-                           r"--tls-cert/--tls-key.*--insecure"):  # fmt: skip
+        with pytest.raises(
+            CalmkitError,
+            match=r"address \('0.0.0.0:0'\) is not loopback.*"
+            r"--tls-cert/--tls-key.*--insecure",
+        ):
             create_server("0.0.0.0:0", storage, admin_token=token)
         server, port = create_server("0.0.0.0:0", storage, admin_token=token, insecure=True)
         try:

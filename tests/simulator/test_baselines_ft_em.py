@@ -110,8 +110,9 @@ def test_ft_sse_with_the_user_split_at_eps_1() -> None:
     expected = np.mean(
         [var[basis.subset_index(basis.query_bits(q))[1:]].sum() / 8 for q in QUERIES]
     )
-    per_run = np.array([np.mean([((r.answer(q) - truth[q]) ** 2).sum() for q in QUERIES])
-                        for r in runs])  # fmt: skip
+    per_run = np.array(
+        [np.mean([((r.answer(q) - truth[q]) ** 2).sum() for q in QUERIES]) for r in runs]
+    )
     sse = float(per_run.mean())
     margin = 4 * per_run.std(ddof=1) / np.sqrt(per_run.size)  # 4 standard errors
     assert abs(sse - expected) < margin, f"empirical / exact = {sse / expected:.3f}"

@@ -26,8 +26,24 @@ from calmkit_simulator.mechanisms import MECHANISMS, make_mechanism
 def test_simulate_runs_each_central_mechanism(
     name: str, label: str, unit: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["simulate", "--mechanism", name, "--dataset", "synthetic", "--d", "6",
-            "--k", "2", "--epsilon", "1", "--reps", "2", "--queries", "5", "--json"]  # fmt: skip
+    argv = [
+        "simulate",
+        "--mechanism",
+        name,
+        "--dataset",
+        "synthetic",
+        "--d",
+        "6",
+        "--k",
+        "2",
+        "--epsilon",
+        "1",
+        "--reps",
+        "2",
+        "--queries",
+        "5",
+        "--json",
+    ]
     assert cli.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mechanism"] == label and out["privacy_unit"].startswith(unit)
@@ -46,8 +62,21 @@ def test_registry_options_reach_the_mechanisms() -> None:
 
 
 def test_central_cli_errors_name_the_value(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["simulate", "--mechanism", "mwem", "--dataset", "synthetic", "--d", "6",
-            "--k", "2", "--epsilon", "1", "--rounds", "0"]  # fmt: skip
+    argv = [
+        "simulate",
+        "--mechanism",
+        "mwem",
+        "--dataset",
+        "synthetic",
+        "--d",
+        "6",
+        "--k",
+        "2",
+        "--epsilon",
+        "1",
+        "--rounds",
+        "0",
+    ]
     assert cli.main(argv) == 2
     assert "rounds (0)" in capsys.readouterr().err
 
@@ -55,8 +84,18 @@ def test_central_cli_errors_name_the_value(capsys: pytest.CaptureFixture[str]) -
 def test_quick_central_figure_reports_the_local_central_ratio(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["experiment", "central", "--quick", "--dataset", "synthetic", "--out",
-            str(tmp_path), "--jobs", "1", "--json"]  # fmt: skip
+    argv = [
+        "experiment",
+        "central",
+        "--quick",
+        "--dataset",
+        "synthetic",
+        "--out",
+        str(tmp_path),
+        "--jobs",
+        "1",
+        "--json",
+    ]
     assert cli.main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["status"] == {"ok": summary["tasks"]}

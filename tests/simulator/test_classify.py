@@ -214,8 +214,16 @@ def test_attribute_order_is_followed(scope: str) -> None:
     base = labelled()
     noise = np.random.default_rng(9).integers(0, 3, N)
     # columns: label, x2, noise, x0, x4, x1, x3
-    codes = np.column_stack([base.codes[:, 5], base.codes[:, 2], noise, *base.codes[:, [0, 4]].T,
-                             base.codes[:, 1], base.codes[:, 3]])  # fmt: skip
+    codes = np.column_stack(
+        [
+            base.codes[:, 5],
+            base.codes[:, 2],
+            noise,
+            *base.codes[:, [0, 4]].T,
+            base.codes[:, 1],
+            base.codes[:, 3],
+        ]
+    )
     pop = Population(Schema.from_sizes((2, 3, 3, 3, 2, 2, 2)), codes, "shuffled")
     setting = ClassificationSetting(pop, (3, 5, 1, 6, 4), 0)
     oracle = _Oracle()
@@ -259,17 +267,22 @@ def test_run_classification_rejects_bad_arguments(options: dict[str, object], ma
 
 
 def test_population_must_match_the_setting() -> None:
-    other = Population(Schema.from_sizes((3, 2, 3, 2, 2, 2), names=list("abcdef")),
-                       SETTING.population.codes)  # fmt: skip
+    other = Population(
+        Schema.from_sizes((3, 2, 3, 2, 2, 2), names=list("abcdef")), SETTING.population.codes
+    )
     with pytest.raises(ClassificationError, match=r"attribute 'a0' at position 0"):
         run_classification(other, SETTING, _Oracle(), 1.0)
 
 
 @pytest.mark.parametrize(
     ("features", "label", "match"),
-    [((0, 1), 1, r"label \(1\)"), ((0, 0), 5, r"features \(\[0, 0\]\)"), ((0, 9), 5, r"\(9\)"),
-     ((), 5, r"features \(\(\)\)")],
-)  # fmt: skip
+    [
+        ((0, 1), 1, r"label \(1\)"),
+        ((0, 0), 5, r"features \(\[0, 0\]\)"),
+        ((0, 9), 5, r"\(9\)"),
+        ((), 5, r"features \(\(\)\)"),
+    ],
+)
 def test_setting_validation(features: tuple[int, ...], label: int, match: str) -> None:
     with pytest.raises(ClassificationError, match=match):
         ClassificationSetting(SETTING.population, features, label)

@@ -28,8 +28,9 @@ def _memo_size() -> int:
 
 @pytest.fixture(scope="module")
 def cluster() -> Any:
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0") as c:  # fmt: skip
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as c:
         yield c
 
 
@@ -40,8 +41,14 @@ def test_cluster_results_equal_worker_processes(tmp_path: Path, cluster: Any) ->
     where = tmp_path / "no-data"
     pool = run_tasks(tasks, ResultCache(tmp_path / "a.sqlite"), where, jobs=2)
     done: list[int] = []
-    dask = run_tasks(tasks, ResultCache(tmp_path / "b.sqlite"), where, jobs=2,
-                     progress=done.append, scheduler=cluster.scheduler_address)  # fmt: skip
+    dask = run_tasks(
+        tasks,
+        ResultCache(tmp_path / "b.sqlite"),
+        where,
+        jobs=2,
+        progress=done.append,
+        scheduler=cluster.scheduler_address,
+    )
     assert len(done) == len({t.key() for t in tasks})  # progress per finished future
     assert pool.keys() == dask.keys()
     for key in pool:

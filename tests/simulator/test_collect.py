@@ -84,8 +84,10 @@ def test_gathered_counting_equals_one_mask_per_view(
     monkeypatch.setattr(collect, "BLOCK", 1000)
     rng = np.random.default_rng(seed)
     pop = synthetic_population(n=5000, sizes=(2, 3, 5, 2, 4), strength=1.0, rng=seed)
-    views = [sorted(rng.choice(5, size=int(rng.integers(1, 4)), replace=False).tolist())
-             for _ in range(7)]  # fmt: skip
+    views = [
+        sorted(rng.choice(5, size=int(rng.integers(1, 4)), replace=False).tolist())
+        for _ in range(7)
+    ]
     plan = Plan(pop.schema, 1.0, views, seed=seed)
     ids = rng.permutation(1 << 20)[: pop.n].astype(np.uint64)  # not 0..n-1
     n, counts = true_view_counts(pop, plan, ids)

@@ -97,8 +97,16 @@ def test_not_scalable_and_invalid_settings_are_reported_not_run() -> None:
     res = run_task(fc32)
     assert res["status"] == "not_scalable" and "FC" in res["message"]
     # CALM with more 1-attribute views than attributes: refused with the reason
-    many = Task(dataset="synthetic", mechanism="calm", epsilon=1.0, k=3, query_k=3, d=8,
-                options=(("l", 1), ("m", 16)), reps=1)  # fmt: skip
+    many = Task(
+        dataset="synthetic",
+        mechanism="calm",
+        epsilon=1.0,
+        k=3,
+        query_k=3,
+        d=8,
+        options=(("l", 1), ("m", 16)),
+        reps=1,
+    )
     res = run_task(many)
     assert res["status"] == "invalid" and "m (16)" in res["message"]
     missing = Task(dataset="kosarak", mechanism="calm", epsilon=1.0, k=3, query_k=3)
@@ -137,9 +145,13 @@ def test_full_figure_grids_match_the_paper_settings() -> None:
     assert {t.epsilon for t in tasks} == {round(0.2 * i, 1) for i in range(1, 11)}
     assert all(t.reps == 20 and t.queries == 50 for t in tasks)
     assert {(t.n, t.d, t.k) for t in tasks} == {
-        (1 << 16, 8, 3), (1 << 16, 16, 3), (1 << 16, 32, 3),
-        (1 << 18, 16, 6), (1 << 18, 32, 6), (1 << 18, 32, 8),
-    }  # fmt: skip
+        (1 << 16, 8, 3),
+        (1 << 16, 16, 3),
+        (1 << 16, 32, 3),
+        (1 << 18, 16, 6),
+        (1 << 18, 32, 6),
+        (1 << 18, 32, 8),
+    }
     assert all(t.k == 3 for t in tasks if t.mechanism == "em")
     assert fig4.panels[1].paper == {("CALM", 0.2): 0.0055, ("FT", 0.2): 0.2266}
     only16 = build_figure("fig4", n=1 << 16)
@@ -173,8 +185,17 @@ def test_bad_options_are_refused() -> None:
 def test_quick_fig4_on_the_real_datasets(
     datasets_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["experiment", "fig4", "--quick", "--out", str(tmp_path), "--data-dir",
-            str(datasets_dir), "--no-plot", "--json"]  # fmt: skip
+    argv = [
+        "experiment",
+        "fig4",
+        "--quick",
+        "--out",
+        str(tmp_path),
+        "--data-dir",
+        str(datasets_dir),
+        "--no-plot",
+        "--json",
+    ]
     summary = _run(argv, capsys)
     assert summary["status"] == {"ok": 24}
     report = (tmp_path / "results.md").read_text()
@@ -187,8 +208,18 @@ def test_quick_fig4_on_the_real_datasets(
 
 
 def test_classification_task_runs_on_adult(datasets_dir: Path) -> None:
-    task = Task(dataset="adult", mechanism="calm", epsilon=2.0, k=6, query_k=6,
-                max_categories=3, reps=1, queries=0, kind="classify", classify="adult")  # fmt: skip
+    task = Task(
+        dataset="adult",
+        mechanism="calm",
+        epsilon=2.0,
+        k=6,
+        query_k=6,
+        max_categories=3,
+        reps=1,
+        queries=0,
+        kind="classify",
+        classify="adult",
+    )
     res = run_task(task, str(datasets_dir))
     assert res["status"] == "ok" and res["mechanism"] == "CALM"
     assert 0 < res["nonoise"][0] < res["majority"][0] < 0.5
@@ -201,8 +232,22 @@ def test_planner_experiment_writes_its_own_report(tmp_path: Path) -> None:
     from calmkit_client.cli import main
 
     out = tmp_path / "bench"
-    assert main(["experiment", "planner", "--quick", "--out", str(out), "--no-plot",
-                 "--jobs", "1", "--json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "experiment",
+                "planner",
+                "--quick",
+                "--out",
+                str(out),
+                "--no-plot",
+                "--jobs",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     text = (out / "planner.md").read_text()
     assert "| synthetic d=8, n=2^12 | 3 | 0.5 |" in text and "## Planning time" in text
     # default / best with its paired-bootstrap interval around it, and the summary of
@@ -227,8 +272,11 @@ def test_planner_experiment_writes_its_own_report(tmp_path: Path) -> None:
     # geometric mean ratio to the measured SSE stays within 2x (a model off by a
     # constant factor, or a broken check, fails)
     assert "## The error model with the data's own profile" in text
-    rows = [line.split("|") for line in text.splitlines()
-            if line.startswith("| synthetic d=8, n=2^12 |") and line.count("|") == 9]  # fmt: skip
+    rows = [
+        line.split("|")
+        for line in text.splitlines()
+        if line.startswith("| synthetic d=8, n=2^12 |") and line.count("|") == 9
+    ]
     ratios = np.array([float(cells[8]) for cells in rows])
     assert ratios.size >= 10 and np.all(np.isfinite(ratios))
     assert 0.5 <= float(np.exp(np.log(ratios).mean())) <= 2.0
@@ -297,8 +345,18 @@ def test_interrupted_run_leaves_a_partial_report_then_resumes(
 
     monkeypatch.setattr(grid, "run_task", interrupted)
     out = tmp_path / "res"
-    argv = ["experiment", "fig4", "--quick", "--dataset", "synthetic", "--out", str(out),
-            "--no-plot", "--jobs", "1"]  # fmt: skip
+    argv = [
+        "experiment",
+        "fig4",
+        "--quick",
+        "--dataset",
+        "synthetic",
+        "--out",
+        str(out),
+        "--no-plot",
+        "--jobs",
+        "1",
+    ]
     assert cli.main(argv) == 130
     err = capsys.readouterr().err
     assert "interrupted: 4 of 12 tasks are done and cached" in err

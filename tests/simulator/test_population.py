@@ -85,8 +85,9 @@ def test_synthetic_codes_in_the_schemas_smallest_dtype(monkeypatch: pytest.Monke
     for i, (pa, cpt) in enumerate(zip(net.parents, net.cpts)):
         config = net.schema.cell_index(wide, pa) if pa else np.zeros(len(wide), np.int64)
         cum = np.cumsum(cpt, axis=1)[config]
-        wide[:, i] = np.minimum((gen.random(len(wide))[:, None] >= cum).sum(axis=1),
-                                cpt.shape[1] - 1)  # fmt: skip
+        wide[:, i] = np.minimum(
+            (gen.random(len(wide))[:, None] >= cum).sum(axis=1), cpt.shape[1] - 1
+        )
     assert np.array_equal(codes, wide)
 
 

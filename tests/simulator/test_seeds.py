@@ -38,8 +38,13 @@ def _queries(reps: list[Any]) -> list[tuple[tuple[int, ...], ...]]:
 
 
 def test_methods_and_plans_answer_the_same_queries_in_every_repetition() -> None:
-    mechanisms = [Calm(planner="paper", l=1, m=5), Calm(planner="paper", l=2, m=8),
-                  Calm(), FullContingency(), Uniform()]  # fmt: skip
+    mechanisms = [
+        Calm(planner="paper", l=1, m=5),
+        Calm(planner="paper", l=2, m=8),
+        Calm(),
+        FullContingency(),
+        Uniform(),
+    ]
     runs = [run_mechanism(POP, m, 1.0, 3, queries=4, reps=3, rng=7) for m in mechanisms]
     uniform = [[r.uniform_sse for r in run] for run in runs]
     assert all(u == uniform[0] for u in uniform)
@@ -72,8 +77,15 @@ def test_the_streams_are_the_documented_keyed_seed_sequences() -> None:
         first = np.random.default_rng(stream(11, QUERIES, r)).choice(POP.d, 2, replace=False)
         assert rep.queries[0] == tuple(sorted(first.tolist()))
     # independent of each other and of the root seed (no stream is another's prefix)
-    states = {tuple(s.generate_state(4)) for s in (np.random.SeedSequence(11),
-              stream(11, POPULATION), stream(11, QUERIES, 0), stream(11, METHOD, 0))}  # fmt: skip
+    states = {
+        tuple(s.generate_state(4))
+        for s in (
+            np.random.SeedSequence(11),
+            stream(11, POPULATION),
+            stream(11, QUERIES, 0),
+            stream(11, METHOD, 0),
+        )
+    }
     assert len(states) == 4
 
 
@@ -86,8 +98,24 @@ def test_run_calm_reports_and_queries_are_separate_streams() -> None:
     assert len({r.uniform_sse for r in runs[0]}) == 3
 
 
-SIMULATE = ["simulate", "--dataset", "synthetic", "--d", "6", "--n", "3000", "--k", "3",
-            "--epsilon", "1", "--queries", "4", "--reps", "3", "--json"]  # fmt: skip
+SIMULATE = [
+    "simulate",
+    "--dataset",
+    "synthetic",
+    "--d",
+    "6",
+    "--n",
+    "3000",
+    "--k",
+    "3",
+    "--epsilon",
+    "1",
+    "--queries",
+    "4",
+    "--reps",
+    "3",
+    "--json",
+]
 
 
 def _simulate(extra: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -98,9 +126,14 @@ def _simulate(extra: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str,
 def test_simulate_runs_that_differ_in_the_method_share_queries_and_users(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    variants = [[], ["--planner", "paper"], ["--planner", "paper", "--l", "1", "--m", "6"],
-                ["--planner", "paper", "--l", "2", "--m", "12"], ["--mechanism", "fc"],
-                ["--mechanism", "uni"]]  # fmt: skip
+    variants = [
+        [],
+        ["--planner", "paper"],
+        ["--planner", "paper", "--l", "1", "--m", "6"],
+        ["--planner", "paper", "--l", "2", "--m", "12"],
+        ["--mechanism", "fc"],
+        ["--mechanism", "uni"],
+    ]
     outs = [_simulate(v, capsys) for v in variants]
     assert len({o["uniform_sse_mean"] for o in outs}) == 1
     assert len({o["sse_mean"] for o in outs}) == len(outs)  # the methods did differ
@@ -127,8 +160,9 @@ def test_grid_classification_splits_the_same_users_for_every_mechanism(
     monkeypatch.setattr(tasks, "_MEMO", tasks._Memo())
     results = []
     for mechanism, options in (("uni", ()), ("calm", (("l", 2), ("m", 3))), ("fc", ())):
-        task = Task("toy", mechanism, 1.0, 4, 4, options=options, reps=3, kind="classify",
-                    classify="toy")  # fmt: skip
+        task = Task(
+            "toy", mechanism, 1.0, 4, 4, options=options, reps=3, kind="classify", classify="toy"
+        )
         results.append(run_task(task))
     assert all(r["status"] == "ok" for r in results)
     for key in ("majority", "nonoise"):
@@ -142,8 +176,17 @@ def test_only_classification_and_shared_seed_tasks_changed_their_cache_keys() ->
     tasks get new ones, so results of the old splits are not reused; so do shared-seed
     tasks, whose repetition 0 drew from the population's own stream."""
     assert Task("nltcs", "calm", 1.0, 3, 3).key() == "a63fc8db916a39d729b9a304"
-    planner = Task("kosarak", "calm", 1.0, 3, 3, d=16, n=65536, shared_seed=True,
-                   options=(("planner", "pipeline"),))  # fmt: skip
+    planner = Task(
+        "kosarak",
+        "calm",
+        1.0,
+        3,
+        3,
+        d=16,
+        n=65536,
+        shared_seed=True,
+        options=(("planner", "pipeline"),),
+    )
     assert planner.key() != "46c53ab6bbd6e85447047808"
     from calmkit_simulator.seeds import METHOD, POPULATION, stream
 

@@ -37,18 +37,33 @@ if TYPE_CHECKING:
 else:
     from calmkit_client.lazy import lazy_exports
 
-    __getattr__, __dir__ = lazy_exports(__name__, {
-        "..phases": ("PhasedDesign", "combine_phases"),
-        ".algorithm1": ("Choice", "choose_views"),
-        ".collection": ("PLANNERS", "plan_collection", "workload_of"),
-        ".covering": ("CoveringError", "best_known_size", "construct_cover", "read_cover",
-                      "verify_cover"),
-        ".error_model": ("ErrorPrediction", "Workload", "predict_error"),
-        ".pilot": ("PILOT_FRACTION", "MainPlan", "pilot_plan", "pilot_size", "plan_after_pilot",
-                   "plan_next_phase", "profile_from_pilot"),
-        ".profile": ("DataProfile", "estimate_profile"),
-        ".search": ("Candidate", "PlannedViews", "choose_plan"),
-    })  # fmt: skip
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "..phases": ("PhasedDesign", "combine_phases"),
+            ".algorithm1": ("Choice", "choose_views"),
+            ".collection": ("PLANNERS", "plan_collection", "workload_of"),
+            ".covering": (
+                "CoveringError",
+                "best_known_size",
+                "construct_cover",
+                "read_cover",
+                "verify_cover",
+            ),
+            ".error_model": ("ErrorPrediction", "Workload", "predict_error"),
+            ".pilot": (
+                "PILOT_FRACTION",
+                "MainPlan",
+                "pilot_plan",
+                "pilot_size",
+                "plan_after_pilot",
+                "plan_next_phase",
+                "profile_from_pilot",
+            ),
+            ".profile": ("DataProfile", "estimate_profile"),
+            ".search": ("Candidate", "PlannedViews", "choose_plan"),
+        },
+    )
     del lazy_exports
 
 __all__ = [

@@ -284,17 +284,37 @@ def choose_views(
     l_u = run.upper_l()
     rule, l, m, l_b = run.view_size_and_count(l, m, l_u)  # noqa: E741
     views, covers_all = _select(d, k, l, m, gen, run.cover, run.fits)
-    return Choice(l=l, m=m, views=views, n=n, k=k, epsilon=eps, theta=theta, mu=run.mu,
-                  l_upper=l_u, l_lower=l_b, options=run.options(l, l_u), rule=rule,
-                  covers=covers_all)  # fmt: skip
+    return Choice(
+        l=l,
+        m=m,
+        views=views,
+        n=n,
+        k=k,
+        epsilon=eps,
+        theta=theta,
+        mu=run.mu,
+        l_upper=l_u,
+        l_lower=l_b,
+        options=run.options(l, l_u),
+        rule=rule,
+        covers=covers_all,
+    )
 
 
 class _Algorithm1:
     """One run of Algorithm 1 (:func:`choose_views`): its inputs, and the expected cells,
     noise and covering designs of each view size, each computed once."""
 
-    def __init__(self, sizes: tuple[int, ...], eps: float, n: int, k: int, theta: float,
-                 cover_seed: int, covering_dir: Path | str | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sizes: tuple[int, ...],
+        eps: float,
+        n: int,
+        k: int,
+        theta: float,
+        cover_seed: int,
+        covering_dir: Path | str | None,
+    ) -> None:
         self.sizes, self.d, self.eps, self.n, self.k = sizes, len(sizes), eps, n, k
         self.theta, self.cover_seed, self.covering_dir = theta, cover_seed, covering_dir
         self.mu = max(1, math.floor(theta * n))  # whole views
@@ -310,8 +330,9 @@ class _Algorithm1:
 
     def cover(self, lv: int) -> tuple[tuple[int, ...], ...]:
         if lv not in self.covers:
-            self.covers[lv] = construct_cover(self.d, self.k, lv, rng=self.cover_seed,
-                                              covering_dir=self.covering_dir)  # fmt: skip
+            self.covers[lv] = construct_cover(
+                self.d, self.k, lv, rng=self.cover_seed, covering_dir=self.covering_dir
+            )
         return self.covers[lv]
 
     def fits(self, lv: int, budget: int) -> bool:
@@ -327,7 +348,10 @@ class _Algorithm1:
         return l_u
 
     def view_size_and_count(
-        self, l: int | None, m: int | None, l_u: int  # noqa: E741
+        self,
+        l: int | None,  # noqa: E741 (the paper's name)
+        m: int | None,
+        l_u: int,
     ) -> tuple[str, int, int, int | None]:
         """The rule applied, l, m and l_b (None unless lines 7-9 ran)."""
         d, k, mu = self.d, self.k, self.mu
@@ -355,8 +379,10 @@ class _Algorithm1:
     def _size_for(self, m: int, l_u: int) -> int:
         """With only m fixed: the smallest l in [k, l_u] whose cover fits in m views."""
         d = self.d
-        l = next((t for t in range(self.k, l_u + 1)  # noqa: E741
-                  if math.comb(d, t) >= m and self.fits(t, m)), l_u)  # fmt: skip
+        l = next(  # noqa: E741
+            (t for t in range(self.k, l_u + 1) if math.comb(d, t) >= m and self.fits(t, m)),
+            l_u,
+        )
         if m > math.comb(d, l):
             raise PlanError(
                 f"m ({m}) must be <= C({d}, {l}) = {math.comb(d, l)} distinct views "
@@ -370,9 +396,16 @@ class _Algorithm1:
         out = []
         for lv in range(min(2, d, l), max(l, min(l_u + 1, d)) + 1):
             ne_k = self.k_ne(lv)
-            out.append(Option(l=lv, cells=self.cells[lv], ne=ne_k / k, k_ne=ne_k,
-                              cover_size=len(self.covers[lv]) if lv in self.covers else None,
-                              cover_bound=cover_lower_bound(d, k, lv) if lv >= k else None))
+            out.append(
+                Option(
+                    l=lv,
+                    cells=self.cells[lv],
+                    ne=ne_k / k,
+                    k_ne=ne_k,
+                    cover_size=len(self.covers[lv]) if lv in self.covers else None,
+                    cover_bound=cover_lower_bound(d, k, lv) if lv >= k else None,
+                )
+            )
         return tuple(out)
 
 

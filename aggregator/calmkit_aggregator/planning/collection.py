@@ -69,12 +69,22 @@ def plan_collection(
     if planner == "paper":
         if k is None:
             raise PlanError("k (None) must be given to the paper's planner (Algorithm 1)")
-        choice = choose_views(schema.sizes, epsilon, n, k, theta=theta, rng=rng,
-                              covering_dir=covering_dir, l=l, m=m)  # fmt: skip
+        choice = choose_views(
+            schema.sizes, epsilon, n, k, theta=theta, rng=rng, covering_dir=covering_dir, l=l, m=m
+        )
         return Plan(schema, epsilon, choice.views, seed=seed)
     if planner != "pipeline":
         raise PlanError(f"planner ({planner!r}) must be one of {list(PLANNERS)}")
-    chosen = choose_plan(schema.sizes, epsilon, n, workload_of(schema, k, queries), profile,
-                         l=l, m=m, rng=rng, covering_dir=covering_dir,
-                         reconstruction=reconstruction)  # fmt: skip
+    chosen = choose_plan(
+        schema.sizes,
+        epsilon,
+        n,
+        workload_of(schema, k, queries),
+        profile,
+        l=l,
+        m=m,
+        rng=rng,
+        covering_dir=covering_dir,
+        reconstruction=reconstruction,
+    )
     return Plan(schema, epsilon, chosen.views, seed=seed)

@@ -156,8 +156,10 @@ def _root_density(null: np.ndarray, raw: float) -> tuple[np.ndarray, np.ndarray]
     roots = np.sqrt(np.maximum(null, 0.0))
     h = float(_bandwidth(roots[None, :])[0])
     v = np.linspace(0.0, max(float(roots.max()), math.sqrt(max(raw, 0.0))) + 8 * h, _NODES)
-    dens = (np.exp(-0.5 * ((v[:, None] - roots[None, :]) / h) ** 2)
-            + np.exp(-0.5 * ((v[:, None] + roots[None, :]) / h) ** 2)).sum(axis=1)  # fmt: skip
+    dens = (
+        np.exp(-0.5 * ((v[:, None] - roots[None, :]) / h) ** 2)
+        + np.exp(-0.5 * ((v[:, None] + roots[None, :]) / h) ** 2)
+    ).sum(axis=1)
     mass: np.ndarray = dens / dens.sum()
     return v, mass
 
@@ -190,8 +192,7 @@ def pair_evidence(
         if (la - 1) * (lb - 1) == 0:
             continue
         truth = np.outer(margs[table.attrs[0]], margs[table.attrs[1]]).reshape(-1)
-        nulls.append(dependence_statistic(draw_estimates(oracle, truth, int(table.n), gen),
-                                          la, lb))  # fmt: skip
+        nulls.append(dependence_statistic(draw_estimates(oracle, truth, int(table.n), gen), la, lb))
         pairs.append(table.attrs)
         raw.append(float(dependence_statistic(table.values.reshape(1, -1), la, lb)[0]))
         dims.append((la - 1) * (lb - 1))

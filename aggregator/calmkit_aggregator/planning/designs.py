@@ -120,8 +120,9 @@ class SpreadStream:
 
     def first(self, m: int) -> tuple[tuple[int, ...], ...]:
         if not is_int(m) or not 0 <= m <= self.room:
-            raise PlanError(f"m ({m!r}) must be an int in [0, {self.room}] (new distinct "
-                            f"{self.l}-sets)")  # fmt: skip
+            raise PlanError(
+                f"m ({m!r}) must be an int in [0, {self.room}] (new distinct {self.l}-sets)"
+            )
         d = len(self.pool)
         while len(self.out) < m and self.stall < _STALL_ROUNDS:
             before = len(self.out)
@@ -137,8 +138,9 @@ class SpreadStream:
             self.stall = self.stall + 1 if len(self.out) == before else 0
         if len(self.out) < m:
             if self.tail is None:  # ordered once: a design read in pieces is the same
-                self.tail = _least_used(self.pool, self.l, self.room - len(self.out),
-                                        self.used, self.out)  # fmt: skip
+                self.tail = _least_used(
+                    self.pool, self.l, self.room - len(self.out), self.used, self.out
+                )
             take = m - len(self.out)
             self.out.extend(self.tail[:take])
             del self.tail[:take]
@@ -232,8 +234,9 @@ class DependentStream:
 
     def first(self, m: int) -> tuple[tuple[int, ...], ...]:
         if not is_int(m) or not 0 <= m <= self.room:
-            raise PlanError(f"m ({m!r}) must be an int in [0, {self.room}] (new distinct "
-                            f"{self.l}-sets)")  # fmt: skip
+            raise PlanError(
+                f"m ({m!r}) must be an int in [0, {self.room}] (new distinct {self.l}-sets)"
+            )
         while len(self.out) < m and self.rest is None:
             if self.positive == 0 and self.uses.all():
                 # every attribute held and no unheld pair depends: spread the rest
@@ -246,9 +249,7 @@ class DependentStream:
             self.out.append(view)
             self._hold(block)
         if len(self.out) < m and self.rest is not None:
-            self.out = self.out[: self.spread_from] + list(
-                self.rest.first(m - self.spread_from)
-            )
+            self.out = self.out[: self.spread_from] + list(self.rest.first(m - self.spread_from))
         return tuple(self.out[:m])
 
     def _grow(self) -> list[int]:
@@ -320,9 +321,9 @@ def _round(
             head = heavy[:_CHUNK]
             both = free[head[:, 0]] & free[head[:, 1]]
             if not both.any():  # pairs with a dealt position stay so for the round
-                heavy = heavy[head.shape[0]:]
+                heavy = heavy[head.shape[0] :]
                 continue
-            heavy = heavy[int(both.argmax()):]
+            heavy = heavy[int(both.argmax()) :]
             start = int(heavy[0, 0])
             break
         if start < 0:

@@ -165,8 +165,20 @@ def predict_error(
 ) -> ErrorPrediction:
     """Predict the pipeline's mean SSE over ``workload`` (module docstring); see
     :func:`predict_errors` for the arguments."""
-    return predict_errors(sizes, views, users, epsilon, workload, profile, None, oracles, n,
-                          shrink, seed, reconstruction)[0]  # fmt: skip
+    return predict_errors(
+        sizes,
+        views,
+        users,
+        epsilon,
+        workload,
+        profile,
+        None,
+        oracles,
+        n,
+        shrink,
+        seed,
+        reconstruction,
+    )[0]
 
 
 def predict_errors(
@@ -297,8 +309,10 @@ class _Views:
                     key = (tuple(int(x) for x in shape), oracle.name)
                     if key in self.shapes:  # same shape, explicit names mapping alike
                         old_idx, old_table = self.shapes[key]
-                        self.shapes[key] = (np.concatenate([old_idx, idx[part]]),
-                                            np.concatenate([old_table, table[part]]))  # fmt: skip
+                        self.shapes[key] = (
+                            np.concatenate([old_idx, idx[part]]),
+                            np.concatenate([old_table, table[part]]),
+                        )
                     else:
                         self.shapes[key] = (idx[part], table[part])
         # each distinct oracle's constants once, then per view by index
@@ -409,8 +423,9 @@ def _norm_sub(model: _Views, comps: _Components, profile: DataProfile, seed: int
                 order = group[np.argsort(truth[group].min(axis=1), kind="stable")]
                 at = np.unique(np.linspace(0, order.size - 1, _SIMULATED).astype(np.int64))
                 picked = order[at]  # in the order of their smallest true cell
-            bias2, var = _simulate_components(oracle, users[picked], truth[picked], shape,
-                                              patterns, gen)  # fmt: skip
+            bias2, var = _simulate_components(
+                oracle, users[picked], truth[picked], shape, patterns, gen
+            )
             if picked.size < group.size:  # nearest simulated view by smallest true cell
                 near = _nearest(truth[picked].min(axis=1), truth[group].min(axis=1))
                 bias2, var = bias2[near], var[near]
@@ -480,8 +495,11 @@ def _simulate(
     exact = bool(np.all(s < _EXACT_BELOW))
     if oracle.name == "GRR":
         probs = (p - q) * t + q
-        counts = (gen.multinomial(s, probs[:, None, :], size=size) if exact
-                  else _normal_multinomial(s, probs, gen))  # fmt: skip
+        counts = (
+            gen.multinomial(s, probs[:, None, :], size=size)
+            if exact
+            else _normal_multinomial(s, probs, gen)
+        )
     elif exact:
         cells = gen.multinomial(s, t[:, None, :], size=size)
         counts = gen.binomial(cells, p) + gen.binomial(s[:, :, None] - cells, q)
@@ -527,12 +545,12 @@ def _pool(model: _Views, comps: _Components, n: float) -> tuple[np.ndarray, _Gro
         return empty, _Groups(np.zeros(0, np.int64), comps.attrs, empty, empty, empty, empty)
     base = int(comps.attrs.max()) + 2
     if comps.attrs.shape[1] * math.log2(base) <= 62:
-        _, first, index = np.unique(_keys(comps.attrs, base), return_index=True,
-                                    return_inverse=True)  # fmt: skip
+        _, first, index = np.unique(
+            _keys(comps.attrs, base), return_index=True, return_inverse=True
+        )
         uniq = comps.attrs[first]
     else:
-        uniq, first, index = np.unique(comps.attrs, axis=0, return_index=True,
-                                       return_inverse=True)  # fmt: skip
+        uniq, first, index = np.unique(comps.attrs, axis=0, return_index=True, return_inverse=True)
     index = index.reshape(-1)
     # the pipeline's weights, times how far Norm-Sub cut the component's variance
     raw = model.cells[comps.view] / comps.cells * comps.dim * model.nu[comps.view]
@@ -626,9 +644,11 @@ def _js_tables(dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     risks = []
     for rho in _JS_RHOS:
         lam = np.clip(1.0 - rho * dim / norm2, 0.0, None)
-        risk = (lam**2 * norm2).mean(axis=1) - 2 * theta[:, 0] * (lam * (theta + along)).mean(
-            axis=1
-        ) + theta[:, 0] ** 2
+        risk = (
+            (lam**2 * norm2).mean(axis=1)
+            - 2 * theta[:, 0] * (lam * (theta + along)).mean(axis=1)
+            + theta[:, 0] ** 2
+        )
         risks.append(risk / dim)
     return taus, np.log(_JS_RHOS), np.array(risks)
 
@@ -792,9 +812,7 @@ class _Spreading:
     free: np.ndarray
     count: int
 
-    def parts(
-        self, err: np.ndarray, bias: np.ndarray, pair_dep: np.ndarray
-    ) -> tuple[float, float]:
+    def parts(self, err: np.ndarray, bias: np.ndarray, pair_dep: np.ndarray) -> tuple[float, float]:
         """(noise, bias) parts of the mean SSE; ``pair_dep`` (d, d): each pair's
         dependence no view recovers (all of it, or less where the reconstruction
         recovers part of a pair)."""
@@ -865,9 +883,7 @@ def _explicit(
     """(noise, bias) parts of the mean SSE over an explicit query list."""
     g_free = profile.concentration / sizes
     g_held = 1.0 / sizes
-    held = {
-        tuple(int(a) for a in row if a >= 0): i for i, row in enumerate(groups.attrs.tolist())
-    }
+    held = {tuple(int(a) for a in row if a >= 0): i for i, row in enumerate(groups.attrs.tolist())}
     noise = biased = 0.0
     queries = workload.queries or ()
     for query in queries:
@@ -881,8 +897,7 @@ def _explicit(
                     ratio = float(np.prod((sizes[list(sub)] - 1) / sizes[list(sub)]))
                     if rsize == 2:
                         ratio *= float(pair_dep[sub[0], sub[1]])
-                    value = (profile.skew[sub[0]] if rsize == 1
-                             else ratio if rsize == 2 else 0.0)  # fmt: skip
+                    value = profile.skew[sub[0]] if rsize == 1 else ratio if rsize == 2 else 0.0
                     biased += value * float(np.prod(g_free[rest])) if rest else value
                     continue
                 spread = 1.0

@@ -127,10 +127,20 @@ def plan_after_pilot(
     profile = profile_from_pilot(pilot, prior)
     schema = pilot.plan.schema
     users = np.maximum(pilot.n, 1).astype(float)
-    choice = choose_plan(schema.sizes, pilot.plan.epsilon, n, workload, profile,
-                         fixed_views=pilot.plan.views, fixed_users=users, l=l, m=m,
-                         rng=seed, covering_dir=covering_dir,
-                         reconstruction=reconstruction)  # fmt: skip
+    choice = choose_plan(
+        schema.sizes,
+        pilot.plan.epsilon,
+        n,
+        workload,
+        profile,
+        fixed_views=pilot.plan.views,
+        fixed_users=users,
+        l=l,
+        m=m,
+        rng=seed,
+        covering_dir=covering_dir,
+        reconstruction=reconstruction,
+    )
     return MainPlan(Plan(schema, pilot.plan.epsilon, choice.views, seed=seed), choice)
 
 
@@ -141,6 +151,12 @@ def plan_next_phase(design: PhasedDesign, pilot: SupportCounts) -> MainPlan:
     that many: the last users still need a plan to report under."""
     fewest = fewest_users(pilot.plan.schema.sizes, design.l or 1)
     remaining = max(fewest, design.expected_n - int(pilot.n.sum()))
-    return plan_after_pilot(pilot, remaining, Workload(k=design.k), seed=design.seed + 1,
-                            l=design.l, m=design.m,
-                            reconstruction=design.reconstruction)  # fmt: skip
+    return plan_after_pilot(
+        pilot,
+        remaining,
+        Workload(k=design.k),
+        seed=design.seed + 1,
+        l=design.l,
+        m=design.m,
+        reconstruction=design.reconstruction,
+    )

@@ -154,8 +154,11 @@ class DataProfile:
         object.__setattr__(self, "dependence_sd", sd)
         object.__setattr__(self, "dependence_quantiles", quantiles)
         if self.pair_weights is not None:
-            object.__setattr__(self, "pair_weights", _normalised_weights(
-                self.pair_weights, [m.size for m in margs]))  # fmt: skip
+            object.__setattr__(
+                self,
+                "pair_weights",
+                _normalised_weights(self.pair_weights, [m.size for m in margs]),
+            )
 
     # -- constructors --------------------------------------------------------------------
     @classmethod
@@ -294,10 +297,12 @@ def marginal_pair_weights(marginals: Sequence[np.ndarray]) -> np.ndarray:
     ``h_a h_b L_a L_b`` with ``h_a = (1 - ||P_a||^2) / (L_a - 1)``, the dependence per
     unit of interaction dimension a pair has when every pair has the same
     mean-square contingency. Not normalised."""
-    h = np.array([
-        (1.0 - float(p @ p)) / (p.size - 1) * p.size if p.size > 1 else 0.0
-        for p in (np.asarray(m, dtype=np.float64) for m in marginals)
-    ])  # fmt: skip
+    h = np.array(
+        [
+            (1.0 - float(p @ p)) / (p.size - 1) * p.size if p.size > 1 else 0.0
+            for p in (np.asarray(m, dtype=np.float64) for m in marginals)
+        ]
+    )
     out: np.ndarray = np.outer(h, h)
     np.fill_diagonal(out, 0.0)
     return out
@@ -521,9 +526,15 @@ def estimate_profile(
     evidence = pair_evidence(pilot, oracles, null_margs)
     reports = int(sum(t.n for t in pilot))
     if not evidence.count:
-        return DataProfile(tuple(margs), prior.dependence, "pilot", reports,
-                           prior.dependence_sd, prior.dependence_quantiles,
-                           weights)  # fmt: skip
+        return DataProfile(
+            tuple(margs),
+            prior.dependence,
+            "pilot",
+            reports,
+            prior.dependence_sd,
+            prior.dependence_quantiles,
+            weights,
+        )
     pairs = evidence.pairs
     pw = weights[pairs[:, 0], pairs[:, 1]]
     post = dependence_posterior(evidence, pw, dependence_range(margs))
@@ -536,5 +547,6 @@ def estimate_profile(
     weights[pairs[:, 0], pairs[:, 1]] = weights[pairs[:, 1], pairs[:, 0]] = pw * measured
     factor = float(weights.sum() / max(int(_live_pairs(sizes).sum()), 1))
     quantiles = tuple(q * factor for q in post.quantiles)
-    return DataProfile(tuple(margs), post.median * factor, "pilot", reports, post.sd * factor,
-                       quantiles, weights)  # fmt: skip
+    return DataProfile(
+        tuple(margs), post.median * factor, "pilot", reports, post.sd * factor, quantiles, weights
+    )

@@ -59,8 +59,15 @@ from .designs import DependentStream, SpreadStream, spread_views
 from .error_model import ErrorPrediction, Workload, predict_errors
 from .profile import DataProfile
 
-__all__ = ["MAX_VIEWS", "MODEL_SD", "Candidate", "PlannedViews", "choose_plan", "convincing",
-           "fewest_users"]  # fmt: skip
+__all__ = [
+    "MAX_VIEWS",
+    "MODEL_SD",
+    "Candidate",
+    "PlannedViews",
+    "choose_plan",
+    "convincing",
+    "fewest_users",
+]
 
 MAX_VIEWS = 4096
 _MAX_L = 8
@@ -103,9 +110,15 @@ class Candidate:
         return float(np.exp(np.mean(np.log(np.maximum(vals, 1e-300)))))
 
     def to_dict(self) -> dict[str, object]:
-        return {"l": self.l, "m": self.m, "design": self.design, "predicted_sse": self.sse,
-                "noise": self.noise, "bias": self.bias,
-                "predicted_sse_range": list(self.range)}  # fmt: skip
+        return {
+            "l": self.l,
+            "m": self.m,
+            "design": self.design,
+            "predicted_sse": self.sse,
+            "noise": self.noise,
+            "bias": self.bias,
+            "predicted_sse_range": list(self.range),
+        }
 
 
 @dataclass(frozen=True)
@@ -138,8 +151,9 @@ class PlannedViews:
         """The predicted SSE at the profile's median dependence: a point prediction
         (``predicted`` is its expectation over what the profile leaves uncertain, which
         an uninformed profile's upper quantiles dominate)."""
-        chosen = next(c for c in self.candidates
-                      if (c.l, c.m, c.design) == (self.l, self.m, self.design))  # fmt: skip
+        chosen = next(
+            c for c in self.candidates if (c.l, c.m, c.design) == (self.l, self.m, self.design)
+        )
         return chosen.range[len(chosen.range) // 2] if chosen.range else chosen.sse
 
     def notes(self, names: Sequence[str]) -> list[str]:
@@ -196,8 +210,21 @@ def choose_plan(
         reconstruction: how the answers will be reconstructed, "local" or "global"
             (the error model predicts that one, :func:`~.error_model.predict_errors`).
     """
-    problem = _problem(sizes, epsilon, n, workload, profile, fixed_views, fixed_users, l, m,
-                       rng, shrink, covering_dir, reconstruction)  # fmt: skip
+    problem = _problem(
+        sizes,
+        epsilon,
+        n,
+        workload,
+        profile,
+        fixed_views,
+        fixed_users,
+        l,
+        m,
+        rng,
+        shrink,
+        covering_dir,
+        reconstruction,
+    )
     return _Search(problem).run()
 
 
@@ -285,8 +312,23 @@ def _problem(
     if m is not None:
         check_int("m", m, 1, PlanError)
     single = tuple(a for a in range(d) if sizes_t[a] == 1)
-    return _Problem(sizes_t, eps, int(n), workload, profile, fixed, users_fixed, l, m, rng,
-                    shrink, covering_dir, reconstruction, collect, single)  # fmt: skip
+    return _Problem(
+        sizes_t,
+        eps,
+        int(n),
+        workload,
+        profile,
+        fixed,
+        users_fixed,
+        l,
+        m,
+        rng,
+        shrink,
+        covering_dir,
+        reconstruction,
+        collect,
+        single,
+    )
 
 
 Scored = tuple[Candidate, tuple[tuple[int, ...], ...], ErrorPrediction]
@@ -308,8 +350,10 @@ class _Search:
         self.deps = tuple(profile.dependence_quantiles or (profile.dependence,))
         self.total = float(problem.n) + sum(problem.users_fixed)
         self.kinds: dict[str, Callable[[int, int], float]] = {
-            "spread": self.spread, "dependent": self.dependent, "balanced": self.balanced,
-        }  # fmt: skip
+            "spread": self.spread,
+            "dependent": self.dependent,
+            "balanced": self.balanced,
+        }
 
     def run(self) -> PlannedViews:
         p = self.p
@@ -319,15 +363,23 @@ class _Search:
         if p.m is None:
             self.refine()
         if not p.restricted and p.workload.k is not None and p.workload.k <= p.dc:
-            paper = _paper_views(p.arr, p.collect, p.epsilon, p.n, p.workload.k, p.rng,
-                                 p.covering_dir, p.fixed)  # fmt: skip
+            paper = _paper_views(
+                p.arr, p.collect, p.epsilon, p.n, p.workload.k, p.rng, p.covering_dir, p.fixed
+            )
             if paper:
                 self.score(max(len(v) for v in paper), paper, "paper")
         cand, views, pred = _safe_choice(self.scored, restricted=p.restricted)
         return PlannedViews(
-            views, cand.l, cand.m, cand.design, pred, tuple(c for c, _, _ in self.scored),
-            p.fixed, p.profile, p.single,
-        )  # fmt: skip
+            views,
+            cand.l,
+            cand.m,
+            cand.design,
+            pred,
+            tuple(c for c, _, _ in self.scored),
+            p.fixed,
+            p.profile,
+            p.single,
+        )
 
     # -- scoring designs -------------------------------------------------------------------
     def score(self, lv: int, views: tuple[tuple[int, ...], ...], design: str) -> float:
@@ -339,14 +391,34 @@ class _Search:
             cand = next(c for c, _, _ in self.scored if (c.l, c.m, c.design) == key)
             return cand.typical
         users = p.users_fixed + [p.n / len(views)] * len(views)
-        preds = predict_errors(p.arr, p.fixed + views, users, p.epsilon, p.workload, p.profile,
-                               self.deps, n=self.total, shrink=p.shrink, seed=p.rng,
-                               reconstruction=p.reconstruction)  # fmt: skip
+        preds = predict_errors(
+            p.arr,
+            p.fixed + views,
+            users,
+            p.epsilon,
+            p.workload,
+            p.profile,
+            self.deps,
+            n=self.total,
+            shrink=p.shrink,
+            seed=p.rng,
+            reconstruction=p.reconstruction,
+        )
         expected = ErrorPrediction(  # the quantiles are equally likely values
-            float(np.mean([x.sse for x in preds])), float(np.mean([x.noise for x in preds])),
-            float(np.mean([x.bias for x in preds])), preds[0].uncollected)  # fmt: skip
-        cand = Candidate(lv, len(views), design, expected.sse, expected.noise, expected.bias,
-                         tuple(x.sse for x in preds))  # fmt: skip
+            float(np.mean([x.sse for x in preds])),
+            float(np.mean([x.noise for x in preds])),
+            float(np.mean([x.bias for x in preds])),
+            preds[0].uncollected,
+        )
+        cand = Candidate(
+            lv,
+            len(views),
+            design,
+            expected.sse,
+            expected.noise,
+            expected.bias,
+            tuple(x.sse for x in preds),
+        )
         self.scored.append((cand, views, expected))
         self.floors[key] = min(x.noise for x in preds)
         return cand.typical
@@ -370,8 +442,9 @@ class _Search:
         if (kind, lv) not in self.streams:
             rng = [p.rng, lv]
             if kind == "spread":
-                made: SpreadStream | DependentStream = SpreadStream(p.collect, lv, rng=rng,
-                                                                    start=p.fixed)  # fmt: skip
+                made: SpreadStream | DependentStream = SpreadStream(
+                    p.collect, lv, rng=rng, start=p.fixed
+                )
             elif kind == "balanced":
                 made = SpreadStream(p.collect, lv, rng=rng, start=p.fixed, weights=self.relevance)
             else:
@@ -386,12 +459,15 @@ class _Search:
         of size ``lv`` did best, and the better of the two at the second best count."""
         if self.relevance is None or lv < 2:
             return math.inf
-        tried = sorted((c.typical, c.m) for c, _, _ in self.scored
-                       if c.l == lv and c.design == "spread")  # fmt: skip
+        tried = sorted(
+            (c.typical, c.m) for c, _, _ in self.scored if c.l == lv and c.design == "spread"
+        )
         if not tried:
             return math.inf
-        values = {"dependent": self.dependent(lv, tried[0][1]),
-                  "balanced": self.balanced(lv, tried[0][1])}  # fmt: skip
+        values = {
+            "dependent": self.dependent(lv, tried[0][1]),
+            "balanced": self.balanced(lv, tried[0][1]),
+        }
         better = min(values, key=values.__getitem__)
         if len(tried) > 1:
             values[better] = min(values[better], self.kinds[better](lv, tried[1][1]))
@@ -476,8 +552,9 @@ class _Search:
         size = len(base) if p.m is None else int(p.m)
         if not len(base) <= size <= self.room(lv):
             return math.inf
-        extra = spread_views(p.collect, lv, size - len(base), rng=[p.rng, lv, size],
-                             start=p.fixed + base)  # fmt: skip
+        extra = spread_views(
+            p.collect, lv, size - len(base), rng=[p.rng, lv, size], start=p.fixed + base
+        )
         return self.score(lv, base + extra, "cover")
 
     def queries_design(self, lv: int) -> float:
@@ -485,8 +562,9 @@ class _Search:
         p = self.p
         if p.workload.queries is None or p.restricted:
             return math.inf
-        qs = tuple(sorted({tuple(a for a in q if p.sizes[a] > 1) for q in p.workload.queries}
-                          - {()}))  # fmt: skip
+        qs = tuple(
+            sorted({tuple(a for a in q if p.sizes[a] > 1) for q in p.workload.queries} - {()})
+        )
         if qs and len(qs) <= p.n and len({len(q) for q in qs}) == 1 and len(qs[0]) == lv:
             return self.score(lv, tuple(q for q in qs if q not in set(p.fixed)), "queries")
         return math.inf
@@ -517,8 +595,9 @@ def _paper_views(
 ) -> tuple[tuple[int, ...], ...]:
     """Algorithm 1's views over the collected attributes (a safe candidate), those not
     already in the design."""
-    chosen = choose_views(sizes[collect].tolist(), epsilon, n, k, rng=rng,
-                          covering_dir=covering_dir).views  # fmt: skip
+    chosen = choose_views(
+        sizes[collect].tolist(), epsilon, n, k, rng=rng, covering_dir=covering_dir
+    ).views
     views = tuple(tuple(collect[i] for i in v) for v in chosen)
     return tuple(v for v in views if v not in set(fixed))
 

@@ -25,19 +25,26 @@ if TYPE_CHECKING:
 else:
     from calmkit_client.lazy import lazy_exports
 
-    __getattr__, __dir__ = lazy_exports(__name__, {
-        ".consistency": ("ConsistentViews", "intersection_closure", "make_consistent",
-                         "norm_sub"),
-        ".estimate": ("estimate_views",),
-        ".global_model": ("GlobalEstimator", "fit_global", "reconstruct_global"),
-        ".marginal": ("MarginalTable",),
-        ".maxent": ("Answer", "answer_query", "maximum_entropy"),
-        ".methods": ("RECONSTRUCTIONS",),
-        ".pipeline": ("Estimator", "MarginalEstimator", "reconstruct", "reconstruct_by"),
-        ".shrinkage": ("shrink_interactions",),
-        ".support": ("SupportCounts",),
-        ".uncertainty": ("Bootstrap", "bootstrap"),
-    })  # fmt: skip
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            ".consistency": (
+                "ConsistentViews",
+                "intersection_closure",
+                "make_consistent",
+                "norm_sub",
+            ),
+            ".estimate": ("estimate_views",),
+            ".global_model": ("GlobalEstimator", "fit_global", "reconstruct_global"),
+            ".marginal": ("MarginalTable",),
+            ".maxent": ("Answer", "answer_query", "maximum_entropy"),
+            ".methods": ("RECONSTRUCTIONS",),
+            ".pipeline": ("Estimator", "MarginalEstimator", "reconstruct", "reconstruct_by"),
+            ".shrinkage": ("shrink_interactions",),
+            ".support": ("SupportCounts",),
+            ".uncertainty": ("Bootstrap", "bootstrap"),
+        },
+    )
     del lazy_exports
 
 __all__ = [

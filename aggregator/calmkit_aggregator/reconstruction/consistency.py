@@ -149,7 +149,9 @@ class _Stacks:
         sizes = sorted({len(step.attrs) for step in steps})
         self.levels = [self._level([s for s in steps if len(s.attrs) == k]) for k in sizes]
 
-    def _level(self, steps: list[_Step]) -> tuple[bool, list[list[tuple[_Pattern, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]]:  # noqa: E501
+    def _level(
+        self, steps: list[_Step]
+    ) -> tuple[bool, list[list[tuple[_Pattern, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]]:
         """(is the empty set, per projected shape: its patterns as (pattern, rows,
         steps, weights, C_i arrays))."""
         by_shape: dict[tuple[int, ...], dict[tuple[int, tuple[int, ...]], _Pattern]] = {}
@@ -157,17 +159,19 @@ class _Stacks:
         for step in steps:
             first = step.members[0]
             shape_a = tuple(
-                n for ax, n in enumerate(self.arrays[self.where[first][0]].shape[1:])
+                n
+                for ax, n in enumerate(self.arrays[self.where[first][0]].shape[1:])
                 if ax not in step.drop[0]
-            )  # fmt: skip
+            )
             patterns = by_shape.setdefault(shape_a, {})
             number = numbering.setdefault(shape_a, 0)
             numbering[shape_a] = number + 1
             for k, (i, drop) in enumerate(zip(step.members, step.drop)):
                 g, row = self.where[i]
                 key = (g, tuple(ax + 1 for ax in drop))
-                pattern = patterns.setdefault(key, _Pattern(g, key[1], step.bshape[k], [], [],
-                                                            [], []))  # fmt: skip
+                pattern = patterns.setdefault(
+                    key, _Pattern(g, key[1], step.bshape[k], [], [], [], [])
+                )
                 pattern.rows.append(row)
                 pattern.steps.append(number)
                 pattern.weights.append(float(step.weights[k]))
@@ -175,11 +179,18 @@ class _Stacks:
         empty = bool(steps) and not steps[0].attrs
         groups = []
         for patterns in by_shape.values():
-            groups.append([
-                (p, np.array(p.rows, dtype=np.int64), np.array(p.steps, dtype=np.int64),
-                 np.array(p.weights), np.array(p.cells))
-                for p in patterns.values()
-            ])  # fmt: skip
+            groups.append(
+                [
+                    (
+                        p,
+                        np.array(p.rows, dtype=np.int64),
+                        np.array(p.steps, dtype=np.int64),
+                        np.array(p.weights),
+                        np.array(p.cells),
+                    )
+                    for p in patterns.values()
+                ]
+            )
         return empty, groups
 
     def consistency_pass(self) -> None:
@@ -189,8 +200,7 @@ class _Stacks:
         for empty, groups in self.levels:
             updates = []
             for group in groups:
-                projected = [self.arrays[p.group][rows].sum(axis=p.axes)
-                             for p, rows, *_ in group]  # fmt: skip
+                projected = [self.arrays[p.group][rows].sum(axis=p.axes) for p, rows, *_ in group]
                 if empty:  # the totals are known: every view must sum to 1
                     targets = [np.ones_like(proj) for proj in projected]
                 else:
@@ -231,8 +241,9 @@ class _Stacks:
 
     def norm_sub(self) -> None:
         """Norm-Sub of every view (row by row of each stack)."""
-        self.arrays = [norm_sub_rows(a.reshape(a.shape[0], -1)).reshape(a.shape)
-                       for a in self.arrays]  # fmt: skip
+        self.arrays = [
+            norm_sub_rows(a.reshape(a.shape[0], -1)).reshape(a.shape) for a in self.arrays
+        ]
 
     def values(self) -> list[np.ndarray]:
         """Each view's values, in the tables' order."""

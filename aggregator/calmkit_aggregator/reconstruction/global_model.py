@@ -286,12 +286,17 @@ class GlobalEstimator:
         if not free:
             return answer_query(self.views.tables, query, shape, self.tol, self.max_iter)
         pairs = [
-            ((i, j), self.model.marginal((query[i], query[j]), self.max_cells).reshape(
-                shape[i], shape[j]))
+            (
+                (i, j),
+                self.model.marginal((query[i], query[j]), self.max_cells).reshape(
+                    shape[i], shape[j]
+                ),
+            )
             for i, j in free
-        ]  # fmt: skip
-        values, residual, it = maximum_entropy(shape, [*pairs, *constraints], self.tol,
-                                               self.max_iter)  # fmt: skip
+        ]
+        values, residual, it = maximum_entropy(
+            shape, [*pairs, *constraints], self.tol, self.max_iter
+        )
         return Answer(query, values, "maxent+model", residual, it)
 
 
@@ -333,9 +338,21 @@ def fit_global(
     noise = [t.variance for t, h in zip(targets, held) if h and np.isfinite(t.variance)]
     fit_tol = max(tol, FIT_NOISE_SHARE * float(np.sqrt(min(noise, default=0.0))))
     fit = fit_maxent(tree, unique, tol=fit_tol, max_iter=max_iter)
-    return GlobalEstimator(plan, views, tuple(targets), fit.model, held, fit.residual,
-                           fit.iterations, factors, prior, tol, max_iter, int(max_cells),
-                           answers)  # fmt: skip
+    return GlobalEstimator(
+        plan,
+        views,
+        tuple(targets),
+        fit.model,
+        held,
+        fit.residual,
+        fit.iterations,
+        factors,
+        prior,
+        tol,
+        max_iter,
+        int(max_cells),
+        answers,
+    )
 
 
 def reconstruct_global(
@@ -356,5 +373,6 @@ def reconstruct_global(
             oracle.contrast_variance(int(n)) if n > 0 else np.inf
             for oracle, n in zip(plan.view_oracles, support.n)
         ]
-    return fit_global(plan, estimate_views(support), contrast, tol, max_iter, max_clique,
-                      max_cells, answers)  # fmt: skip
+    return fit_global(
+        plan, estimate_views(support), contrast, tol, max_iter, max_clique, max_cells, answers
+    )

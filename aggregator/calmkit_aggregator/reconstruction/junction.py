@@ -350,7 +350,8 @@ def fit_maxent(
         sep = seps[edge]
         new = project(tree.cliques[src], beliefs[src], sep)
         beliefs[dst] = beliefs[dst] * _ratio(new, sep_tables[edge]).reshape(
-            _bshape(tree.cliques[dst], sep, beliefs[dst].shape))
+            _bshape(tree.cliques[dst], sep, beliefs[dst].shape)
+        )
         sep_tables[edge] = new
 
     def scale(i: int, seen: list[np.ndarray]) -> float:
@@ -373,9 +374,11 @@ def fit_maxent(
                 residual = max(residual, scale(dst, seen))
         if residual <= tol:
             break
-        if previous is not None and max(
-            (float(np.abs(a - b).max()) for a, b in zip(seen, previous)), default=0.0
-        ) <= tol:
+        if (
+            previous is not None
+            and max((float(np.abs(a - b).max()) for a, b in zip(seen, previous)), default=0.0)
+            <= tol
+        ):
             break
         previous = seen
     for i in range(1, k):  # distribute from the root: every clique calibrated

@@ -121,6 +121,5 @@ def answer_query(
         best = min(covering, key=lambda t: t.project(query).variance)
         values = np.clip(best.project(query).values, 0.0, None)
         return Answer(query, values / values.sum(), "projection")
-    values, residual, it = maximum_entropy(shape, query_constraints(tables, query), tol,
-                                           max_iter)  # fmt: skip
+    values, residual, it = maximum_entropy(shape, query_constraints(tables, query), tol, max_iter)
     return Answer(query, values, "maxent", residual, it)

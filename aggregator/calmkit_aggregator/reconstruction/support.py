@@ -48,9 +48,7 @@ class SupportCounts:
         )
 
     @classmethod
-    def from_reports(
-        cls, plan: Plan, reports: Iterable[ViewReports | Report]
-    ) -> SupportCounts:
+    def from_reports(cls, plan: Plan, reports: Iterable[ViewReports | Report]) -> SupportCounts:
         """Count reports made under ``plan``: :func:`calmkit_client.make_reports`
         batches, single :class:`~calmkit_client.Report` objects (what devices send:
         :func:`calmkit_client.make_report`), or a mix. A report made under another plan

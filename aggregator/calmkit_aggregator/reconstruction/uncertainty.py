@@ -182,10 +182,11 @@ def bootstrap(
             truth_of = reconstruct_by(support, reconstruction, shrink=False)
     truth = plug_in_counts(truth_of, support.n)
     runs = tuple(
-        reconstruct_by(sample_support(support.plan, support.n, truth, gen), reconstruction,
-                       shrink_runs)
+        reconstruct_by(
+            sample_support(support.plan, support.n, truth, gen), reconstruction, shrink_runs
+        )
         for _ in range(replicates)
-    )  # fmt: skip
+    )
     if plug_in == "served":
         return Bootstrap(runs)
     return Bootstrap(runs, truth_of, interaction_scale(support))

@@ -155,9 +155,11 @@ def missing_sets(tables: Sequence[MarginalTable], query: tuple[int, ...]) -> lis
     held = [set(axes) for axes, _ in query_constraints(tables, query)]
     axes = range(len(query))
     return [
-        s for r in range(2, len(query) + 1) for s in combinations(axes, r)
+        s
+        for r in range(2, len(query) + 1)
+        for s in combinations(axes, r)
         if not any(set(s) <= h for h in held)
-    ]  # fmt: skip
+    ]
 
 
 def unseen_squared_bias(

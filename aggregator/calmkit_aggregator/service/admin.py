@@ -19,9 +19,12 @@ class AdminClient:
     without a token file); ``root_certificates`` (PEM) for a TLS server."""
 
     def __init__(
-        self, address: str, token: str | None = None, retry: RetryPolicy | None = None,
+        self,
+        address: str,
+        token: str | None = None,
+        retry: RetryPolicy | None = None,
         root_certificates: bytes | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._channel = open_channel(address, root_certificates)
         self._stub = client_wire.aggregator_stub(self._channel)
         self._metadata = [("authorization", f"Bearer {token}")] if token else []
@@ -45,8 +48,9 @@ class AdminClient:
         ``reconstruction``: the one the pipeline planner plans for, "local" or "global"
         (queries may still ask for either). The result carries the submit token, shown
         only this once."""
-        req = client_wire.create_request(schema, epsilon, expected_n, k,
-                                         reconstruction=reconstruction, **options)  # fmt: skip
+        req = client_wire.create_request(
+            schema, epsilon, expected_n, k, reconstruction=reconstruction, **options
+        )
         return client_wire.collection_from_proto(self._call("CreateCollection", req))
 
     def get_collection(self, collection_id: str) -> CollectionInfo:
@@ -62,9 +66,12 @@ class AdminClient:
         return client_wire.collection_from_proto(self._call("CloseCollection", ref))
 
     def query(
-        self, collection_id: str, attributes: Sequence[str], replicates: int = 0,
+        self,
+        collection_id: str,
+        attributes: Sequence[str],
+        replicates: int = 0,
         reconstruction: str = "",
-    ) -> MarginalAnswer:  # fmt: skip
+    ) -> MarginalAnswer:
         """A marginal; ``reconstruction`` "local" (the default) or "global". Its
         per-cell ``variance`` is the mean squared **total** error of the values, noise
         and estimated bias (not noise alone; ``variance_method`` says how), from

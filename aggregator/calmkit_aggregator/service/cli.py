@@ -83,21 +83,30 @@ def _read_ca(path: str | None) -> bytes | None:
 def _admin(args: argparse.Namespace) -> Any:
     from calmkit_aggregator.service.admin import AdminClient
 
-    return AdminClient(args.address, _read_token(args.token_file),
-                       root_certificates=_read_ca(args.tls_ca))  # fmt: skip
+    return AdminClient(
+        args.address, _read_token(args.token_file), root_certificates=_read_ca(args.tls_ca)
+    )
 
 
 # -- options shared by commands -----------------------------------------------------------
 def _address_options(parser: argparse.ArgumentParser) -> None:
     """Where the admin commands (collection, query) find the service."""
-    parser.add_argument("--address", default=DEFAULT_ADDRESS, metavar="HOST:PORT",
-                        help="the aggregator service")  # fmt: skip
-    parser.add_argument("--token-file", default=None, metavar="FILE",
-                        help="file holding the admin bearer token (mode 0600; needed when "
-                        "the server has one)")  # fmt: skip
-    parser.add_argument("--tls-ca", default=None, metavar="FILE",
-                        help="PEM certificate that signs (or is) the server's: connect with "
-                        "TLS (default: plaintext, for a loopback server)")  # fmt: skip
+    parser.add_argument(
+        "--address", default=DEFAULT_ADDRESS, metavar="HOST:PORT", help="the aggregator service"
+    )
+    parser.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="file holding the admin bearer token (mode 0600; needed when the server has one)",
+    )
+    parser.add_argument(
+        "--tls-ca",
+        default=None,
+        metavar="FILE",
+        help="PEM certificate that signs (or is) the server's: connect with "
+        "TLS (default: plaintext, for a loopback server)",
+    )
 
 
 def planning_options(parser: argparse.ArgumentParser, create: bool = False) -> None:
@@ -108,50 +117,98 @@ def planning_options(parser: argparse.ArgumentParser, create: bool = False) -> N
     from calmkit_aggregator.planning.collection import PLANNERS
     from calmkit_aggregator.planning.pilot import PILOT_FRACTION
 
-    parser.add_argument("--planner", choices=PLANNERS, default="pipeline" if create else None,
-                        help="pipeline: a pilot phase, then the views with the lowest "
-                        "predicted error of the whole reconstruction; paper: CALM's "
-                        "Algorithm 1, one phase (default: pipeline)")  # fmt: skip
-    parser.add_argument("--pilot", type=fraction, default=None, metavar="SHARE",
-                        help=f"share of the users in the pilot phase (pipeline planner; 0: "
-                        f"no pilot; default {PILOT_FRACTION})")  # fmt: skip
-    parser.add_argument("--theta", type=positive_float, default=None,
-                        help="Algorithm 1's threshold on the sampling/noise trade-off "
-                        f"(paper planner; default {DEFAULT_THETA})")  # fmt: skip
-    parser.add_argument("--l", type=POSITIVE, default=None,
-                        help="fix the view size (default: the planner chooses)")
-    parser.add_argument("--m", type=POSITIVE, default=None,
-                        help="fix the number of views (default: the planner chooses)")
+    parser.add_argument(
+        "--planner",
+        choices=PLANNERS,
+        default="pipeline" if create else None,
+        help="pipeline: a pilot phase, then the views with the lowest "
+        "predicted error of the whole reconstruction; paper: CALM's "
+        "Algorithm 1, one phase (default: pipeline)",
+    )
+    parser.add_argument(
+        "--pilot",
+        type=fraction,
+        default=None,
+        metavar="SHARE",
+        help=f"share of the users in the pilot phase (pipeline planner; 0: "
+        f"no pilot; default {PILOT_FRACTION})",
+    )
+    parser.add_argument(
+        "--theta",
+        type=positive_float,
+        default=None,
+        help="Algorithm 1's threshold on the sampling/noise trade-off "
+        f"(paper planner; default {DEFAULT_THETA})",
+    )
+    parser.add_argument(
+        "--l", type=POSITIVE, default=None, help="fix the view size (default: the planner chooses)"
+    )
+    parser.add_argument(
+        "--m",
+        type=POSITIVE,
+        default=None,
+        help="fix the number of views (default: the planner chooses)",
+    )
 
 
 # -- serve --------------------------------------------------------------------------------
 def _serve_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--address", default=DEFAULT_ADDRESS, metavar="HOST:PORT",
-                        help="where to listen (port 0: any free port; off loopback needs "
-                        "--token-file and TLS)")  # fmt: skip
-    parser.add_argument("--db", required=True, metavar="FILE|URL",
-                        help="SQLite database file (created with mode 0600 if missing), or a "
-                        "postgresql://user@host/db URL shared by replica servers")  # fmt: skip
-    parser.add_argument("--key-snapshots", default=None, metavar="DIR",
-                        help="with a postgresql:// --db: a folder for this replica's "
-                        "snapshots of its deduplication tables, so a restart loads them "
-                        "instead of reading the whole log (SQLite: always FILE-keys/)")  # fmt: skip
-    parser.add_argument("--token-file", default=None, metavar="FILE",
-                        help="admin bearer token, mode 0600 (default: none, admin calls "
-                        "open: loopback only)")  # fmt: skip
-    parser.add_argument("--grace", type=positive_float, default=10.0, metavar="SECONDS",
-                        help="on SIGTERM, how long in-flight calls may finish")
-    parser.add_argument("--tls-cert", default=None, metavar="FILE",
-                        help="PEM certificate chain: serve TLS (with --tls-key)")
-    parser.add_argument("--tls-key", default=None, metavar="FILE",
-                        help="PEM private key of --tls-cert (mode 0600)")
-    parser.add_argument("--insecure", action="store_true",
-                        help="allow a non-loopback --address without TLS (only behind a "
-                        "TLS-terminating proxy or on a private network)")  # fmt: skip
-    parser.add_argument("--rate-limit", type=positive_float, default=None,
-                        metavar="REPORTS_PER_S",
-                        help="cap each submit token at this many reports per second "
-                        "(default: no cap)")  # fmt: skip
+    parser.add_argument(
+        "--address",
+        default=DEFAULT_ADDRESS,
+        metavar="HOST:PORT",
+        help="where to listen (port 0: any free port; off loopback needs --token-file and TLS)",
+    )
+    parser.add_argument(
+        "--db",
+        required=True,
+        metavar="FILE|URL",
+        help="SQLite database file (created with mode 0600 if missing), or a "
+        "postgresql://user@host/db URL shared by replica servers",
+    )
+    parser.add_argument(
+        "--key-snapshots",
+        default=None,
+        metavar="DIR",
+        help="with a postgresql:// --db: a folder for this replica's "
+        "snapshots of its deduplication tables, so a restart loads them "
+        "instead of reading the whole log (SQLite: always FILE-keys/)",
+    )
+    parser.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="admin bearer token, mode 0600 (default: none, admin calls open: loopback only)",
+    )
+    parser.add_argument(
+        "--grace",
+        type=positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long in-flight calls may finish",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        default=None,
+        metavar="FILE",
+        help="PEM certificate chain: serve TLS (with --tls-key)",
+    )
+    parser.add_argument(
+        "--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert (mode 0600)"
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback --address without TLS (only behind a "
+        "TLS-terminating proxy or on a private network)",
+    )
+    parser.add_argument(
+        "--rate-limit",
+        type=positive_float,
+        default=None,
+        metavar="REPORTS_PER_S",
+        help="cap each submit token at this many reports per second (default: no cap)",
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -181,9 +238,13 @@ def _serve(args: argparse.Namespace) -> int:
         storage = Storage(args.db)
     try:
         server, port = create_server(
-            args.address, storage, admin_token=token, tls=tls, insecure=args.insecure,
+            args.address,
+            storage,
+            admin_token=token,
+            tls=tls,
+            insecure=args.insecure,
             rate_limit=args.rate_limit,
-        )  # fmt: skip
+        )
     except BaseException:
         storage.close()
         raise
@@ -194,10 +255,18 @@ def _serve(args: argparse.Namespace) -> int:
     scheme = "TLS" if tls is not None else "plaintext"
     print(f"calmkit serve: listening on {host}:{port} ({scheme}, db {storage.path})", flush=True)
     if token is None:
-        print("calmkit serve: no --token-file, so admin calls are open; bound to loopback only",
-              flush=True)  # fmt: skip
-    log_json("serving", address=f"{host}:{port}", db=storage.path, admin_token=token is not None,
-             tls=tls is not None, rate_limit=args.rate_limit)  # fmt: skip
+        print(
+            "calmkit serve: no --token-file, so admin calls are open; bound to loopback only",
+            flush=True,
+        )
+    log_json(
+        "serving",
+        address=f"{host}:{port}",
+        db=storage.path,
+        admin_token=token is not None,
+        tls=tls is not None,
+        rate_limit=args.rate_limit,
+    )
     # a timed wait: a signal delivered to another thread (gRPC's) only marks the Python
     # handler as pending, and a main thread blocked without a timeout would never run it
     while not stop.wait(0.5):
@@ -213,36 +282,68 @@ def _serve(args: argparse.Namespace) -> int:
 def _collection_options(parser: argparse.ArgumentParser) -> None:
     from calmkit_aggregator.reconstruction.methods import RECONSTRUCTIONS
 
-    parser.add_argument("action", choices=["create", "close", "status", "list"],
-                        help="create a collection (prints its plan and submit token), close "
-                        "it (no more reports), show its status, or list all")  # fmt: skip
+    parser.add_argument(
+        "action",
+        choices=["create", "close", "status", "list"],
+        help="create a collection (prints its plan and submit token), close "
+        "it (no more reports), show its status, or list all",
+    )
     _address_options(parser)
-    parser.add_argument("--collection", default=None, metavar="ID",
-                        help="the collection id (create: the new id, 1-64 characters of "
-                        "A-Z a-z 0-9 . _ -; default: the server picks one)")  # fmt: skip
+    parser.add_argument(
+        "--collection",
+        default=None,
+        metavar="ID",
+        help="the collection id (create: the new id, 1-64 characters of "
+        "A-Z a-z 0-9 . _ -; default: the server picks one)",
+    )
     parser.add_argument("--id", dest="collection", help=argparse.SUPPRESS)  # old name
-    parser.add_argument("--domain", default=None, metavar="SIZES",
-                        help="create: category counts of the attributes a0, a1, ..., e.g. "
-                        "2,3,2")  # fmt: skip
-    parser.add_argument("--schema", default=None, metavar="FILE",
-                        help="create: a schema JSON file (names and categories; "
-                        "Schema.to_dict) instead of --domain")  # fmt: skip
-    parser.add_argument("--epsilon", type=positive_float, default=None,
-                        help="create: each user's LDP budget (required)")
-    parser.add_argument("--n", type=POSITIVE, default=None,
-                        help="create: how many users are expected to report (the planner "
-                        "needs it; may be omitted with --views)")  # fmt: skip
-    parser.add_argument("--k", type=POSITIVE, default=3,
-                        help="create: the size of the marginals to be queried")
+    parser.add_argument(
+        "--domain",
+        default=None,
+        metavar="SIZES",
+        help="create: category counts of the attributes a0, a1, ..., e.g. 2,3,2",
+    )
+    parser.add_argument(
+        "--schema",
+        default=None,
+        metavar="FILE",
+        help="create: a schema JSON file (names and categories; "
+        "Schema.to_dict) instead of --domain",
+    )
+    parser.add_argument(
+        "--epsilon",
+        type=positive_float,
+        default=None,
+        help="create: each user's LDP budget (required)",
+    )
+    parser.add_argument(
+        "--n",
+        type=POSITIVE,
+        default=None,
+        help="create: how many users are expected to report (the planner "
+        "needs it; may be omitted with --views)",
+    )
+    parser.add_argument(
+        "--k", type=POSITIVE, default=3, help="create: the size of the marginals to be queried"
+    )
     planning_options(parser, create=True)
-    parser.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
-                        help="create: the reconstruction the pipeline planner plans for, local "
-                        "or global (it predicts that one's error); queries can still ask for "
-                        "either (query --reconstruct)")  # fmt: skip
-    parser.add_argument("--views", default=None, metavar="VIEWS",
-                        help="create: explicit views instead of a planner, e.g. '0,1;1,2'")
-    parser.add_argument("--seed", type=NON_NEGATIVE, default=0,
-                        help="create: seed of the plan's view assignment")
+    parser.add_argument(
+        "--reconstruct",
+        choices=RECONSTRUCTIONS,
+        default="local",
+        help="create: the reconstruction the pipeline planner plans for, local "
+        "or global (it predicts that one's error); queries can still ask for "
+        "either (query --reconstruct)",
+    )
+    parser.add_argument(
+        "--views",
+        default=None,
+        metavar="VIEWS",
+        help="create: explicit views instead of a planner, e.g. '0,1;1,2'",
+    )
+    parser.add_argument(
+        "--seed", type=NON_NEGATIVE, default=0, help="create: seed of the plan's view assignment"
+    )
     json_option(parser)
 
 
@@ -295,19 +396,32 @@ def _collection(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
         if args.action == "create":
             info = admin.create_collection(
-                _schema_from_args(args), args.epsilon, args.n or 0, args.k,
-                collection_id=args.collection or "", theta=args.theta,
+                _schema_from_args(args),
+                args.epsilon,
+                args.n or 0,
+                args.k,
+                collection_id=args.collection or "",
+                theta=args.theta,
                 views=_parse_views(args.views),
-                m=args.m, l=args.l, seed=args.seed, planner=args.planner, pilot=args.pilot,
+                m=args.m,
+                l=args.l,
+                seed=args.seed,
+                planner=args.planner,
+                pilot=args.pilot,
                 reconstruction=args.reconstruct,
-            )  # fmt: skip
+            )
         elif args.action == "close":
             info = admin.close_collection(args.collection)
         elif args.action == "list":
             items = [_info_dict(i) for i in admin.list_collections()]
-            print(json.dumps(items) if args.json else "\n".join(
-                f"{i['collection_id']}  {i['state']:6s}  {i['reports']} reports  m={i['m']}"
-                for i in items))  # fmt: skip
+            print(
+                json.dumps(items)
+                if args.json
+                else "\n".join(
+                    f"{i['collection_id']}  {i['state']:6s}  {i['reports']} reports  m={i['m']}"
+                    for i in items
+                )
+            )
             return 0
         else:
             info = admin.get_collection(args.collection)
@@ -317,12 +431,16 @@ def _collection(args: argparse.Namespace) -> int:
         return 0
     print(f"collection {out['collection_id']}: {out['state']}, {out['reports']} reports")
     if out["pilot_target"] and out["phase"] == 0:
-        print(f"  phase 0 (pilot): {out['reports']} of {out['pilot_target']} reports; then the "
-              "server chooses the views of phase 1 from them")  # fmt: skip
+        print(
+            f"  phase 0 (pilot): {out['reports']} of {out['pilot_target']} reports; then the "
+            "server chooses the views of phase 1 from them"
+        )
     elif out["pilot_target"]:
         print(f"  phase {out['phase']} (after a pilot of {out['phase_reports'][0]} reports)")
-    print(f"  plan {out['plan_digest'][:16]}: m = {out['m']} views of l = {out['l']}, "
-          f"k = {out['k']}, oracles {sorted(set(out['oracles']))}")  # fmt: skip
+    print(
+        f"  plan {out['plan_digest'][:16]}: m = {out['m']} views of l = {out['l']}, "
+        f"k = {out['k']}, oracles {sorted(set(out['oracles']))}"
+    )
     if "submit_token" in out:
         print(f"  submit token (shown once; give it to your apps): {out['submit_token']}")
     return 0
@@ -347,17 +465,30 @@ def _query_options(parser: argparse.ArgumentParser) -> None:
 
     _address_options(parser)
     parser.add_argument("--collection", required=True, metavar="ID", help="the collection id")
-    parser.add_argument("--attrs", required=True, metavar="NAMES",
-                        help="attribute names, comma-separated, e.g. a0,a2")
-    parser.add_argument("--format", choices=["table", "csv", "json"], default="table",
-                        help="output format")
-    parser.add_argument("--replicates", type=NON_NEGATIVE, default=0,
-                        help="bootstrap replicates behind the total errors (noise + "
-                        "estimated bias; 0: the server's default, 32; at most 1000)")  # fmt: skip
-    parser.add_argument("--reconstruct", choices=RECONSTRUCTIONS, default="local",
-                        help="local: maximum entropy per query over the views' projections; "
-                        "global: also one model fitted to all views at once, which answers "
-                        "the pairs no view holds")  # fmt: skip
+    parser.add_argument(
+        "--attrs",
+        required=True,
+        metavar="NAMES",
+        help="attribute names, comma-separated, e.g. a0,a2",
+    )
+    parser.add_argument(
+        "--format", choices=["table", "csv", "json"], default="table", help="output format"
+    )
+    parser.add_argument(
+        "--replicates",
+        type=NON_NEGATIVE,
+        default=0,
+        help="bootstrap replicates behind the total errors (noise + "
+        "estimated bias; 0: the server's default, 32; at most 1000)",
+    )
+    parser.add_argument(
+        "--reconstruct",
+        choices=RECONSTRUCTIONS,
+        default="local",
+        help="local: maximum entropy per query over the views' projections; "
+        "global: also one model fitted to all views at once, which answers "
+        "the pairs no view holds",
+    )
 
 
 def _format_table(answer: Any, fmt: str) -> str:
@@ -368,13 +499,19 @@ def _format_table(answer: Any, fmt: str) -> str:
     values, variance = answer.values, answer.variance
     cells = list(product(*(range(s) for s in values.shape)))
     if fmt == "json":
-        return json.dumps({
-            "attributes": list(answer.attributes), "shape": list(values.shape),
-            "values": values.reshape(-1).tolist(),
-            "variance": [None if np.isnan(v) else v for v in variance.reshape(-1).tolist()],
-            "method": answer.method, "reports": answer.reports, "state": answer.state,
-            "variance_method": answer.variance_method, "replicates": answer.replicates,
-        })  # fmt: skip
+        return json.dumps(
+            {
+                "attributes": list(answer.attributes),
+                "shape": list(values.shape),
+                "values": values.reshape(-1).tolist(),
+                "variance": [None if np.isnan(v) else v for v in variance.reshape(-1).tolist()],
+                "method": answer.method,
+                "reports": answer.reports,
+                "state": answer.state,
+                "variance_method": answer.variance_method,
+                "replicates": answer.replicates,
+            }
+        )
     if fmt == "csv":
         lines = [",".join([*answer.attributes, "fraction", "total_error"])]
         for c in cells:
@@ -389,16 +526,19 @@ def _format_table(answer: Any, fmt: str) -> str:
     note = "" if answer.state == "closed" else " (collection open: provisional)"
     lines.append(f"{answer.method}, {answer.reports} reports{note}")
     if answer.variance_method:
-        lines.append(f"total.err: root of the {answer.variance_method}; fraction +- 1.96 "
-                     "total.err is a ~95% interval")  # fmt: skip
+        lines.append(
+            f"total.err: root of the {answer.variance_method}; fraction +- 1.96 "
+            "total.err is a ~95% interval"
+        )
     return "\n".join(lines)
 
 
 def _query(args: argparse.Namespace) -> int:
     attrs = [a.strip() for a in args.attrs.split(",") if a.strip()]
     with _admin(args) as admin:
-        answer = admin.query(args.collection, attrs, args.replicates,
-                             getattr(args, "reconstruct", ""))  # fmt: skip
+        answer = admin.query(
+            args.collection, attrs, args.replicates, getattr(args, "reconstruct", "")
+        )
     print(_format_table(answer, args.format))
     return 0
 
@@ -408,10 +548,27 @@ def register(subparsers: Any) -> None:
     """Add serve, collection and query to the ``calmkit`` parser's ``subparsers``. serve
     and collection need the aggregator extra (``pip install 'calmkit[aggregator]'``);
     query only talks to a running service, so the base install runs it."""
-    add_command(subparsers, "serve", "run the aggregator service", run=_serve,
-                options=_serve_options, extra="aggregator")  # fmt: skip
-    add_command(subparsers, "collection", "create, close, list or show collections",
-                run=_collection_checked, options=_collection_options,
-                extra="aggregator")  # fmt: skip
-    add_command(subparsers, "query", "a marginal table of a collection, with standard errors",
-                run=_query, options=_query_options, extra=None)  # fmt: skip
+    add_command(
+        subparsers,
+        "serve",
+        "run the aggregator service",
+        run=_serve,
+        options=_serve_options,
+        extra="aggregator",
+    )
+    add_command(
+        subparsers,
+        "collection",
+        "create, close, list or show collections",
+        run=_collection_checked,
+        options=_collection_options,
+        extra="aggregator",
+    )
+    add_command(
+        subparsers,
+        "query",
+        "a marginal table of a collection, with standard errors",
+        run=_query,
+        options=_query_options,
+        extra=None,
+    )

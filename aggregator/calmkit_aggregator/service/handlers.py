@@ -174,25 +174,47 @@ class AggregatorService(wire.AggregatorServicer):
         design = None
         if params.views:
             plan = Plan(params.schema, params.epsilon, params.views, seed=params.seed)
-        elif (params.planner == "pipeline" and params.pilot > 0 and params.expected_n >= 2
-              and (params.l is None or params.m is None)):  # fmt: skip
+        elif (
+            params.planner == "pipeline"
+            and params.pilot > 0
+            and params.expected_n >= 2
+            and (params.l is None or params.m is None)
+        ):
             reports = pilot_size(params.expected_n, params.pilot)
             plan = pilot_plan(params.schema, params.epsilon, seed=params.seed, users=reports)
-            design = PhasedDesign(params.expected_n, reports,
-                                  params.k, params.seed, params.l, params.m,
-                                  reconstruction=params.reconstruction)  # fmt: skip
+            design = PhasedDesign(
+                params.expected_n,
+                reports,
+                params.k,
+                params.seed,
+                params.l,
+                params.m,
+                reconstruction=params.reconstruction,
+            )
         else:
             plan = plan_collection(
-                params.schema, params.epsilon, params.expected_n, params.k,
+                params.schema,
+                params.epsilon,
+                params.expected_n,
+                params.k,
                 theta=params.theta if params.theta is not None else 0.001,
-                l=params.l, m=params.m, rng=params.seed, seed=params.seed,
-                planner=params.planner, reconstruction=params.reconstruction,
-            )  # fmt: skip
+                l=params.l,
+                m=params.m,
+                rng=params.seed,
+                seed=params.seed,
+                planner=params.planner,
+                reconstruction=params.reconstruction,
+            )
         collection_id = params.collection_id or f"c-{secrets.token_hex(6)}"
         token = secrets.token_urlsafe(24)
         self.storage.create_collection(collection_id, plan, params.k, _hash_token(token), design)
-        log_json("created", collection=collection_id, m=plan.m, digest=plan.digest,
-                 pilot_target=None if design is None else design.pilot_reports)  # fmt: skip
+        log_json(
+            "created",
+            collection=collection_id,
+            m=plan.m,
+            digest=plan.digest,
+            pilot_target=None if design is None else design.pilot_reports,
+        )
         return self._collection(collection_id, submit_token=token)
 
     @_rpc
@@ -243,10 +265,13 @@ class AggregatorService(wire.AggregatorServicer):
         reports = decode(request, record.plans[phase])
         outcome = self.storage.add_reports(request.collection_id, request.plan_digest, reports)
         log_json(
-            "submitted", collection=request.collection_id, accepted=outcome.accepted,
-            duplicates=outcome.duplicates, phase=phase,
+            "submitted",
+            collection=request.collection_id,
+            accepted=outcome.accepted,
+            duplicates=outcome.duplicates,
+            phase=phase,
             ms=round(1e3 * (time.perf_counter() - t0), 2),
-        )  # fmt: skip
+        )
         if record.design is not None and record.phase == 0:  # a pilot that may be done
             self._maybe_advance(request.collection_id)
         return wire.ack_to_proto(outcome.accepted, outcome.duplicates)
@@ -268,11 +293,18 @@ class AggregatorService(wire.AggregatorServicer):
             t0 = time.perf_counter()
             main = plan_next_phase(design, self.storage.phase_support(collection_id, 0))
             self.storage.add_phase(collection_id, 1, main.plan)
-            log_json("phase", collection=collection_id, phase=1, m=main.plan.m,
-                     l=main.choice.l, digest=main.plan.digest, pilot_reports=record.reports,
-                     predicted_sse=round(main.choice.predicted.sse, 6),
-                     dependence=round(main.choice.profile.dependence, 5),
-                     ms=round(1e3 * (time.perf_counter() - t0), 1))  # fmt: skip
+            log_json(
+                "phase",
+                collection=collection_id,
+                phase=1,
+                m=main.plan.m,
+                l=main.choice.l,
+                digest=main.plan.digest,
+                pilot_reports=record.reports,
+                predicted_sse=round(main.choice.predicted.sse, 6),
+                dependence=round(main.choice.profile.dependence, 5),
+                ms=round(1e3 * (time.perf_counter() - t0), 1),
+            )
 
     # -- queries -----------------------------------------------------------------------
     def _estimator(
@@ -292,17 +324,27 @@ class AggregatorService(wire.AggregatorServicer):
         return cached[1], cached[2], total
 
     def _bootstrap(
-        self, collection_id: str, support: SupportCounts, estimator: Estimator,
-        total: int, replicates: int, reconstruction: str = "local",
-    ) -> Bootstrap:  # fmt: skip
+        self,
+        collection_id: str,
+        support: SupportCounts,
+        estimator: Estimator,
+        total: int,
+        replicates: int,
+        reconstruction: str = "local",
+    ) -> Bootstrap:
         """Bootstrap replicates of the reconstruction (cached like it; computed outside
         the lock, so two racing queries may both compute and the later one is kept)."""
         with self._estimate_lock:
             cached = self._bootstraps.get((collection_id, reconstruction))
         if cached is not None and cached[:2] == (total, replicates):
             return cached[2]
-        boot = bootstrap(support, estimator, replicates, rng=_support_seed(support),
-                         reconstruction=reconstruction)  # fmt: skip
+        boot = bootstrap(
+            support,
+            estimator,
+            replicates,
+            rng=_support_seed(support),
+            reconstruction=reconstruction,
+        )
         with self._estimate_lock:
             self._bootstraps[(collection_id, reconstruction)] = (total, replicates, boot)
         return boot
@@ -322,22 +364,33 @@ class AggregatorService(wire.AggregatorServicer):
         schema = record.plan.schema
         attrs = tuple(sorted(schema.resolve(names)))
         answer = estimator.answer(attrs)
-        boot = self._bootstrap(collection_id, support, estimator, total, replicates,
-                               reconstruction)  # fmt: skip
+        boot = self._bootstrap(collection_id, support, estimator, total, replicates, reconstruction)
         ordered = [schema.attributes[a].name for a in attrs]
-        log_json("query", collection=collection_id, attrs=ordered, method=answer.method,
-                 reconstruction=reconstruction)  # fmt: skip
+        log_json(
+            "query",
+            collection=collection_id,
+            attrs=ordered,
+            method=answer.method,
+            reconstruction=reconstruction,
+        )
         return wire.marginal_to_proto(
-            answer, ordered, boot.mean_squared_error(attrs, estimator), total, record.state,
-            total_error_method(answer.method, replicates), replicates,
-        )  # fmt: skip
+            answer,
+            ordered,
+            boot.mean_squared_error(attrs, estimator),
+            total,
+            record.state,
+            total_error_method(answer.method, replicates),
+            replicates,
+        )
 
 
 def total_error_method(answer_method: str, replicates: int) -> str:
     """What the served per-cell ``variance`` is (the answer's ``variance_method``)."""
-    unseen = "" if answer_method == "projection" else (
-        " + the interactions no view holds (max-ent), sized from those the views show"
-    )  # fmt: skip
+    unseen = (
+        ""
+        if answer_method == "projection"
+        else (" + the interactions no view holds (max-ent), sized from those the views show")
+    )
     return (
         "mean squared total error (noise + estimated bias), not noise alone: parametric "
         f"bootstrap of the unshrunk reconstruction, {replicates} replicates (its noise "

@@ -66,8 +66,9 @@ class KeyTable:
         }
 
     @classmethod
-    def restore(cls, salt: np.ndarray, used: np.ndarray, keys: np.ndarray,
-                values: np.ndarray) -> KeyTable:  # fmt: skip
+    def restore(
+        cls, salt: np.ndarray, used: np.ndarray, keys: np.ndarray, values: np.ndarray
+    ) -> KeyTable:
         """The table :meth:`export` gave these arrays (``keys``, ``values``: (n, 2) and
         (n, 2 or 0) uint64 words; ``used``: packed bits of a power-of-two slot count);
         ``ValueError`` if they do not fit together."""
@@ -78,14 +79,18 @@ class KeyTable:
         table._salt = (np.uint64(salt[0]), np.uint64(salt[1]))
         table._width = values.shape[1] if values.ndim == 2 else -1
         if table._width not in (0, 2) or keys.ndim != 2 or keys.shape[1] != 2:
-            raise ValueError(f"keys and values (shapes {keys.shape}, {values.shape}) must be "
-                             "(n, 2) and (n, 2 or 0)")  # fmt: skip
+            raise ValueError(
+                f"keys and values (shapes {keys.shape}, {values.shape}) must be "
+                "(n, 2) and (n, 2 or 0)"
+            )
         table._alloc(slots)
         table._used[:] = np.unpackbits(used).view(bool)
         where = np.flatnonzero(table._used)
         if where.size != keys.shape[0] or where.size != values.shape[0]:
-            raise ValueError(f"slots in use ({where.size}) must match the keys "
-                             f"({keys.shape[0]}) and values ({values.shape[0]})")  # fmt: skip
+            raise ValueError(
+                f"slots in use ({where.size}) must match the keys "
+                f"({keys.shape[0]}) and values ({values.shape[0]})"
+            )
         if where.size > MAX_LOAD * slots:
             raise ValueError(f"keys ({where.size}) must fill at most {MAX_LOAD} of the slots")
         table._keys[where] = keys
@@ -123,8 +128,11 @@ class KeyTable:
         while pending.size:
             s = (start[pending, None] + _STEPS) & self._slot_mask  # (p, WINDOW)
             used = self._used.take(s)
-            hit = (used & (words.take(2 * s) == first[pending, None])
-                   & (words.take(2 * s + 1) == second[pending, None]))  # fmt: skip
+            hit = (
+                used
+                & (words.take(2 * s) == first[pending, None])
+                & (words.take(2 * s + 1) == second[pending, None])
+            )
             any_hit = hit.any(axis=1)
             rows = np.flatnonzero(any_hit)
             if rows.size:

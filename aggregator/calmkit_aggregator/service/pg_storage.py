@@ -164,8 +164,10 @@ ALTER TABLE batches ALTER COLUMN report_ids SET STORAGE EXTERNAL,
                     ALTER COLUMN bits SET STORAGE EXTERNAL;
 """
 _LOCK = "SELECT state FROM collections WHERE id = %s FOR NO KEY UPDATE"
-_TAIL = ("SELECT seq, report_ids, pseudonyms FROM batches WHERE collection_id = %s "
-         "AND seq > %s ORDER BY seq")  # fmt: skip
+_TAIL = (
+    "SELECT seq, report_ids, pseudonyms FROM batches WHERE collection_id = %s "
+    "AND seq > %s ORDER BY seq"
+)
 
 
 def is_postgres_url(db: str) -> bool:
@@ -289,8 +291,9 @@ class PgStorage(SnapshotSchedule):
             raise
         for cid in pending:
             self._keys[cid] = _Keys()
-        self._loader = threading.Thread(target=self._load_all, args=(pending,),
-                                        name="calmkit-pg-keys", daemon=True)  # fmt: skip
+        self._loader = threading.Thread(
+            target=self._load_all, args=(pending,), name="calmkit-pg-keys", daemon=True
+        )
         self._loader.start()
 
     def _connect(self, writer: bool = False) -> Any:
@@ -389,8 +392,11 @@ class PgStorage(SnapshotSchedule):
         try:
             with conn.transaction(), conn.cursor() as cur:
                 yield cur
-        except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
-                psycopg.errors.LockNotAvailable) as exc:  # fmt: skip
+        except (
+            psycopg.errors.DeadlockDetected,
+            psycopg.errors.SerializationFailure,
+            psycopg.errors.LockNotAvailable,
+        ) as exc:
             raise ServiceUnavailable(
                 f"the batch met a concurrent one ({_first_line(exc)}): retry"
             ) from None
@@ -426,8 +432,9 @@ class PgStorage(SnapshotSchedule):
         for phase, text, d in cur.fetchall():
             plans.append(self._plan(collection_id, phase, text, d))
         design = None if design_json is None else PhasedDesign.from_json(design_json)
-        record = CollectionRecord(collection_id, tuple(plans), k, state, bytes(token_hash),
-                                  created, closed, 0, design)  # fmt: skip
+        record = CollectionRecord(
+            collection_id, tuple(plans), k, state, bytes(token_hash), created, closed, 0, design
+        )
         with self._keys_lock:
             self._records[collection_id] = record
         if not counts:
@@ -492,10 +499,17 @@ class PgStorage(SnapshotSchedule):
                 "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash, "
                 "created_at, closed_at, design_json) VALUES (%s, %s, %s, %s, %s, %s, %s, NULL, %s) "
                 "ON CONFLICT (id) DO NOTHING",
-                (collection_id, plan.to_json(), plan.digest, int(k), OPEN,
-                 bytes(submit_token_hash), time.time(),
-                 None if design is None else design.to_json()),
-            )  # fmt: skip
+                (
+                    collection_id,
+                    plan.to_json(),
+                    plan.digest,
+                    int(k),
+                    OPEN,
+                    bytes(submit_token_hash),
+                    time.time(),
+                    None if design is None else design.to_json(),
+                ),
+            )
             if cur.rowcount == 0:
                 raise CollectionExists(f"collection_id ({_show(collection_id)}) already exists")
             record = self._record(cur, collection_id)
@@ -561,9 +575,15 @@ class PgStorage(SnapshotSchedule):
             return BatchOutcome(0, 0)
         distinct = dedupe_batch(batch)
         fresh = batch.take(distinct) if distinct.size < len(batch) else batch
-        mine = _Pending(plan_digest, batch, distinct, as_words(batch.report_ids),
-                        as_words(batch.pseudonyms), fresh.encode(),
-                        fresh.support_deltas())  # fmt: skip
+        mine = _Pending(
+            plan_digest,
+            batch,
+            distinct,
+            as_words(batch.report_ids),
+            as_words(batch.pseudonyms),
+            fresh.encode(),
+            fresh.support_deltas(),
+        )
         keys = self._keys_of(collection_id)
         with keys.queue_lock:
             keys.queue.append(mine)
@@ -574,8 +594,9 @@ class PgStorage(SnapshotSchedule):
                 with keys.queue_lock:
                     group: list[_Pending] = []
                     size = 0
-                    while keys.queue and (not group or size + len(keys.queue[0].batch)
-                                          <= _GROUP_REPORTS):  # fmt: skip
+                    while keys.queue and (
+                        not group or size + len(keys.queue[0].batch) <= _GROUP_REPORTS
+                    ):
                         size += len(keys.queue[0].batch)
                         group.append(keys.queue.pop(0))
                 try:
@@ -616,16 +637,17 @@ class PgStorage(SnapshotSchedule):
                     record = self._record(cur, collection_id, counts=False)
                 size = sum(len(p.batch) for p in group)  # keys of the batches accepted so far:
                 accepted = _Keys(KeyTable(size), KeyTable(size, values=False), loaded=True)
-                both = _Union(_Either(keys.by_id, accepted.by_id),
-                              _Either(keys.by_pseudonym, accepted.by_pseudonym))  # fmt: skip
+                both = _Union(
+                    _Either(keys.by_id, accepted.by_id),
+                    _Either(keys.by_pseudonym, accepted.by_pseudonym),
+                )
                 rows: list[tuple[Any, ...]] = []
                 deltas: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
                 for p in group:
                     try:
                         phase = record.phase_of(p.plan_digest)
                         tables = both if len(accepted.by_id) else keys
-                        new = new_positions(tables, collection_id, p.distinct, p.ids,
-                                            p.pseudonyms)  # fmt: skip
+                        new = new_positions(tables, collection_id, p.distinct, p.ids, p.pseudonyms)
                     except (PlanMismatch, ReportConflict) as exc:
                         p.error, p.done = exc, True
                         continue
@@ -639,8 +661,9 @@ class PgStorage(SnapshotSchedule):
                     else:
                         fresh = p.batch.take(new) if new.size < len(p.batch) else p.batch
                         blobs, (n, counts) = fresh.encode(), fresh.support_deltas()
-                    rows.append((collection_id, phase, int(new.size),
-                                 *(blobs[c] for c in _LOG_COLUMNS)))  # fmt: skip
+                    rows.append(
+                        (collection_id, phase, int(new.size), *(blobs[c] for c in _LOG_COLUMNS))
+                    )
                     if phase in deltas:
                         old_n, old_counts = deltas[phase]
                         n, counts = old_n + n, [a + b for a, b in zip(old_counts, counts)]
@@ -710,9 +733,12 @@ class PgStorage(SnapshotSchedule):
         return max(int(s) for (s,) in cur.fetchall())
 
     def _totals(
-        self, cur: Any, collection_id: str, phase: int,
+        self,
+        cur: Any,
+        collection_id: str,
+        phase: int,
         delta: tuple[np.ndarray, list[np.ndarray]],
-    ) -> tuple[np.ndarray, list[np.ndarray]]:  # fmt: skip
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
         """Write this writer's support row of ``phase`` plus ``delta`` (in the
         caller's transaction); the new totals, kept once committed."""
         key = (collection_id, phase)
@@ -737,9 +763,14 @@ class PgStorage(SnapshotSchedule):
             "INSERT INTO support (collection_id, phase, writer, n, counts) "
             "VALUES (%s, %s, %s, %b, %b) ON CONFLICT (collection_id, phase, writer) "
             "DO UPDATE SET n = excluded.n, counts = excluded.counts",
-            (collection_id, phase, self._writer, total_n.astype(_I64).tobytes(),
-             np.concatenate(total).astype(_I64).tobytes()),
-        )  # fmt: skip
+            (
+                collection_id,
+                phase,
+                self._writer,
+                total_n.astype(_I64).tobytes(),
+                np.concatenate(total).astype(_I64).tobytes(),
+            ),
+        )
         return total_n, total
 
     # -- key tables ----------------------------------------------------------------------
@@ -791,8 +822,9 @@ class PgStorage(SnapshotSchedule):
         try:
             snap = read_snapshot(path, collection_id)
         except SnapshotError as exc:
-            log.warning("key snapshot of collection %r not used (%s): reading the log",
-                        collection_id, exc)  # fmt: skip
+            log.warning(
+                "key snapshot of collection %r not used (%s): reading the log", collection_id, exc
+            )
             return False
         cur.execute(
             "SELECT report_ids, (SELECT coalesce(sum(count), 0) FROM batches WHERE "
@@ -803,8 +835,11 @@ class PgStorage(SnapshotSchedule):
         )
         row = cur.fetchone()
         if row is None or ids_hash(bytes(row[0])) != snap.ids_hash or row[1] != snap.reports:
-            log.warning("key snapshot of collection %r not used (it does not match the batch "
-                        "log): reading the log", collection_id)  # fmt: skip
+            log.warning(
+                "key snapshot of collection %r not used (it does not match the batch "
+                "log): reading the log",
+                collection_id,
+            )
             return False
         ids, pseudonyms, last, hashed = _read_keys(cur, collection_id, snap.seq)
         snap.by_id.insert(ids, pseudonyms)
@@ -890,11 +925,17 @@ class PgStorage(SnapshotSchedule):
             for cid in pending:
                 self._snapshot(cid)
             commits = max(self.stats["commits"], 1)
-            log.info(json.dumps({  # how the collections' locks were used, for the operator
-                "event": "storage", "commits": self.stats["commits"],
-                "batches_per_commit": round(self.stats["batches"] / commits, 2),
-                "lock_wait_ms": round(1e3 * self.stats["lock_wait"] / commits, 2),
-                "lock_held_ms": round(1e3 * self.stats["lock_held"] / commits, 2)}))  # fmt: skip
+            log.info(
+                json.dumps(
+                    {  # how the collections' locks were used, for the operator
+                        "event": "storage",
+                        "commits": self.stats["commits"],
+                        "batches_per_commit": round(self.stats["batches"] / commits, 2),
+                        "lock_wait_ms": round(1e3 * self.stats["lock_wait"] / commits, 2),
+                        "lock_held_ms": round(1e3 * self.stats["lock_held"] / commits, 2),
+                    }
+                )
+            )
         self._closed = True
         with self._lock, self._write_lock:
             for name in ("_conn", "_wconn"):
@@ -936,9 +977,7 @@ def _keys_of_rows(ids: list[bytes], pseudonyms: list[bytes]) -> tuple[np.ndarray
     return words(ids), words(pseudonyms)
 
 
-def _read_keys(
-    cur: Any, collection_id: str, after: int
-) -> tuple[np.ndarray, np.ndarray, int, int]:
+def _read_keys(cur: Any, collection_id: str, after: int) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Every logged (report id, pseudonym) of a collection after ``seq`` ``after``, as
     words, the last ``seq`` read and the xxh3 of its report ids (``after`` and 0 when
     none), streamed in chunks of rows."""

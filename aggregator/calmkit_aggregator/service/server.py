@@ -116,9 +116,16 @@ class Server:
     """A started ``grpc.aio`` server running on its own event-loop thread; the blocking
     methods here are what the CLI, tests and benchmarks use."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
-                 server: grpc.aio.Server, health_servicer: health_aio.HealthServicer,
-                 workers: futures.ThreadPoolExecutor, port: int, tls: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        thread: threading.Thread,
+        server: grpc.aio.Server,
+        health_servicer: health_aio.HealthServicer,
+        workers: futures.ThreadPoolExecutor,
+        port: int,
+        tls: bool,
+    ) -> None:
         self._loop = loop
         self._thread = thread
         self._server = server
@@ -143,8 +150,9 @@ class Server:
         with self._lock:
             if self._stopped is None:
                 self._stopped = futures.Future()
-                threading.Thread(target=self._shutdown, args=(grace,), daemon=True,
-                                 name="calmkit-grpc-stop").start()  # fmt: skip
+                threading.Thread(
+                    target=self._shutdown, args=(grace,), daemon=True, name="calmkit-grpc-stop"
+                ).start()
             return _Stopping(self._stopped)
 
     def _shutdown(self, grace: float | None) -> None:
@@ -186,15 +194,19 @@ def _options() -> list[tuple[str, int]]:
 
 
 async def _start(
-    address: str, service: AggregatorService, tls: ServerTls | None,
-    workers: futures.ThreadPoolExecutor, max_concurrent_rpcs: int,
-) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:  # fmt: skip
+    address: str,
+    service: AggregatorService,
+    tls: ServerTls | None,
+    workers: futures.ThreadPoolExecutor,
+    max_concurrent_rpcs: int,
+) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
     # The service's handlers are plain functions: grpc.aio reads each request on the
     # loop and runs the handler on ``workers`` once the message is complete.
     server = grpc.aio.server(
-        migration_thread_pool=workers, options=_options(),
+        migration_thread_pool=workers,
+        options=_options(),
         maximum_concurrent_rpcs=max_concurrent_rpcs,
-    )  # fmt: skip
+    )
     wire.add_servicer(service, server)
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -82,23 +82,43 @@ def _id_hash(collection_id: str) -> int:
     return int(xxhash.xxh3_64_intdigest(collection_id.encode("utf-8")))
 
 
-def write_snapshot(path: str, collection_id: str, seq: int, reports: int, ids: int,
-                   tables: list[dict[str, np.ndarray]]) -> int:  # fmt: skip
+def write_snapshot(
+    path: str,
+    collection_id: str,
+    seq: int,
+    reports: int,
+    ids: int,
+    tables: list[dict[str, np.ndarray]],
+) -> int:
     """Write ``tables`` (:meth:`.keyset.KeyTable.export` of ``by_id`` and
     ``by_pseudonym``) to ``path`` atomically (mode 0600); the bytes written."""
     parts = []
     meta = []
     for t in tables:
         values = np.ascontiguousarray(t["values"], dtype="<u8")
-        parts += [np.ascontiguousarray(t["used"], np.uint8), np.ascontiguousarray(t["keys"], "<u8"),
-                  values]  # fmt: skip
-        meta.append(_TABLE.pack(t["used"].size, t["keys"].shape[0], values.shape[1],
-                                int(t["salt"][0]), int(t["salt"][1])))  # fmt: skip
+        parts += [
+            np.ascontiguousarray(t["used"], np.uint8),
+            np.ascontiguousarray(t["keys"], "<u8"),
+            values,
+        ]
+        meta.append(
+            _TABLE.pack(
+                t["used"].size,
+                t["keys"].shape[0],
+                values.shape[1],
+                int(t["salt"][0]),
+                int(t["salt"][1]),
+            )
+        )
     digest = xxhash.xxh3_64()
     for part in parts:
         digest.update(part.data)
-    header = (_HEAD.pack(MAGIC, VERSION, len(tables), seq, reports, ids, _id_hash(collection_id))
-              + b"".join(meta) + struct.pack("<Q", digest.intdigest()) + bytes(_PAD))  # fmt: skip
+    header = (
+        _HEAD.pack(MAGIC, VERSION, len(tables), seq, reports, ids, _id_hash(collection_id))
+        + b"".join(meta)
+        + struct.pack("<Q", digest.intdigest())
+        + bytes(_PAD)
+    )
     folder = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".snap")
     try:
@@ -156,13 +176,15 @@ def read_snapshot(path: str, collection_id: str) -> Snapshot:
         values = payload[at + a + b : at + a + b + c].view("<u8").reshape(keys, width)
         at += a + b + c
         try:
-            tables.append(KeyTable.restore(np.array([salt0, salt1], np.uint64), used,
-                                           key_words, values))  # fmt: skip
+            tables.append(
+                KeyTable.restore(np.array([salt0, salt1], np.uint64), used, key_words, values)
+            )
         except ValueError as exc:
             raise SnapshotError(f"inconsistent: {exc}") from None
     if len(tables[0]) != reports or len(tables[1]) != reports:
-        raise SnapshotError(f"tables ({len(tables[0])}, {len(tables[1])} keys) must hold "
-                            f"{reports} reports")  # fmt: skip
+        raise SnapshotError(
+            f"tables ({len(tables[0])}, {len(tables[1])} keys) must hold {reports} reports"
+        )
     return Snapshot(seq, reports, ids, tables[0], tables[1])
 
 
@@ -191,8 +213,15 @@ class SnapshotSchedule:
             return None
         return os.path.join(self._snapshots, collection_id.encode("utf-8").hex() + ".snap")
 
-    def _write_snapshot(self, path: str, collection_id: str, seq: int, reports: int,
-                        hashed: int, tables: list[dict[str, np.ndarray]]) -> None:  # fmt: skip
+    def _write_snapshot(
+        self,
+        path: str,
+        collection_id: str,
+        seq: int,
+        reports: int,
+        hashed: int,
+        tables: list[dict[str, np.ndarray]],
+    ) -> None:
         """:func:`write_snapshot` into the snapshot folder (made if missing), counted."""
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         self.snapshot_bytes += write_snapshot(path, collection_id, seq, reports, hashed, tables)
@@ -207,8 +236,11 @@ class SnapshotSchedule:
     def _snapshot_due(self, tables: _Tables) -> bool:
         """Past :data:`SNAPSHOT_FIRST` reports, then each time the tables double."""
         stored = len(tables.by_id)
-        return (self._snapshots is not None and stored >= SNAPSHOT_FIRST
-                and stored >= 2 * tables.snapshot_reports)  # fmt: skip
+        return (
+            self._snapshots is not None
+            and stored >= SNAPSHOT_FIRST
+            and stored >= 2 * tables.snapshot_reports
+        )
 
     def _snapshot_later(self, collection_id: str) -> None:
         """Start writing a snapshot in the background, unless one is being written."""

@@ -191,13 +191,18 @@ class _Entry:
         return replace(self.record, reports=sum(per_phase), phase_reports=per_phase)
 
     def support(self, phase: int) -> SupportCounts:
-        return SupportCounts(self.record.plans[phase], self.n[phase].copy(),
-                             tuple(c.copy() for c in self.counts[phase]))  # fmt: skip
+        return SupportCounts(
+            self.record.plans[phase],
+            self.n[phase].copy(),
+            tuple(c.copy() for c in self.counts[phase]),
+        )
 
     def support_row(self, phase: int) -> tuple[bytes, bytes]:
         """(n, counts) of ``phase`` as the ``support`` table's blobs."""
-        return (self.n[phase].astype(_I64).tobytes(),
-                np.concatenate(self.counts[phase]).astype(_I64).tobytes())  # fmt: skip
+        return (
+            self.n[phase].astype(_I64).tobytes(),
+            np.concatenate(self.counts[phase]).astype(_I64).tobytes(),
+        )
 
     def set_support_row(self, phase: int, n_blob: bytes, counts_blob: bytes) -> None:
         plan = self.record.plans[phase]
@@ -343,9 +348,7 @@ class Storage(SnapshotSchedule):
 
     def _load_log(self, conn: sqlite3.Connection, entry: _Entry) -> None:
         """Fill the tables from the whole batch log."""
-        ids, pseudonyms, entry.seq, entry.ids_hash = _stored_keys(
-            conn, entry.record.collection_id
-        )
+        ids, pseudonyms, entry.seq, entry.ids_hash = _stored_keys(conn, entry.record.collection_id)
         # the two tables fill in parallel (numpy's sorts and copies drop the GIL)
         other = threading.Thread(target=entry.by_pseudonym.insert, args=(pseudonyms,))
         other.start()
@@ -367,8 +370,9 @@ class Storage(SnapshotSchedule):
         try:
             snap = read_snapshot(path, cid)
         except SnapshotError as exc:
-            log.warning("key snapshot of collection %r not used (%s): rebuilding from the log",
-                        cid, exc)  # fmt: skip
+            log.warning(
+                "key snapshot of collection %r not used (%s): rebuilding from the log", cid, exc
+            )
             return False
         row = conn.execute(
             "SELECT report_ids, (SELECT coalesce(sum(count), 0) FROM batches WHERE "
@@ -376,8 +380,11 @@ class Storage(SnapshotSchedule):
             (cid, snap.seq, cid, snap.seq),
         ).fetchone()
         if row is None or ids_hash(row[0]) != snap.ids_hash or row[1] != snap.reports:
-            log.warning("key snapshot of collection %r not used (it does not match the batch "
-                        "log): rebuilding from the log", cid)  # fmt: skip
+            log.warning(
+                "key snapshot of collection %r not used (it does not match the batch "
+                "log): rebuilding from the log",
+                cid,
+            )
             return False
         ids, pseudonyms, seq, hashed = _stored_keys(conn, cid, after=snap.seq)
         snap.by_id.insert(ids, pseudonyms)
@@ -399,9 +406,14 @@ class Storage(SnapshotSchedule):
         try:
             with contextlib.nullcontext() if locked else self._lock:
                 entry = self._entries.get(collection_id)
-                if (entry is None or not entry.ready.is_set() or entry.load_error is not None
-                        or entry.record.state != OPEN or entry.seq <= entry.snapshot_seq):
-                    return  # fmt: skip
+                if (
+                    entry is None
+                    or not entry.ready.is_set()
+                    or entry.load_error is not None
+                    or entry.record.state != OPEN
+                    or entry.seq <= entry.snapshot_seq
+                ):
+                    return
                 tables = [entry.by_id.export(), entry.by_pseudonym.export()]
                 seq, reports, hashed = entry.seq, len(entry.by_id), entry.ids_hash
                 entry.snapshot_seq, entry.snapshot_reports = seq, reports
@@ -436,9 +448,16 @@ class Storage(SnapshotSchedule):
         the id is taken."""
         check_collection_args(collection_id, plan, k, submit_token_hash, design)
         record = CollectionRecord(
-            collection_id, (plan,), int(k), OPEN, bytes(submit_token_hash), time.time(), None,
-            0, design,
-        )  # fmt: skip
+            collection_id,
+            (plan,),
+            int(k),
+            OPEN,
+            bytes(submit_token_hash),
+            time.time(),
+            None,
+            0,
+            design,
+        )
         with self._lock:
             conn = self._connection()
             if collection_id in self._entries:
@@ -580,9 +599,17 @@ class Storage(SnapshotSchedule):
                         row = conn.execute(
                             "INSERT INTO batches (collection_id, phase, count, report_ids, "
                             "pseudonyms, views, cells, bits) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                            (collection_id, phase, len(fresh), blobs["report_ids"],
-                             blobs["pseudonyms"], blobs["views"], blobs["cells"], blobs["bits"]),
-                        )  # fmt: skip
+                            (
+                                collection_id,
+                                phase,
+                                len(fresh),
+                                blobs["report_ids"],
+                                blobs["pseudonyms"],
+                                blobs["views"],
+                                blobs["cells"],
+                                blobs["bits"],
+                            ),
+                        )
                         seq = int(row.lastrowid or 0)
                         _write_support(conn, collection_id, phase, entry)
                 except BaseException:
@@ -765,8 +792,10 @@ def _migrate_rows_to_log(conn: sqlite3.Connection) -> None:
                 (cid, phase),
             ).fetchall()
             for lo in range(0, len(rows), _MIGRATE_CHUNK):
-                chunk = [StoredReport(bytes(r), bytes(p), v, x if isinstance(x, int) else bytes(x))
-                         for r, p, v, x in rows[lo : lo + _MIGRATE_CHUNK]]  # fmt: skip
+                chunk = [
+                    StoredReport(bytes(r), bytes(p), v, x if isinstance(x, int) else bytes(x))
+                    for r, p, v, x in rows[lo : lo + _MIGRATE_CHUNK]
+                ]
                 try:
                     columns = columns_from_reports(plan, chunk)
                 except CalmkitError as exc:
@@ -782,9 +811,17 @@ def _migrate_rows_to_log(conn: sqlite3.Connection) -> None:
                 conn.execute(
                     "INSERT INTO batches (collection_id, phase, count, report_ids, pseudonyms, "
                     "views, cells, bits) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (cid, phase, len(columns), blobs["report_ids"], blobs["pseudonyms"],
-                     blobs["views"], blobs["cells"], blobs["bits"]),
-                )  # fmt: skip
+                    (
+                        cid,
+                        phase,
+                        len(columns),
+                        blobs["report_ids"],
+                        blobs["pseudonyms"],
+                        blobs["views"],
+                        blobs["cells"],
+                        blobs["bits"],
+                    ),
+                )
             _write_support(conn, cid, phase, entry, insert=True)
     conn.execute("DROP TABLE reports")
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -109,9 +109,7 @@ class CollectionRecord:
 
     def __post_init__(self) -> None:
         plans = self.plans
-        if not isinstance(plans, tuple) or not plans or not all(
-            isinstance(p, Plan) for p in plans
-        ):
+        if not isinstance(plans, tuple) or not plans or not all(isinstance(p, Plan) for p in plans):
             raise CalmkitError(f"plans ({_show(plans)}) must be a non-empty tuple of Plans")
         if self.state not in (OPEN, CLOSED):
             raise CalmkitError(f"state ({_show(self.state)}) must be {OPEN!r} or {CLOSED!r}")
@@ -165,18 +163,24 @@ class ReportStore(Protocol):
     snapshot_bytes: int
 
     def create_collection(
-        self, collection_id: str, plan: Plan, k: int, submit_token_hash: bytes,
+        self,
+        collection_id: str,
+        plan: Plan,
+        k: int,
+        submit_token_hash: bytes,
         design: PhasedDesign | None = None,
-    ) -> CollectionRecord: ...  # fmt: skip
+    ) -> CollectionRecord: ...
     def get_collection(self, collection_id: str) -> CollectionRecord: ...
     def submit_record(self, collection_id: str, plan_digest: str) -> CollectionRecord: ...
     def list_collections(self) -> list[CollectionRecord]: ...
     def close_collection(self, collection_id: str) -> CollectionRecord: ...
     def add_phase(self, collection_id: str, phase: int, plan: Plan) -> CollectionRecord: ...
     def add_reports(
-        self, collection_id: str, plan_digest: str,
+        self,
+        collection_id: str,
+        plan_digest: str,
         reports: Sequence[StoredReport] | ReportColumns,
-    ) -> BatchOutcome: ...  # fmt: skip
+    ) -> BatchOutcome: ...
     def support(self, collection_id: str) -> SupportCounts: ...
     def phase_support(self, collection_id: str, phase: int) -> SupportCounts: ...
     def recount(self, collection_id: str) -> SupportCounts: ...
@@ -185,9 +189,11 @@ class ReportStore(Protocol):
     def __contains__(self, collection_id: object) -> bool: ...
     def __enter__(self) -> ReportStore: ...
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None: ...  # fmt: skip
+    ) -> None: ...
 
 
 class KeyLookup(Protocol):
@@ -302,8 +308,7 @@ def batch_columns(plan: Plan, reports: Sequence[StoredReport] | ReportColumns) -
 
 def _content(batch: ReportColumns) -> np.ndarray:
     """Per report, its whole content (pseudonym, view, payload) as one void value."""
-    width = max([1] + [vp.payloads.reshape(len(vp.rows), -1).shape[1] * 8
-                       for vp in batch.per_view])  # fmt: skip
+    width = max([1] + [vp.payloads.reshape(len(vp.rows), -1).shape[1] * 8 for vp in batch.per_view])
     payload = np.zeros((len(batch), width), dtype=np.uint8)
     for vp in batch.per_view:
         raw = np.ascontiguousarray(vp.payloads).reshape(len(vp.rows), -1)
@@ -355,9 +360,12 @@ def dedupe_batch(batch: ReportColumns) -> np.ndarray:
 
 
 def new_positions(
-    tables: KeyTables, collection_id: str, distinct: np.ndarray, ids: np.ndarray,
+    tables: KeyTables,
+    collection_id: str,
+    distinct: np.ndarray,
+    ids: np.ndarray,
     pseudonyms: np.ndarray,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """Of the batch's ``distinct`` positions, those not yet stored (in ``tables``);
     ``ids`` and ``pseudonyms`` are the batch's keys as (n, 2) uint64 words.
 
@@ -398,18 +406,28 @@ def recount_log(
     parts = [SupportCounts.zeros(p) for p in plans]
     for seq, phase, count, *blobs in rows:
         if not 0 <= phase < len(plans):
-            raise CalmkitError(f"batch {seq} of collection {_show(collection_id)} has phase "
-                               f"({phase}) outside [0, {len(plans) - 1}]")  # fmt: skip
+            raise CalmkitError(
+                f"batch {seq} of collection {_show(collection_id)} has phase "
+                f"({phase}) outside [0, {len(plans) - 1}]"
+            )
         rid, pseudonyms, views, cells, bits = (bytes(b) for b in blobs)
         try:
-            columns = decode_columns(plans[phase], count, report_ids=rid, pseudonyms=pseudonyms,
-                                     views=views, cells=cells, bits=bits)  # fmt: skip
+            columns = decode_columns(
+                plans[phase],
+                count,
+                report_ids=rid,
+                pseudonyms=pseudonyms,
+                views=views,
+                cells=cells,
+                bits=bits,
+            )
         except CalmkitError as exc:
             raise CalmkitError(
                 f"batch {seq} of collection {_show(collection_id)} is invalid: {exc}"
             ) from None
         n, counts = columns.support_deltas()
         old = parts[phase]
-        parts[phase] = SupportCounts(old.plan, old.n + n,
-                                     tuple(a + b for a, b in zip(old.counts, counts)))  # fmt: skip
+        parts[phase] = SupportCounts(
+            old.plan, old.n + n, tuple(a + b for a, b in zip(old.counts, counts))
+        )
     return combine_phases(parts)

@@ -37,8 +37,9 @@ def binary_encode(population: Population) -> tuple[Population, tuple[tuple[int, 
         groups.append(tuple(range(start, start + width)))
     bits = np.stack(columns, axis=1).astype(np.uint8)
     schema = Schema.from_domains({name: ("0", "1") for name in names})
-    encoded = Population(schema, bits, name=f"{population.name} (binary-encoded)",
-                         notes=population.notes)  # fmt: skip
+    encoded = Population(
+        schema, bits, name=f"{population.name} (binary-encoded)", notes=population.notes
+    )
     return encoded, tuple(groups)
 
 

@@ -68,8 +68,19 @@ def _setting_views(
     reconstruction: str = "local",
 ) -> tuple[tuple[int, ...], ...]:
     """The views of one setting, planned once per process (view randomness seeded 0)."""
-    plan = plan_collection(schema, epsilon, n, k, theta=theta, l=l, m=m, rng=0, seed=0,
-                           planner=planner, reconstruction=reconstruction)  # fmt: skip
+    plan = plan_collection(
+        schema,
+        epsilon,
+        n,
+        k,
+        theta=theta,
+        l=l,
+        m=m,
+        rng=0,
+        seed=0,
+        planner=planner,
+        reconstruction=reconstruction,
+    )
     return plan.views
 
 
@@ -106,18 +117,39 @@ class Calm(Mechanism):
     def run(self, population: Population, epsilon: float, k: int, rng: RngLike = None) -> Release:
         gen = np.random.default_rng(rng)
         seed = int(gen.integers(2**31))
-        phased = (self.planner == "pipeline" and self.pilot > 0 and population.n >= 2
-                  and (self.l is None or self.m is None))  # fmt: skip
+        phased = (
+            self.planner == "pipeline"
+            and self.pilot > 0
+            and population.n >= 2
+            and (self.l is None or self.m is None)
+        )
         if not phased:
             if self.replan:
-                plan = plan_collection(population.schema, epsilon, population.n, k,
-                                       theta=self.theta, l=self.l, m=self.m, rng=seed, seed=seed,
-                                       planner=self.planner,
-                                       reconstruction=self.reconstruction)  # fmt: skip
+                plan = plan_collection(
+                    population.schema,
+                    epsilon,
+                    population.n,
+                    k,
+                    theta=self.theta,
+                    l=self.l,
+                    m=self.m,
+                    rng=seed,
+                    seed=seed,
+                    planner=self.planner,
+                    reconstruction=self.reconstruction,
+                )
             else:
-                views = _setting_views(population.schema, float(epsilon), population.n, k,
-                                       self.theta, self.l, self.m, self.planner,
-                                       self.reconstruction)  # fmt: skip
+                views = _setting_views(
+                    population.schema,
+                    float(epsilon),
+                    population.n,
+                    k,
+                    self.theta,
+                    self.l,
+                    self.m,
+                    self.planner,
+                    self.reconstruction,
+                )
                 plan = Plan(population.schema, epsilon, views, seed=seed)
             support = collect_support(population, plan, gen, path=self.path)
             chosen: dict[str, object] = {"m": plan.m, "l": max(len(v) for v in plan.views)}
@@ -128,14 +160,20 @@ class Calm(Mechanism):
         pilot_users = np.sort(gen.permutation(population.n)[:cut])
         rest = np.ones(population.n, dtype=bool)  # a mask: no copy of the codes
         rest[pilot_users] = False
-        pilot_support = collect_support(population, first, gen, path=self.path,
-                                        rows=pilot_users)  # fmt: skip
-        main = plan_after_pilot(pilot_support, population.n - cut,
-                                workload_of(population.schema, k, None), seed=seed + 1,
-                                l=self.l, m=self.m, reconstruction=self.reconstruction)  # fmt: skip
+        pilot_support = collect_support(population, first, gen, path=self.path, rows=pilot_users)
+        main = plan_after_pilot(
+            pilot_support,
+            population.n - cut,
+            workload_of(population.schema, k, None),
+            seed=seed + 1,
+            l=self.l,
+            m=self.m,
+            reconstruction=self.reconstruction,
+        )
         main_support = collect_support(population, main.plan, gen, path=self.path, rows=rest)
-        estimator = reconstruct_by(combine_phases([pilot_support, main_support]),
-                                   self.reconstruction, self.shrink)
+        estimator = reconstruct_by(
+            combine_phases([pilot_support, main_support]), self.reconstruction, self.shrink
+        )
         chosen_main: dict[str, object] = {
             "m": main.plan.m,
             "l": main.choice.l,

@@ -299,8 +299,9 @@ class EMRelease(Release):
         cells = self.schema.cells(attrs)
         if self.init == "uniform":
             return np.full(cells, 1.0 / cells)
-        floored: np.ndarray = np.maximum(norm_sub(self._unbiased(attrs, support, counts)),
-                                         1.0 / self.n)  # fmt: skip
+        floored: np.ndarray = np.maximum(
+            norm_sub(self._unbiased(attrs, support, counts)), 1.0 / self.n
+        )
         return floored
 
     def log_likelihood(self, attrs: Sequence[int], table: np.ndarray) -> float:

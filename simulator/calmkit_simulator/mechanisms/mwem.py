@@ -164,8 +164,9 @@ def laplace_measure(counts: np.ndarray, epsilon: float, rng: RngLike = None) -> 
     return c + gen.laplace(0.0, 1.0 / eps, size=c.shape)
 
 
-def default_rounds(n: int, epsilon: float, domain_cells: int, marginal_cells: float,
-                   candidates: int) -> int:  # fmt: skip
+def default_rounds(
+    n: int, epsilon: float, domain_cells: int, marginal_cells: float, candidates: int
+) -> int:
     """T when ``rounds`` is not given: ``round((epsilon n)^(1/3) sqrt(ln|D| / c))``,
     clipped to ``[1, candidates]``, with ``|D| = domain_cells`` and ``c =
     marginal_cells`` the mean cell count of a candidate marginal.

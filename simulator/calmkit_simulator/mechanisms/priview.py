@@ -80,9 +80,18 @@ class PriView(Mechanism):
         eps = validate_epsilon(epsilon, "epsilon")
         gen = np.random.default_rng(rng)
         seed = int(gen.integers(2**31))
-        plan = plan_collection(population.schema, eps, population.n, k, theta=self.theta,
-                               l=self.l, m=self.m, rng=seed, seed=seed,
-                               planner="paper")  # fmt: skip
+        plan = plan_collection(
+            population.schema,
+            eps,
+            population.n,
+            k,
+            theta=self.theta,
+            l=self.l,
+            m=self.m,
+            rng=seed,
+            seed=seed,
+            planner="paper",
+        )
         tables = laplace_views(population, plan.views, eps, gen)
         final = make_consistent(tables).tables
         if self.shrink:  # iid noise: the contrast variance is the per-cell variance
