@@ -134,11 +134,6 @@ class JunctionTree:
         """Cells of the largest clique."""
         return max((cells_of(c, self.sizes) for c in self.cliques), default=1)
 
-    @property
-    def total_cells(self) -> int:
-        """Cells held by all clique tables together."""
-        return sum(cells_of(c, self.sizes) for c in self.cliques)
-
     def children(self) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in self.cliques]
         for i, p in enumerate(self.parent):
