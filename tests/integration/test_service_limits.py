@@ -81,12 +81,12 @@ def test_token_less_flood_keeps_memory_flat(served_process) -> None:  # type: ig
     proc, address = served_process
     _flood(address, 2)  # warm up the channel machinery
     start = _rss_mb(proc.pid)
-    codes = _flood(address, 32)
+    codes = _flood(address, 64)
     assert set(codes) <= {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAUTHENTICATED}
-    time.sleep(0.5)
+    time.sleep(2.0)  # the server trims freed memory within a second of the last body
     grown = _rss_mb(proc.pid) - start
-    # measured 17-99 MB over 8 connections; calmkit before the limits kept ~1.2 GB
-    assert grown < 150, f"server RSS grew {grown:.0f} MB over 32 token-less 16 MiB calls"
+    # the target: back within 100 MB of the start (calmkit before the limits: +2 GB)
+    assert grown < 100, f"server RSS grew {grown:.0f} MB over 64 token-less 16 MiB calls"
 
 
 def test_health_answers_during_a_flood(served_process) -> None:  # type: ignore[no-untyped-def]
