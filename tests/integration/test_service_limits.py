@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -105,7 +106,8 @@ def test_health_answers_during_a_flood(served_process) -> None:  # type: ignore[
         flood.result()
     assert len(latencies) >= 5
     p99 = float(np.quantile(latencies, 0.99))
-    assert p99 < 0.5, f"health p99 {1e3 * p99:.0f} ms during the flood (target 100 ms)"
+    # 2.5x the 100 ms target (measured ~40 ms; calmkit before the limits: 400-570 ms)
+    assert p99 < 0.25, f"health p99 {1e3 * p99:.0f} ms during the flood (target 100 ms)"
 
 
 def _never_sent(stop: threading.Event) -> Iterator[bytes]:
@@ -149,35 +151,44 @@ def test_small_methods_refuse_bodies_over_their_limit(tmp_path: Path) -> None:
 
 
 def test_largest_submit_passes_and_one_over_is_refused(tmp_path: Path) -> None:
-    assert SUBMIT_BODY_BYTES == MAX_MESSAGE_BYTES
+    """A valid batch padded (an unknown field, which parsing skips) to exactly the submit
+    limit is accepted; one byte more is refused naming the limit."""
     with Server(tmp_path) as server:
         info = create_collection(server.address)
         token = (("authorization", f"Bearer {info.submit_token}"),)
-        items = DeviceState.in_memory().reports_for("c1", info.plan, POP.codes[:50], IDS[:50])
-        batch = client_wire.batch_to_proto("c1", info.plan.digest, items)
+        state = DeviceState.in_memory()
         options = [("grpc.max_send_message_length", 2 * MAX_MESSAGE_BYTES)]
         with grpc.insecure_channel(server.address, options=options) as channel:
-            stub = client_wire.pb_grpc.AggregatorStub(channel)
-            assert stub.SubmitReports(batch, metadata=token, timeout=30).accepted == 50
-            batch.collection_id = "c1"
-            padding = SUBMIT_BODY_BYTES - batch.ByteSize() + 1
-            batch.plan_digest = batch.plan_digest  # keep the digest; pad an unknown field
-            over = batch.SerializeToString() + _unknown_field(padding)
+            submit = channel.unary_unary("/calmkit.v1.Aggregator/SubmitReports")
+            ack = submit(_padded(state, info, 0, SUBMIT_BODY_BYTES), metadata=token, timeout=30)
+            assert client_wire.pb.Ack.FromString(ack).accepted == 50
             with pytest.raises(grpc.RpcError) as err:
-                channel.unary_unary("/calmkit.v1.Aggregator/SubmitReports")(
-                    over, metadata=token, timeout=30
-                )
+                submit(_padded(state, info, 50, SUBMIT_BODY_BYTES + 1), metadata=token, timeout=30)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert str(SUBMIT_BODY_BYTES) in err.value.details()
 
 
-def _unknown_field(size: int) -> bytes:
-    """Field 99 (length-delimited) of about ``size`` bytes in all."""
-    tag, n = bytes([0x9A, 0x06]), size - 7
-    length = bytearray()
+def _padded(state: DeviceState, info: Any, first: int, size: int) -> bytes:
+    """50 fresh reports from user ``first`` on, serialised and padded to ``size`` bytes."""
+    users = slice(first, first + 50)
+    items = state.reports_for("c1", info.plan, POP.codes[users], IDS[users])
+    raw = client_wire.batch_to_proto("c1", info.plan.digest, items).SerializeToString()
+    return raw + _unknown_field(size - len(raw))
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
     while True:
         byte, n = n & 0x7F, n >> 7
-        length.append(byte | (0x80 if n else 0))
+        out.append(byte | (0x80 if n else 0))
         if not n:
-            break
-    return tag + bytes(length) + b"\0" * (size - 2 - len(length))
+            return bytes(out)
+
+
+def _unknown_field(size: int) -> bytes:
+    """Field 99 (length-delimited) taking exactly ``size`` bytes."""
+    for width in range(1, 6):
+        payload = size - 2 - width
+        if len(_varint(payload)) == width:
+            return bytes([0x9A, 0x06]) + _varint(payload) + b"\0" * payload
+    raise AssertionError(f"no field of {size} bytes")
