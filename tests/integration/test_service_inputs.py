@@ -71,13 +71,18 @@ def test_huge_client_strings_are_echoed_bounded(
     batch.plan_digest = huge
     wrong_cid = client_wire.batch_to_proto("c1", info.plan.digest, items)
     wrong_cid.collection_id = huge
-    failures = [
+    too_large = [  # bodies over their method's limit: refused before parsing
         _fail(served.stub.GetPlan, pb.CollectionRef(collection_id=huge)),
         _fail(served.stub.GetCollection, pb.CollectionRef(collection_id=huge)),
+        _fail(served.stub.Query, pb.QueryRequest(collection_id="c1", attributes=["a0", huge])),
+    ]
+    for err in too_large:
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()[:200]
+        assert "must be at most" in err.details() and "\u202e" not in err.details()
+    failures = [
+        _fail(served.stub.CreateCollection, pb.CreateCollectionRequest(collection_id=huge)),
         _fail(served.stub.SubmitReports, wrong_cid, metadata=token),
         _fail(served.stub.SubmitReports, batch, metadata=token),
-        _fail(served.stub.Query, pb.QueryRequest(collection_id="c1", attributes=["a0", huge])),
-        _fail(served.stub.CreateCollection, pb.CreateCollectionRequest(collection_id=huge)),
     ]
     for err in failures:
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT or err.code() in (
@@ -228,7 +233,8 @@ def test_huge_epsilon_and_undecodable_bytes_are_invalid_argument(served: Served)
         request_serializer=None,
         response_deserializer=None,
     )
-    err = _fail(raw, b"\xff\xff\xff\xff")
+    token = (("authorization", "Bearer " + "t" * 32),)  # well formed: the body is read
+    err = _fail(raw, b"\xff\xff\xff\xff", metadata=token)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.details() == "request (4 bytes) is not a valid calmkit.v1.ReportBatch message"
     assert (ERROR_KEY, "CalmkitError") in tuple(err.trailing_metadata())

@@ -37,6 +37,8 @@ SIZES = (2, 3, 2, 2, 4)
 POP = synthetic_population(n=40_000, sizes=SIZES, strength=1.5, rng=5)
 IDS = np.arange(POP.n, dtype=np.uint64)
 SUBMIT = "/calmkit.v1.Aggregator/SubmitReports"
+GET_PLAN = "/calmkit.v1.Aggregator/GetPlan"
+FORGED = ("authorization", "Bearer " + "f" * 32)  # well formed: the server reads the body
 
 
 def _create(address: str, root: bytes | None = None, collection_id: str = "c1") -> object:
@@ -52,9 +54,12 @@ def _health(address: str, timeout: float = 2.0) -> int:
 
 
 # -- slow streams (item 6) ---------------------------------------------------------------
-def _stalled_streams(port: int, count: int) -> list[socket.socket]:
-    """``count`` connections, each opening a SubmitReports stream whose message says
-    1000 bytes follow and then never sends them (nor ends the stream)."""
+def _stalled_streams(
+    port: int, count: int, path: str = SUBMIT, extra: tuple[tuple[str, str], ...] = ()
+) -> list[socket.socket]:
+    """``count`` connections, each opening a ``path`` stream (headers plus ``extra``)
+    whose message says 1000 bytes follow and then never sends them (nor ends the
+    stream)."""
     h2_connection = pytest.importorskip("h2.connection")
     h2_config = pytest.importorskip("h2.config")
     sockets = []
@@ -67,10 +72,11 @@ def _stalled_streams(port: int, count: int) -> list[socket.socket]:
             [
                 (":method", "POST"),
                 (":scheme", "http"),
-                (":path", SUBMIT),
+                (":path", path),
                 (":authority", f"127.0.0.1:{port}"),
                 ("content-type", "application/grpc"),
                 ("te", "trailers"),
+                *extra,
             ],
         )
         conn.send_data(1, b"\x00" + struct.pack(">I", 1000) + b"\x0a\x02c1")
@@ -79,13 +85,19 @@ def _stalled_streams(port: int, count: int) -> list[socket.socket]:
     return sockets
 
 
-def test_stalled_streams_do_not_starve_health_or_plans(server: Server) -> None:
-    """16 unauthenticated streams stall mid-message (twice the old server's 8 workers);
-    health checks and GetPlan still answer at once."""
+@pytest.mark.parametrize(
+    ("path", "extra"), [(SUBMIT, ()), (SUBMIT, (FORGED,)), (GET_PLAN, ())], ids=str
+)
+def test_stalled_streams_do_not_starve_health_or_plans(
+    server: Server, path: str, extra: tuple[tuple[str, str], ...]
+) -> None:
+    """16 streams stall mid-message (twice the old server's 8 workers): submits with no
+    token (refused on their headers), with a forged well-formed token, and GetPlan
+    calls (both read); health checks, GetPlan and submits still answer at once."""
     address = server.address
     info = _create(address)
     port = int(address.rsplit(":", 1)[1])
-    sockets = _stalled_streams(port, 16)
+    sockets = _stalled_streams(port, 16, path, extra)
     try:
         time.sleep(0.3)  # let the server take every stream
         assert _health(address) == health_pb2.HealthCheckResponse.SERVING

@@ -22,6 +22,7 @@ a ``grpc.aio`` server in its own event-loop thread behind a blocking facade
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
 import threading
 from concurrent import futures
@@ -38,6 +39,7 @@ from calmkit_client.collector import MAX_MESSAGE_BYTES
 
 from . import wire
 from .handlers import AggregatorService
+from .limits import Guard
 from .store import ReportStore
 
 __all__ = ["Server", "ServerTls", "create_server", "graceful_stop", "is_loopback"]
@@ -199,15 +201,17 @@ async def _start(
     tls: ServerTls | None,
     workers: futures.ThreadPoolExecutor,
     max_concurrent_rpcs: int,
+    admin_token: str | None = None,
 ) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
-    # The service's handlers are plain functions: grpc.aio reads each request on the
-    # loop and runs the handler on ``workers`` once the message is complete.
+    # The service's handlers are plain functions: the guard checks the metadata, reads
+    # the request on the loop and runs the handler on ``workers`` once it is complete.
     server = grpc.aio.server(
         migration_thread_pool=workers,
         options=_options(),
         maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
-    wire.add_servicer(service, server)
+    admin_hash = hashlib.sha256(admin_token.encode("utf-8")).digest() if admin_token else None
+    wire.add_servicer(service, server, Guard(workers, admin_hash))
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", wire.SERVICE_NAME):
@@ -270,7 +274,7 @@ def create_server(
     thread = threading.Thread(target=loop.run_forever, daemon=True, name="calmkit-grpc")
     thread.start()
     started = asyncio.run_coroutine_threadsafe(
-        _start(address, service, tls, workers, max_concurrent_rpcs), loop
+        _start(address, service, tls, workers, max_concurrent_rpcs, admin_token), loop
     )
     try:
         server, health_servicer, port = started.result()

@@ -51,18 +51,24 @@ def picks_collection_id(request: Any) -> bool:
     return isinstance(request, pb.CreateCollectionRequest)
 
 
-def add_servicer(servicer: Any, server: Any) -> None:
+def add_servicer(servicer: Any, server: Any, guard: Any = None) -> None:
     """Register ``servicer``'s methods; requests arrive as bytes and are parsed here,
-    so a message that does not decode is INVALID_ARGUMENT (not INTERNAL)."""
+    so a message that does not decode is INVALID_ARGUMENT (not INTERNAL). With a
+    ``guard`` (:class:`~.limits.Guard`), each method is served by its request-streaming
+    wrapper, which checks the metadata and the body's size before parsing."""
     methods = pb.DESCRIPTOR.services_by_name["Aggregator"].methods
-    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-        m.name: grpc.unary_unary_rpc_method_handler(
-            _parsing(getattr(servicer, m.name), getattr(pb, m.input_type.name)),
-            request_deserializer=None,
-            response_serializer=getattr(pb, m.output_type.name).SerializeToString,
-        )
-        for m in methods
-    }
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for m in methods:
+        handle = _parsing(getattr(servicer, m.name), getattr(pb, m.input_type.name))
+        serialize = getattr(pb, m.output_type.name).SerializeToString
+        if guard is None:
+            handlers[m.name] = grpc.unary_unary_rpc_method_handler(
+                handle, request_deserializer=None, response_serializer=serialize
+            )
+        else:
+            handlers[m.name] = grpc.stream_unary_rpc_method_handler(
+                guard.wrap(m.name, handle), request_deserializer=None, response_serializer=serialize
+            )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
 
 
