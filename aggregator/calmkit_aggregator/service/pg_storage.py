@@ -78,6 +78,7 @@ from calmkit_client.errors import (
 from ..phases import PhasedDesign, combine_phases
 from ..reconstruction.support import SupportCounts
 from .columns import KEY_BYTES, ReportColumns
+from .faults import LOST_MESSAGE, mask_secrets
 from .keyset import KeyTable, as_words
 from .snapshot import (
     SnapshotError,
@@ -327,7 +328,8 @@ class PgStorage(SnapshotSchedule):
             try:
                 conn = self._connect(writer=name == "_wconn")
             except CalmkitError as exc:
-                raise ServiceUnavailable(f"database unavailable: {exc}: retry") from None
+                log.error("database unavailable (%s): %s", name.strip("_"), mask_secrets(str(exc)))
+                raise ServiceUnavailable(LOST_MESSAGE) from None
             setattr(self, name, conn)
             log.warning("reconnected to the database (%s)", name.strip("_"))
         return conn
@@ -401,7 +403,8 @@ class PgStorage(SnapshotSchedule):
                 f"the batch met a concurrent one ({_first_line(exc)}): retry"
             ) from None
         except psycopg.OperationalError as exc:
-            raise ServiceUnavailable(f"database unavailable: {_first_line(exc)}") from None
+            log.error("database unavailable: %s", mask_secrets(_first_line(exc)))
+            raise ServiceUnavailable(LOST_MESSAGE) from None
 
     # -- reading -------------------------------------------------------------------------
     def _plan(self, cid: str, phase: int, plan_json: str, digest: str) -> Plan:
