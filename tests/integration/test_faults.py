@@ -4,13 +4,18 @@ string); the Collector retries both and every acknowledged report is stored once
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
+from calmkit_aggregator.service.server import create_server, graceful_stop
 from calmkit_client import CalmkitError
 from calmkit_client import wire as client_wire
 from calmkit_client.collector import Collector, RetryPolicy, call_with_retry, open_channel
@@ -145,3 +150,61 @@ def test_the_default_policy_retries_faults_for_a_minute_with_jitter() -> None:
         RetryPolicy(total=0)
     with pytest.raises(CalmkitError, match=r"jitter \(2\) must be in \[0, 1\]"):
         RetryPolicy(jitter=2)
+
+
+@pytest.fixture
+def own_pg() -> Iterator[object]:
+    """A PostgreSQL server of this test's own, to stop and restart (tests/pg.py)."""
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    import pg
+
+    reason = pg.available()
+    if reason:
+        pytest.skip(reason)
+    server = pg.PgServer()
+    yield server
+    with contextlib.suppress(RuntimeError):  # already down when the test failed mid-way
+        server.stop()
+
+
+def test_postgres_restart_is_unavailable_then_ridden_out(
+    own_pg: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from calmkit_aggregator.service.pg_storage import PgStorage
+
+    dsn = own_pg.create_database("faults")
+    store = PgStorage(dsn)
+    server, port = create_server("127.0.0.1:0", store)
+    address = f"127.0.0.1:{port}"
+    try:
+        info = create_collection(address)
+        first = slice(0, 300)
+        with Collector(address, "c1", info.submit_token, DeviceState.in_memory()) as client:
+            assert client.submit_many(POP.codes[first], IDS[first]).accepted == 300
+        own_pg.crash()  # PostgreSQL gone: a token-less GetPlan learns nothing of it
+        stub = client_wire.aggregator_stub(open_channel(address))
+        ref = client_wire.collection_ref("c1")
+        for _ in range(2):  # the call that finds the connection broken, then a reconnect
+            with pytest.raises(ServiceUnavailable) as err:
+                call_with_retry(stub.GetPlan, ref, RetryPolicy(attempts=1))
+            message = str(err.value)
+            assert "database is unavailable" in message
+            for part in ("calmkit", "127.0.0.1", str(own_pg.port), "faults", "Error"):
+                assert part not in message, message
+        assert "connection" in caplog.text.lower()  # the details are in the server's log
+        # PostgreSQL back within the retry budget: the Collector's submit goes through
+        timer = threading.Timer(3.0, own_pg.start)
+        timer.start()
+        second = slice(300, 900)
+        try:
+            with Collector(address, "c1", info.submit_token, DeviceState.in_memory()) as client:
+                ack = client.submit_many(POP.codes[second], IDS[second])
+        finally:
+            timer.join()
+        assert (ack.accepted, ack.duplicates) == (600, 0)
+        assert int(store.support("c1").n.sum()) == 900  # each acknowledged report once
+        with PgStorage(dsn) as fresh:  # and so says the database itself
+            assert fresh.get_collection("c1").reports == 900
+    finally:
+        graceful_stop(server, 2.0)
+        store.close()
