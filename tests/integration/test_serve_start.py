@@ -91,3 +91,36 @@ def test_a_refused_start_leaves_no_database_file(
             graceful_stop(server, 1.0)
     assert code == 2 and db.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "db",
+    [
+        "postgresql://calmkit:s3cret@127.0.0.1:1/agg",
+        "postgresql://calmkit@127.0.0.1:1/agg?password=s3cret",
+    ],
+)
+def test_a_password_in_db_is_refused_saying_how_to_pass_it(
+    db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("psycopg")
+    code, err = _serve(["--address", "127.0.0.1:0", "--db", db], capsys)
+    assert code == 2 and len(err) == 1
+    assert "must not hold a password" in err[0] and "visible in ps" in err[0]
+    assert "PGPASSWORD" in err[0] and "--db-password-file" in err[0]
+    assert "s3cret" not in err[0]
+
+
+def test_the_db_password_file_is_a_secret_for_postgres_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    secret.chmod(0o644)
+    pg = "postgresql://calmkit@127.0.0.1:1/agg"
+    code, err = _serve(["--db", pg, "--db-password-file", str(secret)], capsys)
+    assert code == 2 and "must not be readable by other users" in err[0]
+    secret.chmod(0o600)
+    code, err = _serve(["--db", str(tmp_path / "a.db"), "--db-password-file", str(secret)], capsys)
+    assert code == 2 and "db_password_file must go with a postgresql:// db" in err[0]
+    assert not (tmp_path / "a.db").exists()

@@ -171,6 +171,13 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
         "postgresql://user@host/db URL shared by replica servers",
     )
     parser.add_argument(
+        "--db-password-file",
+        default=None,
+        metavar="FILE",
+        help="with a postgresql:// --db: a file (mode 0600) whose first line is the "
+        "password (or set PGPASSWORD, or PGPASSFILE; never put it in --db)",
+    )
+    parser.add_argument(
         "--key-snapshots",
         default=None,
         metavar="DIR",
@@ -215,6 +222,25 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _read_db_password(args: argparse.Namespace) -> str | None:
+    """``--db-password-file``'s first line (mode 0600 checked); a password inside a
+    postgresql:// ``--db`` is refused."""
+    from calmkit_aggregator.service.pg_storage import is_postgres_url, refuse_password_in
+
+    if is_postgres_url(args.db):
+        refuse_password_in(args.db)
+    path = getattr(args, "db_password_file", None)
+    if path is None:
+        return None
+    try:
+        lines = _read_secret_file("db_password_file", path).decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise CalmkitError(f"db_password_file ({path!r}) must be UTF-8 text") from None
+    if not lines or not lines[0]:
+        raise CalmkitError(f"db_password_file ({path!r}) must hold the password on its first line")
+    return lines[0]
+
+
 def _new_paths(db: str) -> list[str]:
     """The files a SQLite store at ``db`` would create that do not exist yet."""
     paths = [db, db + "-wal", db + "-shm", db + "-journal", db + "-keys"]
@@ -231,13 +257,15 @@ def _remove(paths: list[str]) -> None:
                 os.unlink(path)
 
 
-def _open_storage(db: str, snapshots: str | None) -> ReportStore:
+def _open_storage(db: str, snapshots: str | None, password: str | None) -> ReportStore:
     """The store behind ``--db``: PostgreSQL for a postgresql:// URL, else SQLite."""
     from calmkit_aggregator.service.pg_storage import PgStorage, is_postgres_url
     from calmkit_aggregator.service.storage import Storage
 
     if is_postgres_url(db):
-        return PgStorage(db, key_snapshots=snapshots)
+        return PgStorage(db, key_snapshots=snapshots, password=password)
+    if password is not None:
+        raise CalmkitError("db_password_file must go with a postgresql:// db")
     if snapshots is not None:
         raise CalmkitError(
             f"key_snapshots ({snapshots!r}) must go with a postgresql:// db (SQLite keeps "
@@ -265,10 +293,11 @@ def _serve(args: argparse.Namespace) -> int:
         _read_secret_file("tls_key", args.tls_key)  # the key file's mode is checked
         tls = ServerTls.from_files(args.tls_cert, args.tls_key)
     check_exposure(args.address, token, tls, args.insecure)  # before anything is created
+    password = _read_db_password(args)
     snapshots = getattr(args, "key_snapshots", None)
     created = [] if is_postgres_url(args.db) else _new_paths(args.db)
     try:
-        storage = _open_storage(args.db, snapshots)
+        storage = _open_storage(args.db, snapshots, password)
         try:
             server, port = create_server(
                 args.address,
