@@ -208,3 +208,38 @@ def test_postgres_restart_is_unavailable_then_ridden_out(
     finally:
         graceful_stop(server, 2.0)
         store.close()
+
+
+def test_a_password_reaches_postgres_from_the_environment_or_a_file_only(
+    own_pg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pg
+    import psycopg
+
+    from calmkit_aggregator.service.pg_storage import PgStorage
+
+    dsn = own_pg.create_database("secret")
+    with psycopg.connect(own_pg.dsn(), autocommit=True) as conn:
+        conn.execute("ALTER ROLE calmkit PASSWORD 'pw-4711'")
+    (own_pg.data / "pg_hba.conf").write_text(
+        "local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n"
+    )
+    own_pg._run(pg._binary("pg_ctl"), "-D", str(own_pg.data), "-w", "reload")
+    time.sleep(0.5)
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "none"))
+    with pytest.raises(CalmkitError, match="cannot be opened") as err:
+        PgStorage(dsn)  # no password anywhere: refused by the server
+    assert "pw-4711" not in str(err.value)
+    with PgStorage(dsn, password="pw-4711") as store:  # --db-password-file's way
+        assert store.list_collections() == []
+    monkeypatch.setenv("PGPASSWORD", "pw-4711")  # libpq's own way
+    with PgStorage(dsn) as store:
+        assert store.list_collections() == []
+    monkeypatch.delenv("PGPASSWORD")
+    passfile = tmp_path / "pgpass"
+    passfile.write_text(f"127.0.0.1:{own_pg.port}:secret:calmkit:pw-4711\n")
+    passfile.chmod(0o600)
+    monkeypatch.setenv("PGPASSFILE", str(passfile))
+    with PgStorage(dsn) as store:
+        assert store.list_collections() == []
