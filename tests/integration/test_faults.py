@@ -5,6 +5,7 @@ string); the Collector retries both and every acknowledged report is stored once
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
 import time
@@ -46,8 +47,9 @@ def _free_disk(server: Server, cap: int) -> None:
 
 
 def test_disk_full_is_resource_exhausted_and_the_collector_retries(
-    server: Server, tmp_path: Path
+    server: Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="calmkit.aggregator")
     info = create_collection(server.address)
     users = slice(0, 400)
     state = DeviceState.in_memory()
@@ -63,6 +65,8 @@ def test_disk_full_is_resource_exhausted_and_the_collector_retries(
     assert "storage is full" in message and "retry" in message
     assert not any(word.lower() in message.lower() for word in FORBIDDEN), message
     assert int(server.storage.support("c1").n.sum()) == 0  # refused whole
+    assert '"event": "storage_fault"' in caplog.text  # the details: in the server's log
+    assert "database or disk is full" in caplog.text
     # the Collector rides it out: space comes back after a second, the batch goes in
     timer = threading.Timer(1.0, _free_disk, (server, cap))
     timer.start()
@@ -243,3 +247,15 @@ def test_a_password_reaches_postgres_from_the_environment_or_a_file_only(
     monkeypatch.setenv("PGPASSFILE", str(passfile))
     with PgStorage(dsn) as store:
         assert store.list_collections() == []
+
+
+def test_logged_details_never_show_a_password() -> None:
+    from calmkit_aggregator.service.faults import mask_secrets
+
+    for text in (
+        "connection to postgresql://calmkit:s3cret@db.example/agg failed",
+        "host=db port=5432 password=s3cret user=calmkit",
+        "host=db password = 's3cret x' user=calmkit",
+    ):
+        masked = mask_secrets(text)
+        assert "s3cret" not in masked and "***" in masked and "calmkit" in masked
