@@ -253,7 +253,7 @@ def _remove(paths: list[str]) -> None:
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # never created, or not removable: keep the error
                 os.unlink(path)
 
 
