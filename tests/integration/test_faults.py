@@ -259,3 +259,29 @@ def test_logged_details_never_show_a_password() -> None:
     ):
         masked = mask_secrets(text)
         assert "s3cret" not in masked and "***" in masked and "calmkit" in masked
+
+
+def test_each_storage_fault_gets_its_code() -> None:
+    import errno
+    import sqlite3
+
+    from calmkit_aggregator.service.faults import as_fault
+
+    psycopg = pytest.importorskip("psycopg")
+
+    full = (
+        sqlite3.OperationalError("database or disk is full"),
+        OSError(errno.ENOSPC, "No space left on device"),
+    )
+    lost = (
+        sqlite3.OperationalError("database is locked"),
+        sqlite3.OperationalError("unable to open database file"),
+        psycopg.OperationalError("connection refused"),
+        psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
+    )
+    for exc in full:
+        assert type(as_fault(exc)) is StorageFull
+    for exc in lost:
+        assert type(as_fault(exc)) is ServiceUnavailable
+    for exc in (sqlite3.OperationalError("no such table: x"), OSError(errno.EACCES, "no")):
+        assert as_fault(exc) is None  # a bug, not a fault: INTERNAL, not retried
