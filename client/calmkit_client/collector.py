@@ -4,14 +4,16 @@ reports to it over gRPC.
 :class:`Collector` is what an app embeds: ``submit(record)`` makes (or recalls, see
 :class:`~calmkit_client.device.DeviceState`) the user's one report for the collection
 and sends it; ``submit_many`` does the same for many users in batches. Calls are
-retried with exponential backoff and a deadline, on UNAVAILABLE, DEADLINE_EXCEEDED and
-the server's rate limit only: report ids make a resent batch idempotent on the server.
+retried with jittered exponential backoff for up to a minute (:class:`RetryPolicy`), on
+UNAVAILABLE (server or database restarting), DEADLINE_EXCEEDED, the server's rate limit
+and full storage only: report ids make a resent batch idempotent on the server.
 """
 
 from __future__ import annotations
 
+import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -34,6 +36,7 @@ from .errors import (
     RateLimited,
     ReportConflict,
     ServiceUnavailable,
+    StorageFull,
 )
 from .ids import check_collection_id
 from .plan import Plan
@@ -44,32 +47,62 @@ __all__ = ["ERROR_KEY", "RETRYABLE", "Collector", "RetryPolicy", "call_with_retr
 T = TypeVar("T")
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-# RESOURCE_EXHAUSTED is retried only when the server names it a rate limit (a message
-# over the size limit would fail again).
+# RESOURCE_EXHAUSTED is retried only when the server names it a rate limit or full
+# storage (a message over the size limit would fail again).
+_RETRYABLE_EXHAUSTED = frozenset({RateLimited.__name__, StorageFull.__name__})
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 class RetryPolicy:
-    """Exponential backoff: ``attempts`` tries, waits ``initial * multiplier^i`` capped
-    at ``maximum`` seconds; each call has a ``timeout`` deadline (seconds)."""
+    """How a call is retried: jittered exponential backoff for up to ``total`` seconds.
+
+    A retryable failure (UNAVAILABLE, DEADLINE_EXCEEDED, and RESOURCE_EXHAUSTED when the
+    server names it a rate limit or full storage) is tried again after a wait of
+    ``initial * multiplier^i`` seconds capped at ``maximum``, shortened at random by up
+    to the fraction ``jitter`` (drawn from the operating system's entropy source, so
+    clients that failed together do not retry together). Retries stop once the next
+    wait would end more than ``total`` seconds after the first try (the default, 60 s,
+    rides out a database restart), or after ``attempts`` tries when that is given
+    (None: no count limit). Each call has a ``timeout`` deadline (seconds).
+    """
 
     def __init__(
         self,
-        attempts: int = 6,
+        attempts: int | None = None,
         initial: float = 0.1,
         multiplier: float = 2.0,
         maximum: float = 5.0,
         timeout: float = 30.0,
+        total: float = 60.0,
+        jitter: float = 0.5,
     ) -> None:
-        if attempts < 1:
-            raise CalmkitError(f"attempts ({attempts}) must be >= 1")
-        for name, value in (("initial", initial), ("maximum", maximum), ("timeout", timeout)):
+        if attempts is not None and attempts < 1:
+            raise CalmkitError(f"attempts ({attempts}) must be >= 1 or None")
+        for name, value in (
+            ("initial", initial),
+            ("maximum", maximum),
+            ("timeout", timeout),
+            ("total", total),
+        ):
             if not (np.isfinite(value) and value > 0):
                 raise CalmkitError(f"{name} ({value!r}) must be finite and > 0")
         if not multiplier >= 1:
             raise CalmkitError(f"multiplier ({multiplier!r}) must be >= 1")
+        if not 0 <= jitter <= 1:
+            raise CalmkitError(f"jitter ({jitter!r}) must be in [0, 1]")
         self.attempts, self.initial, self.multiplier = attempts, initial, multiplier
         self.maximum, self.timeout = maximum, timeout
+        self.total, self.jitter = total, jitter
+
+    def waits(self) -> Iterator[float]:
+        """The waits between tries, jittered, without end (the caller stops)."""
+        wait = self.initial
+        while True:
+            yield wait * (1.0 - self.jitter * _ENTROPY.random())
+            wait = min(wait * self.multiplier, self.maximum)
+
+
+_ENTROPY = random.SystemRandom()  # os.urandom: no global RNG state to share or seed
 
 
 _ERRORS: dict[str, type[CalmkitError]] = {
@@ -85,6 +118,7 @@ _ERRORS: dict[str, type[CalmkitError]] = {
         ServiceUnavailable,
         NotSupported,
         RateLimited,
+        StorageFull,
     )
 }
 ERROR_KEY = "calmkit-error"  # trailing metadata: the server's error class name
@@ -117,7 +151,7 @@ def _retryable(err: grpc.RpcError) -> bool:
         return True
     trailers: Any = err.trailing_metadata() or ()
     named = {str(item[1]) for item in trailers if item[0] == ERROR_KEY}
-    return err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and RateLimited.__name__ in named
+    return err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and bool(named & _RETRYABLE_EXHAUSTED)
 
 
 def call_with_retry(
@@ -126,26 +160,32 @@ def call_with_retry(
     policy: RetryPolicy,
     metadata: Sequence[tuple[str, str]] = (),
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> T:
-    """``fn(request, timeout=..., metadata=...)``, retried on UNAVAILABLE,
-    DEADLINE_EXCEEDED and the server's rate limit only; other statuses raise the
-    matching calmkit error at once."""
-    wait = policy.initial
-    for attempt in range(policy.attempts):
+    """``fn(request, timeout=..., metadata=...)``, retried as ``policy`` says on
+    UNAVAILABLE, DEADLINE_EXCEEDED, the server's rate limit and full storage; other
+    statuses raise the matching calmkit error at once. Resending is safe: a batch is
+    stored whole or not at all, and report ids make a resent one idempotent."""
+    start = clock()
+    waits = policy.waits()
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return fn(request, timeout=policy.timeout, metadata=tuple(metadata))
         except grpc.RpcError as err:
             if not _retryable(err):
                 raise _translate(err) from None
-            if attempt == policy.attempts - 1:
-                raise CollectionError(
+            wait = next(waits)
+            out_of_tries = policy.attempts is not None and attempt >= policy.attempts
+            if out_of_tries or clock() + wait - start > policy.total:
+                raise type(_translate(err))(  # the code's error class, so apps can act on it
                     f"server ({err.code().name}: {err.details()}) still failing after "
-                    f"{policy.attempts} attempts (is the address right, the server up, and "
-                    "TLS alike on both sides: root certificates for a TLS server?)"
+                    f"{attempt} attempts in {clock() - start:.1f} s (is the address right, "
+                    "the server up, and TLS alike on both sides: root certificates for a "
+                    "TLS server?)"
                 ) from None
             sleep(wait)
-            wait = min(wait * policy.multiplier, policy.maximum)
-    raise AssertionError("unreachable")
 
 
 def open_channel(address: str, root_certificates: bytes | None = None) -> grpc.Channel:

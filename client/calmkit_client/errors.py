@@ -63,6 +63,11 @@ class NotSupported(CollectionError):
     """The server does not offer the call (UNIMPLEMENTED): an older calmkit server."""
 
 
+class StorageFull(CollectionError):
+    """The server's storage is full (RESOURCE_EXHAUSTED): the batch was refused whole
+    and nothing of it stored; the client retries it while an operator frees space."""
+
+
 class RateLimited(CollectionError):
     """A submit token sent reports faster than the server's rate limit
     (RESOURCE_EXHAUSTED)."""

@@ -237,7 +237,7 @@ def test_retries_back_off_on_unavailable_only() -> None:
             raise _Unavailable(grpc.StatusCode.UNAVAILABLE)
         return "ok"
 
-    policy = RetryPolicy(attempts=5, initial=0.1, multiplier=2.0, maximum=0.15, timeout=3.0)
+    policy = RetryPolicy(attempts=5, initial=0.1, maximum=0.15, timeout=3.0, jitter=0.0)
     assert call_with_retry(flaky, None, policy, sleep=sleeps.append) == "ok"
     assert calls == [3.0, 3.0, 3.0] and sleeps == [0.1, 0.15]
 

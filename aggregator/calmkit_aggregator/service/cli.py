@@ -11,10 +11,12 @@ options are added.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import stat
 import sys
@@ -34,6 +36,8 @@ from calmkit_client.commands import (
 
 if TYPE_CHECKING:
     from calmkit_client import Schema
+
+    from .store import ReportStore
 
 __all__ = ["DEFAULT_ADDRESS", "planning_options", "register"]
 
@@ -167,6 +171,13 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
         "postgresql://user@host/db URL shared by replica servers",
     )
     parser.add_argument(
+        "--db-password-file",
+        default=None,
+        metavar="FILE",
+        help="with a postgresql:// --db: a file (mode 0600) whose first line is the "
+        "password (or set PGPASSWORD, or PGPASSFILE; never put it in --db)",
+    )
+    parser.add_argument(
         "--key-snapshots",
         default=None,
         metavar="DIR",
@@ -211,12 +222,67 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _read_db_password(args: argparse.Namespace) -> str | None:
+    """``--db-password-file``'s first line (mode 0600 checked); a password inside a
+    postgresql:// ``--db`` is refused."""
+    from calmkit_aggregator.service.pg_storage import is_postgres_url, refuse_password_in
+
+    if is_postgres_url(args.db):
+        refuse_password_in(args.db)
+    path = getattr(args, "db_password_file", None)
+    if path is None:
+        return None
+    try:
+        lines = _read_secret_file("db_password_file", path).decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise CalmkitError(f"db_password_file ({path!r}) must be UTF-8 text") from None
+    if not lines or not lines[0]:
+        raise CalmkitError(f"db_password_file ({path!r}) must hold the password on its first line")
+    return lines[0]
+
+
+def _new_paths(db: str) -> list[str]:
+    """The files a SQLite store at ``db`` would create that do not exist yet."""
+    paths = [db, db + "-wal", db + "-shm", db + "-journal", db + "-keys"]
+    return [p for p in paths if not os.path.lexists(p)]
+
+
+def _remove(paths: list[str]) -> None:
+    """Remove what this start created (files, or the key snapshot folder)."""
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):  # never created, or not removable: keep the error
+                os.unlink(path)
+
+
+def _open_storage(db: str, snapshots: str | None, password: str | None) -> ReportStore:
+    """The store behind ``--db``: PostgreSQL for a postgresql:// URL, else SQLite."""
+    from calmkit_aggregator.service.pg_storage import PgStorage, is_postgres_url
+    from calmkit_aggregator.service.storage import Storage
+
+    if is_postgres_url(db):
+        return PgStorage(db, key_snapshots=snapshots, password=password)
+    if password is not None:
+        raise CalmkitError("db_password_file must go with a postgresql:// db")
+    if snapshots is not None:
+        raise CalmkitError(
+            f"key_snapshots ({snapshots!r}) must go with a postgresql:// db (SQLite keeps "
+            "its key snapshots next to the database file, in FILE-keys/)"
+        )
+    return Storage(db)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from calmkit_aggregator.service.handlers import log_json
-    from calmkit_aggregator.service.pg_storage import PgStorage, is_postgres_url
-    from calmkit_aggregator.service.server import ServerTls, create_server, graceful_stop
-    from calmkit_aggregator.service.storage import Storage
-    from calmkit_aggregator.service.store import ReportStore
+    from calmkit_aggregator.service.pg_storage import is_postgres_url
+    from calmkit_aggregator.service.server import (
+        ServerTls,
+        check_exposure,
+        create_server,
+        graceful_stop,
+    )
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     token = _read_token(args.token_file)
@@ -226,27 +292,26 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tls_cert is not None:
         _read_secret_file("tls_key", args.tls_key)  # the key file's mode is checked
         tls = ServerTls.from_files(args.tls_cert, args.tls_key)
+    check_exposure(args.address, token, tls, args.insecure)  # before anything is created
+    password = _read_db_password(args)
     snapshots = getattr(args, "key_snapshots", None)
-    if is_postgres_url(args.db):
-        storage: ReportStore = PgStorage(args.db, key_snapshots=snapshots)
-    elif snapshots is not None:
-        raise CalmkitError(
-            f"key_snapshots ({snapshots!r}) must go with a postgresql:// db (SQLite keeps "
-            "its key snapshots next to the database file, in FILE-keys/)"
-        )
-    else:
-        storage = Storage(args.db)
+    created = [] if is_postgres_url(args.db) else _new_paths(args.db)
     try:
-        server, port = create_server(
-            args.address,
-            storage,
-            admin_token=token,
-            tls=tls,
-            insecure=args.insecure,
-            rate_limit=args.rate_limit,
-        )
+        storage = _open_storage(args.db, snapshots, password)
+        try:
+            server, port = create_server(
+                args.address,
+                storage,
+                admin_token=token,
+                tls=tls,
+                insecure=args.insecure,
+                rate_limit=args.rate_limit,
+            )
+        except BaseException:
+            storage.close()
+            raise
     except BaseException:
-        storage.close()
+        _remove(created)  # a refused start leaves nothing of its own behind
         raise
     stop = threading.Event()  # handled before "listening" is printed: a SIGTERM at once
     for sig in (signal.SIGTERM, signal.SIGINT):  # still stops gracefully

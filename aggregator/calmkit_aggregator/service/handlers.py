@@ -37,6 +37,7 @@ from calmkit_client.errors import (
     RateLimited,
     ReportConflict,
     ServiceUnavailable,
+    StorageFull,
 )
 from calmkit_client.ids import check_collection_id
 
@@ -47,6 +48,7 @@ from ..reconstruction.pipeline import Estimator, reconstruct_by
 from ..reconstruction.support import SupportCounts
 from ..reconstruction.uncertainty import MAX_REPLICATES, Bootstrap, bootstrap
 from . import wire
+from .faults import as_fault, fault_detail
 from .rate_limit import RateLimit
 from .store import ReportStore
 
@@ -65,6 +67,7 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (AccessDenied, grpc.StatusCode.UNAUTHENTICATED),
     (ServiceUnavailable, grpc.StatusCode.UNAVAILABLE),
     (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (StorageFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (CalmkitError, grpc.StatusCode.INVALID_ARGUMENT),
 ]
 
@@ -93,6 +96,14 @@ def _rpc(method: Callable[..., Any]) -> Callable[..., Any]:
             context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__),))
             context.abort(code, detail)
         except Exception as exc:  # keep serving; the message says what failed
+            fault = as_fault(exc)
+            if fault is not None:  # full disk, lost database: a code the client retries
+                code = next(c for cls, c in _CODES if isinstance(fault, cls))
+                log_json(
+                    "storage_fault", rpc=method.__name__, code=code.name, error=fault_detail(exc)
+                )
+                context.set_trailing_metadata(((ERROR_KEY, type(fault).__name__),))
+                context.abort(code, str(fault))
             trace = "".join(traceback.format_tb(exc.__traceback__))
             detail = bounded(f"{type(exc).__name__}: {exc}")
             log.error("internal error in %s: %s\n%s", method.__name__, detail, trace)

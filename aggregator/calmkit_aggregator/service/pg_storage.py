@@ -78,6 +78,7 @@ from calmkit_client.errors import (
 from ..phases import PhasedDesign, combine_phases
 from ..reconstruction.support import SupportCounts
 from .columns import KEY_BYTES, ReportColumns
+from .faults import LOST_MESSAGE, mask_secrets
 from .keyset import KeyTable, as_words
 from .snapshot import (
     SnapshotError,
@@ -176,6 +177,25 @@ def is_postgres_url(db: str) -> bool:
     return isinstance(db, str) and db.startswith(("postgresql://", "postgres://"))
 
 
+def refuse_password_in(db: str) -> None:
+    """Refuse a ``--db`` URL that holds a password: it would show in ``ps`` and the
+    shell's history. libpq reads it from PGPASSWORD or a password file instead."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        has = bool(conninfo_to_dict(db).get("password"))
+    except Exception:  # not parseable here (or no psycopg): judge the URL's user part
+        creds = db.split("://", 1)[-1].rsplit("@", 1)
+        has = len(creds) == 2 and ":" in creds[0]
+    if has:
+        shown = _redact(db).split("?", 1)[0]
+        raise CalmkitError(
+            f"db ({shown!r}, password hidden) must not hold a password: it would be "
+            "visible in ps and the shell's history; set PGPASSWORD, or use a password file "
+            "(PGPASSFILE, ~/.pgpass, or --db-password-file FILE with mode 0600)"
+        )
+
+
 @dataclass
 class _Keys:
     """This replica's key tables of one collection: ``by_id`` (report id ->
@@ -251,9 +271,16 @@ class PgStorage(SnapshotSchedule):
         key_snapshots: a folder for this replica's key snapshots (:mod:`.snapshot`:
             written on close and as collections grow, loaded at start with the log
             rows after them); None: the tables are always filled from the whole log.
+        password: the database password, when neither PGPASSWORD nor a password file
+            (PGPASSFILE, ~/.pgpass), which libpq reads itself, gives it.
     """
 
-    def __init__(self, dsn: str, key_snapshots: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        key_snapshots: str | os.PathLike[str] | None = None,
+        password: str | None = None,
+    ) -> None:
         try:
             import psycopg
         except ImportError:
@@ -262,6 +289,7 @@ class PgStorage(SnapshotSchedule):
             ) from None
         self._psycopg = psycopg
         self._dsn = dsn
+        self._password = password  # kept out of the DSN (and every message)
         self.path = _redact(dsn)
         self._lock = threading.Lock()  # the read connection
         self._write_lock = threading.Lock()  # the write connection
@@ -302,7 +330,8 @@ class PgStorage(SnapshotSchedule):
         transaction left idle by a stuck replica ends after 60 s, releasing its locks."""
         psycopg = self._psycopg
         try:
-            conn = psycopg.connect(self._dsn, autocommit=True)
+            extra = {} if self._password is None else {"password": self._password}
+            conn = psycopg.connect(self._dsn, autocommit=True, **extra)
             conn.execute("SET synchronous_commit = on")
             if writer:
                 conn.execute("SET lock_timeout = '10s'")
@@ -327,7 +356,8 @@ class PgStorage(SnapshotSchedule):
             try:
                 conn = self._connect(writer=name == "_wconn")
             except CalmkitError as exc:
-                raise ServiceUnavailable(f"database unavailable: {exc}: retry") from None
+                log.error("database unavailable (%s): %s", name.strip("_"), mask_secrets(str(exc)))
+                raise ServiceUnavailable(LOST_MESSAGE) from None
             setattr(self, name, conn)
             log.warning("reconnected to the database (%s)", name.strip("_"))
         return conn
@@ -401,7 +431,8 @@ class PgStorage(SnapshotSchedule):
                 f"the batch met a concurrent one ({_first_line(exc)}): retry"
             ) from None
         except psycopg.OperationalError as exc:
-            raise ServiceUnavailable(f"database unavailable: {_first_line(exc)}") from None
+            log.error("database unavailable: %s", mask_secrets(_first_line(exc)))
+            raise ServiceUnavailable(LOST_MESSAGE) from None
 
     # -- reading -------------------------------------------------------------------------
     def _plan(self, cid: str, phase: int, plan_json: str, digest: str) -> Plan:

@@ -38,11 +38,19 @@ from calmkit_client import CalmkitError
 from calmkit_client.collector import MAX_MESSAGE_BYTES
 
 from . import wire
+from .address import check_address
 from .handlers import AggregatorService
 from .limits import Guard
 from .store import ReportStore
 
-__all__ = ["Server", "ServerTls", "create_server", "graceful_stop", "is_loopback"]
+__all__ = [
+    "Server",
+    "ServerTls",
+    "check_exposure",
+    "create_server",
+    "graceful_stop",
+    "is_loopback",
+]
 
 MAX_CONCURRENT_RPCS = 2048  # calls in flight (beyond: RESOURCE_EXHAUSTED)
 MAX_STREAMS_PER_CONNECTION = 64
@@ -236,6 +244,26 @@ async def _start(
     return server, health_servicer, port
 
 
+def check_exposure(
+    address: str, admin_token: str | None, tls: ServerTls | None, insecure: bool
+) -> None:
+    """Refuse what :func:`create_server` would refuse about ``address`` before it binds
+    (a malformed address; beyond loopback, no admin token, or no TLS unless
+    ``insecure``), so a caller can check before it creates anything."""
+    check_address(address)
+    if admin_token is None and not is_loopback(address):
+        raise CalmkitError(
+            f"address ({address!r}) must be loopback (127.0.0.1, ::1, localhost) when no "
+            "token file protects the admin calls"
+        )
+    if tls is None and not insecure and not is_loopback(address):
+        raise CalmkitError(
+            f"address ({address!r}) is not loopback, so tokens and reports would cross the "
+            "network in clear: give a TLS certificate and key (--tls-cert/--tls-key), or "
+            "insecure=True (--insecure) if a proxy or private network protects them"
+        )
+
+
 def create_server(
     address: str,
     storage: ReportStore,
@@ -255,17 +283,7 @@ def create_server(
     proxy, a private network) protects the bearer tokens on the wire. ``rate_limit``
     caps each submit token at that many reports per second (None: no cap).
     """
-    if admin_token is None and not is_loopback(address):
-        raise CalmkitError(
-            f"address ({address!r}) must be loopback (127.0.0.1, ::1, localhost) when no "
-            "token file protects the admin calls"
-        )
-    if tls is None and not insecure and not is_loopback(address):
-        raise CalmkitError(
-            f"address ({address!r}) is not loopback, so tokens and reports would cross the "
-            "network in clear: give a TLS certificate and key (--tls-cert/--tls-key), or "
-            "insecure=True (--insecure) if a proxy or private network protects them"
-        )
+    check_exposure(address, admin_token, tls, insecure)
     if not 1 <= max_workers <= 256:
         raise CalmkitError(f"max_workers ({max_workers}) must be in [1, 256]")
     service = AggregatorService(storage, admin_token, rate_limit=rate_limit)
