@@ -37,6 +37,8 @@ PUBLIC = {
         "RetryPolicy",
         "Schema",
         "SchemaError",
+        "ServiceUnavailable",
+        "StorageFull",
         "UserId",
         "ViewReports",
         "choose_oracle",

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
         PlanMismatch,
         ReportConflict,
         SchemaError,
+        ServiceUnavailable,
+        StorageFull,
     )
     from .oracles import GRR, OUE, FrequencyOracle, choose_oracle, make_oracle, validate_epsilon
     from .plan import MAX_VIEW_CELLS, Plan
@@ -71,6 +73,8 @@ else:
                 "PlanMismatch",
                 "ReportConflict",
                 "SchemaError",
+                "ServiceUnavailable",
+                "StorageFull",
             ),
             ".oracles": (
                 "GRR",
@@ -113,6 +117,8 @@ __all__ = [
     "RetryPolicy",
     "Schema",
     "SchemaError",
+    "ServiceUnavailable",
+    "StorageFull",
     "UserId",
     "ViewReports",
     "choose_oracle",
