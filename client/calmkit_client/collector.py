@@ -11,7 +11,7 @@ and full storage only: report ids make a resent batch idempotent on the server.
 
 from __future__ import annotations
 
-import random
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -98,11 +98,14 @@ class RetryPolicy:
         """The waits between tries, jittered, without end (the caller stops)."""
         wait = self.initial
         while True:
-            yield wait * (1.0 - self.jitter * _ENTROPY.random())
+            yield wait * (1.0 - self.jitter * _uniform())
             wait = min(wait * self.multiplier, self.maximum)
 
 
-_ENTROPY = random.SystemRandom()  # os.urandom: no global RNG state to share or seed
+def _uniform() -> float:
+    """A uniform draw in [0, 1) from the OS entropy source (no RNG state to share or
+    seed): 53 random bits."""
+    return (int.from_bytes(os.urandom(8), "little") >> 11) / float(1 << 53)
 
 
 _ERRORS: dict[str, type[CalmkitError]] = {
