@@ -101,6 +101,17 @@ def register(subparsers: Any) -> None:
     )
 
 
+def _data_dir_option(parser: argparse.ArgumentParser) -> None:
+    """--data-dir: where the datasets are read from."""
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="dataset folder (default: $CALMKIT_DATA, else the per-user "
+        "folder that `calmkit datasets fetch` fills)",
+    )
+
+
 def _data_options(parser: argparse.ArgumentParser, dataset_help: str = "the population") -> None:
     """Which population a command loads: --dataset, --data-dir, --d, --max-categories."""
     from .datasets import DATASETS
@@ -109,13 +120,7 @@ def _data_options(parser: argparse.ArgumentParser, dataset_help: str = "the popu
     parser.add_argument(
         "--dataset", default="synthetic", metavar="NAME", help=f"{dataset_help}: {names}"
     )
-    parser.add_argument(
-        "--data-dir",
-        default=None,
-        metavar="DIR",
-        help="dataset folder (default: $CALMKIT_DATA, else the per-user "
-        "folder that `calmkit datasets fetch` fills)",
-    )
+    _data_dir_option(parser)
     parser.add_argument(
         "--d",
         type=POSITIVE,
@@ -691,13 +696,7 @@ def _experiment_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="run every panel on this dataset instead of the paper's",
     )
-    parser.add_argument(
-        "--data-dir",
-        default=None,
-        metavar="DIR",
-        help="dataset folder (default: $CALMKIT_DATA, else the per-user "
-        "folder that `calmkit datasets fetch` fills)",
-    )
+    _data_dir_option(parser)
     parser.add_argument(
         "--jobs", type=POSITIVE, default=None, help="worker processes (default: all cores)"
     )

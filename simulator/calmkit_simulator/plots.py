@@ -110,25 +110,33 @@ def _series(panel: Panel, results: dict[str, dict[str, Any]], metric: str) -> di
     return out
 
 
+def _draw(
+    ax: Any, name: str, s: dict[str, Any], colors: dict[str, str], skipped: list[str]
+) -> None:
+    """One series as points with error bars; a series without points is noted in
+    ``skipped`` (with why, if known) instead."""
+    if not s["x"]:
+        if s["status"]:
+            skipped.append(f"{name}: {'/'.join(sorted(s['status'])).replace('_', ' ')}")
+        return
+    ax.errorbar(
+        s["x"],
+        s["mean"],
+        yerr=s["sd"],
+        marker="o",
+        ms=3,
+        capsize=2,
+        label=name,
+        color=colors.get(name),
+    )
+
+
 def _lines(
     ax: Any, panel: Panel, results: dict[str, dict[str, Any]], colors: dict[str, str]
 ) -> None:
-    skipped = []
+    skipped: list[str] = []
     for name, s in _series(panel, results, "sse").items():
-        if not s["x"]:
-            if s["status"]:
-                skipped.append(f"{name}: {'/'.join(sorted(s['status'])).replace('_', ' ')}")
-            continue
-        ax.errorbar(
-            s["x"],
-            s["mean"],
-            yerr=s["sd"],
-            marker="o",
-            ms=3,
-            capsize=2,
-            label=name,
-            color=colors.get(name),
-        )
+        _draw(ax, name, s, colors, skipped)
     for (series, x), value in panel.paper.items():
         ax.scatter([x], [value], marker="*", s=80, color="black", zorder=5)
         ax.annotate(
@@ -154,22 +162,10 @@ def _lines(
 def _classify(
     ax: Any, panel: Panel, results: dict[str, dict[str, Any]], colors: dict[str, str]
 ) -> None:
-    skipped, nonoise, majority = [], [], []
+    skipped: list[str] = []
+    nonoise, majority = [], []
     for name, s in _series(panel, results, "error").items():
-        if not s["x"]:
-            if s["status"]:
-                skipped.append(f"{name}: {'/'.join(sorted(s['status'])).replace('_', ' ')}")
-            continue
-        ax.errorbar(
-            s["x"],
-            s["mean"],
-            yerr=s["sd"],
-            marker="o",
-            ms=3,
-            capsize=2,
-            label=name,
-            color=colors.get(name),
-        )
+        _draw(ax, name, s, colors, skipped)
     for p in panel.points:
         res = results.get(p.task.key())
         if res and res["status"] == "ok":
