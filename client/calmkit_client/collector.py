@@ -26,6 +26,7 @@ from .budget import DEFAULT_BUDGET, PrivacyBudget
 from .device import DeviceState
 from .errors import (
     AccessDenied,
+    BatchTooLarge,
     CalmkitError,
     CollectionClosed,
     CollectionError,
@@ -121,6 +122,7 @@ _ERRORS: dict[str, type[CalmkitError]] = {
         ServiceUnavailable,
         NotSupported,
         RateLimited,
+        BatchTooLarge,
         StorageFull,
     )
 }
@@ -283,6 +285,21 @@ class Collector:
         return total
 
     def _submit(self, digest: str, items: Sequence[tuple[bytes, Any]]) -> wire.Acknowledgement:
+        """One batch; a batch larger than the server's rate limit admits at once
+        (:class:`BatchTooLarge`) is sent again in halves, and later batches stay at
+        that size."""
+        try:
+            return self._submit_batch(digest, items)
+        except BatchTooLarge:
+            if len(items) == 1:
+                raise
+            half = (len(items) + 1) // 2
+            self.batch_size = min(self.batch_size, half)
+            return self._submit(digest, items[:half]) + self._submit(digest, items[half:])
+
+    def _submit_batch(
+        self, digest: str, items: Sequence[tuple[bytes, Any]]
+    ) -> wire.Acknowledgement:
         """One batch: in columns (``SubmitColumnar``), or as one message per report
         (``SubmitReports``) to a server too old for columns."""
         if self._columnar:

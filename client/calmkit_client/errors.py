@@ -69,5 +69,11 @@ class StorageFull(CollectionError):
 
 
 class RateLimited(CollectionError):
-    """A submit token sent reports faster than the server's rate limit
-    (RESOURCE_EXHAUSTED)."""
+    """A client address sent reports faster than the server's rate limit
+    (RESOURCE_EXHAUSTED); the client retries after a wait."""
+
+
+class BatchTooLarge(CollectionError):
+    """A batch holds more reports than the server's rate limit admits at once
+    (RESOURCE_EXHAUSTED): resent whole it would fail again, so the
+    :class:`~calmkit_client.collector.Collector` splits it."""

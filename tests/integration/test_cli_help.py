@@ -106,6 +106,10 @@ def test_help_loads_nothing_heavy() -> None:
         ),
         (["serve", "--db", "x.db", "--rate-limit", "0"], "rate_limit (0.0) must be finite and > 0"),
         (
+            ["serve", "--db", "x.db", "--rate-burst", "50"],
+            "rate_burst (50) must go with --rate-limit",
+        ),
+        (
             ["collection", "create", "--domain", "2,2", "--epsilon", "1"],
             "n (none given) must be set for 'create'",
         ),

@@ -1,6 +1,6 @@
 """The service as an attacker and a careless operator meet it (issue 12 items 6-8): slow
 streams, a port already in use, TLS and the non-loopback rule, health under ingest
-load, the per-token rate limit."""
+load, the per-address rate limit."""
 
 from __future__ import annotations
 
@@ -290,7 +290,7 @@ def test_health_answers_promptly_under_ingest_load(server: Server) -> None:
     assert answered >= 5
 
 
-# -- rate limit ----------------------------------------------------------------------------
+# -- rate limit (issue 36 item 4) -------------------------------------------------------------
 def test_rate_limit_refuses_then_the_client_backs_off(tmp_path: Path) -> None:
     with Storage(tmp_path / "a.db") as storage:
         server, port = create_server("127.0.0.1:0", storage, rate_limit=200.0)
@@ -299,21 +299,106 @@ def test_rate_limit_refuses_then_the_client_backs_off(tmp_path: Path) -> None:
             info = _create(address)
             device = DeviceState.in_memory()
             items = device.reports_for("c1", info.plan, POP.codes[:400], IDS[:400])  # type: ignore[attr-defined]
-            first = client_wire.batch_to_proto("c1", info.plan.digest, items[:300])  # type: ignore[attr-defined]
-            second = client_wire.batch_to_proto("c1", info.plan.digest, items[300:])  # type: ignore[attr-defined]
+            first = client_wire.batch_to_proto("c1", info.plan.digest, items[:150])  # type: ignore[attr-defined]
+            second = client_wire.batch_to_proto("c1", info.plan.digest, items[150:300])  # type: ignore[attr-defined]
             token = [("authorization", f"Bearer {info.submit_token}")]  # type: ignore[attr-defined]
             stub = client_wire.aggregator_stub(open_channel(address))
-            assert stub.SubmitReports(first, metadata=token, timeout=5).accepted == 300
-            with pytest.raises(grpc.RpcError) as err:  # 300 > one second's 200: in debt
+            assert stub.SubmitReports(first, metadata=token, timeout=5).accepted == 150
+            with pytest.raises(grpc.RpcError) as err:  # 150 more than the 50 left: refused
                 stub.SubmitReports(second, metadata=token, timeout=5)
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert (ERROR_KEY, "RateLimited") in tuple(err.value.trailing_metadata())
-            assert "rate limit (200 reports per second per submit token)" in err.value.details()
+            assert "rate limit (200 reports per second per client address)" in err.value.details()
             # the client's retry waits it out: nothing is lost
             policy = RetryPolicy(attempts=8, initial=0.1, maximum=1.0)
             ack = call_with_retry(stub.SubmitReports, second, policy, token)
-            assert ack.accepted == 100
-            assert int(storage.support("c1").n.sum()) == 400
+            assert ack.accepted == 150
+            assert int(storage.support("c1").n.sum()) == 300
+            time.sleep(1.1)  # a full bucket still does not let a batch over the burst in
+            with pytest.raises(grpc.RpcError) as err:
+                stub.SubmitReports(
+                    client_wire.batch_to_proto("c1", info.plan.digest, items[:201]),  # type: ignore[attr-defined]
+                    metadata=token,
+                    timeout=5,
+                )
+            assert (ERROR_KEY, "BatchTooLarge") in tuple(err.value.trailing_metadata())
+            assert int(storage.support("c1").n.sum()) == 300
+        finally:
+            graceful_stop(server, 1.0)
+
+
+def _flood(address: str, plan: object, token: str, stop: threading.Event) -> list[int]:
+    """Fake batches of 10 fresh reports from one address until ``stop``; returns
+    [accepted, refused] batch counts."""
+    device = DeviceState.in_memory()
+    stub = client_wire.aggregator_stub(open_channel(address))
+    meta = [("authorization", f"Bearer {token}")]
+    counts = [0, 0]
+    start = 10_000
+    while not stop.is_set():
+        ids = np.arange(start, start + 10, dtype=np.uint64)
+        start += 10
+        items = device.reports_for("c1", plan, POP.codes[:10], ids)  # type: ignore[arg-type]
+        batch = client_wire.batch_to_proto("c1", plan.digest, items)  # type: ignore[attr-defined]
+        try:
+            stub.SubmitReports(batch, metadata=meta, timeout=5)
+            counts[0] += 1
+        except grpc.RpcError:
+            counts[1] += 1
+    return counts
+
+
+def test_a_flood_from_one_address_does_not_refuse_another_address(tmp_path: Path) -> None:
+    """Today's shared per-token bucket let a flood refuse genuine apps; with a bucket
+    per address, the flooder (127.0.0.1) is throttled and a genuine client on another
+    address (::1) gets in at its first try, its oversized batch split to the burst."""
+    admin_token = "a" * 32
+    with Storage(tmp_path / "a.db") as storage:
+        server, port = create_server(
+            "[::]:0", storage, admin_token, insecure=True, rate_limit=200.0, rate_burst=100
+        )
+        try:
+            with AdminClient(f"127.0.0.1:{port}", admin_token) as admin:
+                info = admin.create_collection(
+                    POP.schema, 1.0, POP.n, 3, collection_id="c1", seed=7, pilot=0.0
+                )
+            stop = threading.Event()
+            result: list[list[int]] = []
+            flooder = threading.Thread(
+                target=lambda: result.append(
+                    _flood(f"127.0.0.1:{port}", info.plan, info.submit_token, stop)
+                )
+            )
+            flooder.start()
+            try:
+                time.sleep(0.5)  # the flooder has drained its own bucket by now
+                genuine = Collector(
+                    f"[::1]:{port}",
+                    "c1",
+                    info.submit_token,
+                    DeviceState.in_memory(),
+                    RetryPolicy(attempts=1),
+                )
+                with genuine:  # a full burst at its first try: the flooder never lets a
+                    # shared bucket refill that far
+                    ack = genuine.submit_many(POP.codes[:100], np.arange(100, dtype=np.uint64))
+                    assert ack.accepted == 100
+            finally:
+                stop.set()
+                flooder.join()
+            accepted, refused = result[0]
+            assert refused > 0 and accepted <= (100 + 200 * 3) / 10  # burst + rate x time
+            # a batch of 300 from a fresh address is split to the burst of 100 and lands whole
+            with Collector(
+                f"[::1]:{port}",
+                "c1",
+                info.submit_token,
+                DeviceState.in_memory(),
+                RetryPolicy(initial=0.1, maximum=0.5),
+                batch_size=1000,
+            ) as bulk:
+                ack = bulk.submit_many(POP.codes[:300], np.arange(50_000, 50_300, dtype=np.uint64))
+                assert ack.accepted == 300 and bulk.batch_size <= 100
         finally:
             graceful_stop(server, 1.0)
 

@@ -218,7 +218,17 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=None,
         metavar="REPORTS_PER_S",
-        help="cap each submit token at this many reports per second (default: no cap)",
+        help="cap each client address at this many reports per second per collection "
+        "(default: no cap)",
+    )
+    parser.add_argument(
+        "--rate-burst",
+        type=POSITIVE,
+        default=None,
+        metavar="REPORTS",
+        help="the largest batch a client address may send at once under --rate-limit; "
+        "larger batches are refused and the client splits them (default: one second's "
+        "worth of --rate-limit)",
     )
 
 
@@ -292,6 +302,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tls_cert is not None:
         _read_secret_file("tls_key", args.tls_key)  # the key file's mode is checked
         tls = ServerTls.from_files(args.tls_cert, args.tls_key)
+    if args.rate_burst is not None and args.rate_limit is None:
+        raise CalmkitError(f"rate_burst ({args.rate_burst}) must go with --rate-limit")
     check_exposure(args.address, token, tls, args.insecure)  # before anything is created
     password = _read_db_password(args)
     snapshots = getattr(args, "key_snapshots", None)
@@ -306,6 +318,7 @@ def _serve(args: argparse.Namespace) -> int:
                 tls=tls,
                 insecure=args.insecure,
                 rate_limit=args.rate_limit,
+                rate_burst=args.rate_burst,
             )
         except BaseException:
             storage.close()
@@ -331,6 +344,7 @@ def _serve(args: argparse.Namespace) -> int:
         admin_token=token is not None,
         tls=tls is not None,
         rate_limit=args.rate_limit,
+        rate_burst=args.rate_burst,
     )
     # a timed wait: a signal delivered to another thread (gRPC's) only marks the Python
     # handler as pending, and a main thread blocked without a timeout would never run it

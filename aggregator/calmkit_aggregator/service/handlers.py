@@ -30,6 +30,7 @@ from calmkit_client.collector import ERROR_KEY
 from calmkit_client.echo import bounded
 from calmkit_client.errors import (
     AccessDenied,
+    BatchTooLarge,
     CollectionClosed,
     CollectionExists,
     CollectionNotFound,
@@ -49,7 +50,7 @@ from ..reconstruction.support import SupportCounts
 from ..reconstruction.uncertainty import MAX_REPLICATES, Bootstrap, bootstrap
 from . import wire
 from .faults import as_fault, fault_detail
-from .rate_limit import RateLimit
+from .rate_limit import RateLimit, submitter_of
 from .store import ReportStore
 
 __all__ = ["AggregatorService", "log_json"]
@@ -67,6 +68,7 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (AccessDenied, grpc.StatusCode.UNAUTHENTICATED),
     (ServiceUnavailable, grpc.StatusCode.UNAVAILABLE),
     (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (BatchTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (StorageFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (CalmkitError, grpc.StatusCode.INVALID_ARGUMENT),
 ]
@@ -137,10 +139,14 @@ class AggregatorService(wire.AggregatorServicer):
     """The ``calmkit.v1.Aggregator`` implementation over a :class:`Storage`."""
 
     def __init__(
-        self, storage: ReportStore, admin_token: str | None = None, rate_limit: float | None = None
+        self,
+        storage: ReportStore,
+        admin_token: str | None = None,
+        rate_limit: float | None = None,
+        rate_burst: int | None = None,
     ) -> None:
         self.storage = storage
-        self._rate = RateLimit(rate_limit) if rate_limit is not None else None
+        self._rate = RateLimit(rate_limit, burst=rate_burst) if rate_limit is not None else None
         self._admin_hash = _hash_token(admin_token) if admin_token else None
         # keyed by (collection id, reconstruction)
         self._estimates: dict[tuple[str, str], tuple[int, SupportCounts, Estimator]] = {}
@@ -265,13 +271,14 @@ class AggregatorService(wire.AggregatorServicer):
         count: int,
         decode: Callable[[Any, Plan], Any],
     ) -> Any:
-        """Authenticate, charge the rate limit, decode against the plan the batch
-        names, store, then acknowledge (after the commit)."""
+        """Authenticate, charge the submitter's rate limit (this collection, the
+        client's address), decode against the plan the batch names, store, then
+        acknowledge (after the commit)."""
         t0 = time.perf_counter()
         record = self.storage.submit_record(request.collection_id, request.plan_digest)
         self._require_submit(context, record.submit_token_hash)
         if self._rate is not None:
-            self._rate.charge(record.submit_token_hash, count)
+            self._rate.charge((request.collection_id, submitter_of(context.peer())), count)
         phase = record.phase_of(request.plan_digest)  # any phase's plan is still valid
         reports = decode(request, record.plans[phase])
         outcome = self.storage.add_reports(request.collection_id, request.plan_digest, reports)

@@ -274,6 +274,7 @@ def create_server(
     max_workers: int = 8,
     max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
     rate_limit: float | None = None,
+    rate_burst: int | None = None,
 ) -> tuple[Server, int]:
     """Start the service on ``address`` (``HOST:0`` picks a free port); return
     ``(server, port)``.
@@ -281,12 +282,13 @@ def create_server(
     Without an admin token the address must be loopback. Beyond loopback, ``tls`` is
     required unless ``insecure=True`` says that something else (a TLS-terminating
     proxy, a private network) protects the bearer tokens on the wire. ``rate_limit``
-    caps each submit token at that many reports per second (None: no cap).
+    caps each client address at that many reports per second per collection, at most
+    ``rate_burst`` at once (default: one second's worth); None: no cap.
     """
     check_exposure(address, admin_token, tls, insecure)
     if not 1 <= max_workers <= 256:
         raise CalmkitError(f"max_workers ({max_workers}) must be in [1, 256]")
-    service = AggregatorService(storage, admin_token, rate_limit=rate_limit)
+    service = AggregatorService(storage, admin_token, rate_limit=rate_limit, rate_burst=rate_burst)
     workers = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="calmkit-rpc")
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True, name="calmkit-grpc")
