@@ -170,8 +170,21 @@ def _population(args: argparse.Namespace) -> int:
         _warn(warnings)
         print(pop.describe())
         for attr in pop.schema.attributes:
-            print(f"  {attr.name}: {', '.join(attr.categories)}")
+            print(f"  {attr.name}: {_labels(attr.categories)}")
     return 0
+
+
+MAX_LABELS_SHOWN = 12
+
+
+def _labels(categories: tuple[str, ...]) -> str:
+    """An attribute's labels, at most :data:`MAX_LABELS_SHOWN` of them and each cut to
+    40 characters: ``a, b, ..., z (5,000 labels)``."""
+    shown = [c if len(c) <= 40 else c[:39] + "…" for c in categories]
+    if len(shown) <= MAX_LABELS_SHOWN:
+        return ", ".join(shown)
+    head = ", ".join(shown[: MAX_LABELS_SHOWN - 2])
+    return f"{head}, ..., {shown[-1]} ({len(shown):,} labels)"
 
 
 def _plan_options(parser: argparse.ArgumentParser) -> None:
@@ -727,9 +740,30 @@ def _experiment(args: argparse.Namespace) -> int:
         n=args.n,
         dataset=args.dataset,
     )
-    grid = _run_grid(figure.name, figure.tasks(), args)
+    tasks = figure.tasks()
+    if not tasks:
+        raise CalmkitError(_no_tasks(args))
+    grid = _run_grid(figure.name, tasks, args)
     paths = write_outputs(figure, grid["results"], args.out, grid["runs"], plot=not args.no_plot)
     return _finish_grid(figure.name, grid, paths, "results", args)
+
+
+def _no_tasks(args: argparse.Namespace) -> str:
+    """Why a figure's grid came out empty: the filters given, against what it has."""
+    from .figures import build_figure
+
+    every = build_figure(args.figure, quick=args.quick).tasks()
+    given, has = [], []
+    if args.n is not None:
+        given.append(f"--n {args.n}")
+        has.append(f"n in {sorted({t.n for t in every if t.n is not None})}")
+    if args.dataset is not None:
+        given.append(f"--dataset {args.dataset}")
+        has.append(f"datasets {sorted({t.dataset for t in every})}")
+    return (
+        f"experiment {args.figure} has no task with {' '.join(given)} (its tasks use "
+        f"{' and '.join(has)}); nothing was run"
+    )
 
 
 def _planner_experiment(args: argparse.Namespace) -> int:

@@ -213,6 +213,12 @@ def load_csv(
             f"CSV row {bad[0] + 2} ({len(rows[bad[0]])} fields) must have {len(header)} fields"
         )
     kept = [r for r in rows if all(v != "" for v in r)]
+    empties = _empty_fields(header, rows)
+    if rows and not kept:
+        raise DatasetError(
+            f"CSV ({path}) has no row without an empty field, and such rows are dropped: "
+            f"{empties}; fill or drop those columns"
+        )
     if isinstance(domains, (str, Path)):
         domains = _read_domains(_need(Path(domains), "domains file"))
     orders: dict[str, list[str]] = {}
@@ -228,8 +234,28 @@ def load_csv(
                 f"domain of {col!r} ({str(dom)[:60]}) must be a count >= 1 or a non-empty "
                 "list of labels"
             )
-    notes = (f"{path.name}: {len(kept)} of {len(rows)} rows kept (rows with empty fields dropped)",)
+    dropped = f" ({empties})" if len(kept) < len(rows) else ""
+    notes = (
+        f"{path.name}: {len(kept)} of {len(rows)} rows kept (rows with empty fields "
+        f"dropped{dropped})",
+    )
     return _population_from_labels(name or path.stem, header, kept, orders, set(), notes)
+
+
+def _empty_fields(header: list[str], rows: list[list[str]]) -> str:
+    """Which columns have empty fields, most first: ``'note' empty in all 200 rows,
+    'age' in 3``."""
+    if not rows:
+        return ""
+    counts = (np.array(rows, dtype=object) == "").sum(axis=0)
+    order = [j for j in np.argsort(-counts, kind="stable") if counts[j] > 0]
+    parts = [
+        f"{header[j]!r} empty in {'all ' if counts[j] == len(rows) else ''}{counts[j]} "
+        f"row{'' if counts[j] == 1 else 's'}"
+        for j in order[:5]
+    ]
+    more = f", and {len(order) - 5} more columns" if len(order) > 5 else ""
+    return ", ".join(parts) + more
 
 
 def _read_domains(path: Path) -> dict[str, int | list[str]]:

@@ -63,6 +63,18 @@ def test_population_describes_own_csv(tmp_path: Path, capsys: pytest.CaptureFixt
     assert out["n"] == 3 and out["sizes"] == [2, 2]
 
 
+def test_population_abbreviates_a_long_label_list(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ids.csv"
+    path.write_text("id,sex\n" + "".join(f"u{i:04d},{'mf'[i % 2]}\n" for i in range(5000)))
+    assert main(["population", "--dataset", f"csv:{path}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ids = next(line for line in lines if line.startswith("  id: "))
+    assert ids.endswith(", ..., u4999 (5,000 labels)") and ids.count(",") == 12
+    assert "  sex: f, m" in lines
+
+
 def test_bad_input_is_a_clear_error_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--epsilon", "-1"]) == 2
     assert "epsilon (-1.0) must be finite and > 0" in capsys.readouterr().err

@@ -72,6 +72,14 @@ def test_own_csv_with_domains(tmp_path: Path) -> None:
     np.testing.assert_array_equal(pop.codes, [[1, 0], [0, 1], [0, 0]])
     plain = load_csv(path)  # no domains: sorted distinct values
     assert plain.schema.attributes[1].categories == ("N", "S")
+    assert "('smoker' empty in 1 row)" in pop.notes[0]  # which column cost the row
+
+
+def test_a_column_empty_in_every_row_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "people.csv"
+    path.write_text("age,note,sex\n" + "".join(f"{i % 3},,{'mf'[i % 2]}\n" for i in range(20)))
+    with pytest.raises(DatasetError, match=r"'note' empty in all 20 rows; fill or drop"):
+        load_csv(path)
 
 
 def test_csv_errors_name_the_problem(tmp_path: Path) -> None:

@@ -405,3 +405,15 @@ def test_worker_processes_run_one_blas_thread_each() -> None:
 
     with ProcessPoolExecutor(max_workers=1, initializer=_one_blas_thread) as pool:
         assert pool.submit(_blas_threads).result() == 1
+
+
+def test_a_grid_with_no_task_exits_2_saying_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "docs"
+    code = cli.main(["experiment", "fig4", "--n", "8192", "--out", str(out), "--no-plot"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "experiment fig4 has no task with --n 8192" in err
+    assert "n in [65536, 262144]" in err and "nothing was run" in err
+    assert not out.exists()  # no empty report written
