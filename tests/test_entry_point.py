@@ -127,6 +127,14 @@ def test_help_on_the_base_install_lists_every_command() -> None:
     assert listed == set(COMMANDS) and len(listed) >= 9
 
 
+def test_version_is_the_projects_on_the_base_install() -> None:
+    from calmkit_client import __version__
+
+    out = _run(["--version"], NO_EXTRAS)
+    assert (out.returncode, out.stderr) == (0, "")
+    assert out.stdout.strip() == f"calmkit {_project()['version']}" == f"calmkit {__version__}"
+
+
 # one real invocation per command; each needs the extra its parser declares
 INVOCATIONS = {
     "demo": ["demo", "--users", "2000", "--json"],

@@ -42,10 +42,25 @@ def build_parser() -> CommandParser:
         "evaluation.",
         epilog="Start with `calmkit demo`; `calmkit COMMAND --help` for a command's options.",
     )
+    parser.add_argument(
+        "--version", action="version", version=f"calmkit {_version()}", help="print the version"
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in (simulator.register, service.register):
         register(subparsers)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (the package's own when not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("calmkit")
+    except metadata.PackageNotFoundError:
+        from . import __version__
+
+        return __version__
 
 
 def commands(parser: argparse.ArgumentParser) -> dict[str, CommandParser]:
