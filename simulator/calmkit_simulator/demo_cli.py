@@ -14,9 +14,9 @@ from typing import Any
 
 from calmkit_client.commands import NON_NEGATIVE, POSITIVE, add_command, json_option, positive_float
 
-from .progress import progress_bar
+from .progress import Progress
 
-__all__ = ["DEMO_QUERIES", "DEMO_SIZES", "register"]
+__all__ = ["DEMO_QUERIES", "DEMO_SIZES", "compare_to_uniform", "register"]
 
 DEMO_SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
 DEMO_QUERIES = [(0, 1), (2, 4), (5, 7), (0, 1, 2), (3, 4, 6), (1, 5, 7)]
@@ -59,7 +59,16 @@ def _demo(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     pop = synthetic_population(n=args.users, sizes=DEMO_SIZES, strength=1.5, rng=args.seed)
-    run = _serve_and_collect(pop, args)
+    try:
+        run = _serve_and_collect(pop, args)
+    except KeyboardInterrupt:
+        print(
+            "calmkit demo: interrupted; nothing is kept (the demo's server and database "
+            "were temporary and are removed)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return INTERRUPTED
     info, closed = run["info"], run["closed"]
     phases = [{"reports": int(r)} for r in closed.phase_reports]
     phases[0]["views"] = info.plan.m
@@ -94,6 +103,8 @@ def _serve_and_collect(pop: Any, args: argparse.Namespace) -> dict[str, Any]:
         storage = Storage(Path(tmp) / "aggregator.db")
         server, port = create_server("127.0.0.1:0", storage)
         address = f"127.0.0.1:{port}"
+        _stage(args, f"server on {address}; {pop.n} users report through the client")
+        grace = 5.0
         try:
             with AdminClient(address) as admin:
                 info = admin.create_collection(
@@ -101,12 +112,16 @@ def _serve_and_collect(pop: Any, args: argparse.Namespace) -> dict[str, Any]:
                 )
                 acknowledged = _report(pop, address, info, args)
                 closed = admin.close_collection(info.collection_id)
+                _stage(args, f"{acknowledged} reports acknowledged; answering the queries")
                 answers = [
                     (q, admin.query(info.collection_id, [pop.schema.attributes[a].name for a in q]))
                     for q in DEMO_QUERIES
                 ]
+        except KeyboardInterrupt:
+            grace = 0.0  # ^C: stop at once, not after in-flight calls
+            raise
         finally:
-            graceful_stop(server, 5.0)
+            graceful_stop(server, grace)
             storage.close()
     return {
         "info": info,
@@ -126,7 +141,7 @@ def _report(pop: Any, address: str, info: Any, args: argparse.Namespace) -> int:
 
     from .devices import SimulatedDevices
 
-    bar = progress_bar(pop.n, "reports", sys.stderr.isatty() and not args.json)
+    bar = None if args.json else Progress(pop.n, "calmkit demo: reports", every=2.0)
     # simulated devices: seeded, so the same --seed prints the same tables
     state = SimulatedDevices.seeded(args.seed)
     ids = np.arange(pop.n, dtype=np.uint64)
@@ -144,6 +159,29 @@ def _report(pop: Any, address: str, info: Any, args: argparse.Namespace) -> int:
     if bar is not None:
         bar.close()
     return int(ack.accepted + ack.duplicates)
+
+
+INTERRUPTED = 130
+
+
+def _stage(args: argparse.Namespace, text: str) -> None:
+    """A line on stderr as a stage starts, so a piped or logged run shows progress."""
+    if not args.json:
+        print(f"calmkit demo: {text}", file=sys.stderr, flush=True)
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def compare_to_uniform(sse: float, uniform_sse: float) -> str:
+    """Uniform's error against the estimate's, in words that cannot be misread."""
+    if sse <= 0:
+        return "the estimate is exact"
+    ratio = uniform_sse / sse
+    if ratio >= 1:
+        return f"Uniform's error is {ratio:.{0 if ratio >= 10 else 1}f}x the estimate's"
+    return f"the estimate's error is {1 / ratio:.1f}x Uniform's: it does worse than knowing nothing"
 
 
 def _tables(pop: Any, answers: list[tuple[tuple[int, ...], Any]]) -> list[dict[str, Any]]:
@@ -188,13 +226,14 @@ def _print_demo(
     print(f"  collection {closed.collection_id}, epsilon {out['epsilon']} per user")
     if len(phases) > 1:
         print(
-            f"  pilot: {phases[0]['reports']} users reported on {info.plan.m} attribute "
-            f"pairs; from their reports\n  the server chose {plan.m} views of "
-            f"{max(len(v) for v in plan.views)} attributes for the other "
+            f"  pilot: {phases[0]['reports']} users reported on "
+            f"{_plural(info.plan.m, 'attribute pair')}; from their reports\n  the server "
+            f"chose {_plural(plan.m, 'view')} of "
+            f"{_plural(max(len(v) for v in plan.views), 'attribute')} for the other "
             f"{phases[1]['reports']} users (plan {plan.digest[:12]})"
         )
     else:
-        print(f"  one phase: m = {plan.m} views (plan {plan.digest[:12]})")
+        print(f"  one phase: {_plural(plan.m, 'view')} (plan {plan.digest[:12]})")
     print(f"  {out['acknowledged']} reports acknowledged, {out['counted']} counted; closed")
     print("  answers: 'projection' sums down a view that holds every queried attribute;")
     print("  'maxent' (no view holds them all) is the maximum-entropy table that agrees with")
@@ -202,10 +241,9 @@ def _print_demo(
     print("  Uniform: the error of answering 1/cells everywhere, knowing nothing.")
     for r in out["queries"]:
         names = r["attrs"]
-        ratio = r["uniform_sse"] / r["sse"] if r["sse"] > 0 else float("inf")
         print(
-            f"\n  {' x '.join(names)}: {r['method']}, SSE {r['sse']:.2e} "
-            f"(Uniform {r['uniform_sse']:.2e}, {ratio:.0f}x larger)"
+            f"\n  {' x '.join(names)}: {r['method']}, SSE {r['sse']:.2e}; Uniform "
+            f"{r['uniform_sse']:.2e} ({compare_to_uniform(r['sse'], r['uniform_sse'])})"
         )
         width = [
             max(len(n), *(len(c["labels"][i]) for c in r["cells"])) for i, n in enumerate(names)

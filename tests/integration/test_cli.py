@@ -1,8 +1,13 @@
-"""The ``calmkit`` command line, run in process."""
+"""The ``calmkit`` command line, run in process (and the demo also as a process, for
+its pipe and ^C behaviour)."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +58,58 @@ def test_demo_text_labels_its_tables(capsys: pytest.CaptureFixture[str]) -> None
     assert "'projection' sums down a view" in text and "'maxent' (no view holds them all)" in text
     assert "a0 x a1:" in text and "a0  a1    true  estimate  total.err" in text
     assert "Uniform" in text
+
+
+@pytest.mark.parametrize(
+    ("sse", "uniform", "words"),
+    [
+        (1e-3, 1.89e-2, "Uniform's error is 19x the estimate's"),
+        (1e-3, 1.3e-3, "Uniform's error is 1.3x the estimate's"),
+        (1e-3, 1e-3, "Uniform's error is 1.0x the estimate's"),
+        (2e-3, 1e-3, "the estimate's error is 2.0x Uniform's: it does worse than knowing nothing"),
+        (0.0, 1e-3, "the estimate is exact"),
+    ],
+)
+def test_demo_compares_with_uniform_in_words_that_cannot_be_misread(
+    sse: float, uniform: float, words: str
+) -> None:
+    from calmkit_simulator.demo_cli import compare_to_uniform
+
+    assert compare_to_uniform(sse, uniform) == words
+
+
+def test_demo_piped_shows_its_stages_as_they_happen(tmp_path: Path) -> None:
+    """Off a terminal, the stages and the report count go to stderr as they happen,
+    each line flushed (a reader of the pipe sees the first before the run ends)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "calmkit_client.cli", "demo", "--users", "6000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = proc.stderr.readline() if proc.stderr else ""
+    assert proc.poll() is None  # the run is still going when its first line arrives
+    assert first.startswith("calmkit demo: server on 127.0.0.1:")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    assert "calmkit demo: 6000 reports acknowledged; answering the queries" in err
+    assert "8 views of 1 attribute for" in out  # not "of 1 attributes"
+
+
+def test_demo_interrupted_says_nothing_is_kept_and_exits_130() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "calmkit_client.cli", "demo", "--users", "400000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None and "server on" in proc.stderr.readline()
+    time.sleep(1.0)  # reporting is under way
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert "interrupted; nothing is kept" in err and "Traceback" not in err
+    assert out == ""
 
 
 def test_population_describes_own_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
