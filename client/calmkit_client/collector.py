@@ -30,6 +30,7 @@ from .errors import (
     CollectionClosed,
     CollectionError,
     CollectionExists,
+    CollectionFull,
     CollectionNotFound,
     NotSupported,
     PlanMismatch,
@@ -122,6 +123,7 @@ _ERRORS: dict[str, type[CalmkitError]] = {
         NotSupported,
         RateLimited,
         StorageFull,
+        CollectionFull,  # RESOURCE_EXHAUSTED too, but not retried (_RETRYABLE_EXHAUSTED)
     )
 }
 ERROR_KEY = "calmkit-error"  # trailing metadata: the server's error class name

@@ -71,3 +71,9 @@ class StorageFull(CollectionError):
 class RateLimited(CollectionError):
     """A submit token sent reports faster than the server's rate limit
     (RESOURCE_EXHAUSTED)."""
+
+
+class CollectionFull(CollectionError):
+    """The collection holds its cap of reports (``max_reports``; RESOURCE_EXHAUSTED):
+    the batch was refused whole. Not retried: the collection takes no more reports
+    until an operator raises the cap or opens another collection."""
