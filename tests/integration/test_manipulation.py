@@ -221,3 +221,29 @@ def test_a_genuine_pilot_passes_and_plans_phase_1(tmp_path: Path) -> None:
             PhasedDesign(n, target, 3, 0), server.storage.phase_support("p", 0)
         )
         assert status.plan.digest == expected.plan.digest
+
+
+def test_the_cli_creates_with_a_cap_and_status_shows_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from calmkit_client.cli import main
+
+    with Server(tmp_path) as server:
+        base = ["--address", server.address, "--collection", "c"]
+        views = ";".join(f"{a},{b}" for a, b in VIEWS)
+        sizes = ",".join(map(str, SIZES))
+        create = ["collection", "create", *base, "--domain", sizes, "--epsilon", "1"]
+        assert main([*create, "--n", "1000", "--views", views, "--max-reports", "1500"]) == 0
+        out = capsys.readouterr().out
+        assert "  report cap: 1500\n" in out
+        token = out.split("submit token (shown once; give it to your apps): ")[1].split()[0]
+        plan = server.storage.get_collection("c").plan
+        assert submit(server.address, token, fake_batch("c", plan, {0: 600}, 1)).accepted == 600
+        assert main(["collection", "status", *base]) == 0
+        out = capsys.readouterr().out
+        assert out.count("  MANIPULATION FLAG: ") == 2
+        assert "MANIPULATION FLAG: collection counts: view 0 (a0 x a1) (GRR): cell 0" in out
+        assert main(["collection", "status", *base, "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["max_reports"] == 1500 and len(status["flags"]) == 2
+        assert status["pilot_check"] == ""
