@@ -204,6 +204,12 @@ def test_a_fake_pilot_is_flagged_and_phase_1_is_planned_without_it(tmp_path: Pat
         safe = plan_collection(PILOT_POP.schema, 1.0, n - target, 3, rng=1, seed=1, planner="paper")
         assert status.plan.digest == safe.digest
         assert design.seed + 1 == 1
+        # the genuine users report under phase 1; answers leave the failed pilot out
+        later = honest_batch("p", status.plan, PILOT_POP.codes[:2000], 8)
+        assert submit(server.address, info.submit_token, later).accepted == 2000
+        answer = admin.query("p", ["a0", "a1"])
+        assert answer.reports == 2000 and admin.get_collection("p").reports == target + 2000
+        assert answer.flags and answer.flags[0].startswith("collection counts: view 0 (phase 0: ")
     with Storage(tmp_path / "agg.db") as reopened:  # the check survives a restart
         assert reopened.get_collection("p").pilot_check == status.pilot_check
 

@@ -42,7 +42,7 @@ from calmkit_client.errors import (
 )
 from calmkit_client.ids import check_collection_id
 
-from ..phases import PhasedDesign
+from ..phases import PhasedDesign, combine_phases
 from ..planning.collection import plan_collection
 from ..planning.pilot import pilot_plan, pilot_size, plan_next_phase
 from ..reconstruction.pipeline import Estimator, reconstruct_by
@@ -387,8 +387,15 @@ class AggregatorService(wire.AggregatorServicer):
         self, collection_id: str, reconstruction: str = "local"
     ) -> tuple[SupportCounts, Estimator, int]:
         """The support counted now, its reconstruction (cached per collection and
-        reconstruction until more reports arrive) and how many reports it rests on."""
-        support = self.storage.support(collection_id)
+        reconstruction until more reports arrive) and how many reports it rests on.
+        A pilot that failed its feasibility check is left out: its reports may be
+        fakes, and every later phase was planned without them."""
+        record = self.storage.get_collection(collection_id)
+        if record.pilot_check.startswith("failed") and record.phase >= 1:
+            later = range(1, len(record.plans))
+            support = combine_phases([self.storage.phase_support(collection_id, i) for i in later])
+        else:
+            support = self.storage.support(collection_id)
         total = int(support.n.sum())
         if total == 0:
             raise CollectionClosed(f"collection_id ({collection_id!r}) has no reports yet")
