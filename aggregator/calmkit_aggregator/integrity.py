@@ -181,8 +181,17 @@ def check_feasible(
     live = n > 0  # a view without reports makes no test
     view_of = np.repeat(np.arange(m), sizes)
     n_cell = n[view_of]
-    upper = np.where(n_cell > 0, stats.binom.sf(flat - 1, n_cell, p[view_of]), 1.0)
-    lower = np.where(n_cell > 0, stats.binom.cdf(flat, n_cell, q[view_of]), 1.0)
+    # A tail can be below alpha / tests (<= 1/2) only beyond the binomial's median, so
+    # only counts above n p (upper) or below n q (lower) get a p-value; the others
+    # keep 1 (theirs is >= 1/2). Honest counts rarely leave [n q, n p]: most checks
+    # of a batch compute no tail at all.
+    upper, lower = np.ones(flat.size), np.ones(flat.size)
+    hi = (n_cell > 0) & (flat > n_cell * p[view_of])
+    lo = (n_cell > 0) & (flat < n_cell * q[view_of])
+    if hi.any():
+        upper[hi] = stats.binom.sf(flat[hi] - 1, n_cell[hi], p[view_of][hi])
+    if lo.any():
+        lower[lo] = stats.binom.cdf(flat[lo], n_cell[lo], q[view_of][lo])
     totals = np.add.reduceat(flat, np.concatenate([[0], np.cumsum(sizes)[:-1]]))
     mean = n * (p + (sizes - 1) * q)
     var = n * (p * (1 - p) + (sizes - 1) * q * (1 - q))
