@@ -23,6 +23,7 @@ PUBLIC = {
         "CollectionClosed",
         "CollectionError",
         "CollectionExists",
+        "CollectionFull",
         "CollectionNotFound",
         "Collector",
         "DeviceState",

@@ -31,6 +31,7 @@ from .errors import (
     CollectionClosed,
     CollectionError,
     CollectionExists,
+    CollectionFull,
     CollectionNotFound,
     NotSupported,
     PlanMismatch,
@@ -124,6 +125,7 @@ _ERRORS: dict[str, type[CalmkitError]] = {
         RateLimited,
         BatchTooLarge,
         StorageFull,
+        CollectionFull,  # RESOURCE_EXHAUSTED too, but not retried (_RETRYABLE_EXHAUSTED)
     )
 }
 ERROR_KEY = "calmkit-error"  # trailing metadata: the server's error class name

@@ -77,3 +77,9 @@ class BatchTooLarge(CollectionError):
     """A batch holds more reports than the server's rate limit admits at once
     (RESOURCE_EXHAUSTED): resent whole it would fail again, so the
     :class:`~calmkit_client.collector.Collector` splits it."""
+
+
+class CollectionFull(CollectionError):
+    """The collection holds its cap of reports (``max_reports``; RESOURCE_EXHAUSTED):
+    the batch was refused whole. Not retried: the collection takes no more reports
+    until an operator raises the cap or opens another collection."""

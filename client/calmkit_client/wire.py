@@ -163,7 +163,9 @@ def ack_from_proto(msg: Any) -> Acknowledgement:
 class CollectionInfo:
     """A collection as the server describes it (``submit_token`` only on creation).
     ``plan`` is the current phase's plan; ``phase_reports`` counts each phase's
-    reports; ``pilot_target``: pilot reports that start phase 1 (0: no pilot)."""
+    reports; ``pilot_target``: pilot reports that start phase 1 (0: no pilot);
+    ``max_reports``: the report cap (0: none); ``flags``: manipulation flags (counts
+    no honest population explains); ``pilot_check``: the pilot's feasibility check."""
 
     collection_id: str
     state: str
@@ -177,6 +179,9 @@ class CollectionInfo:
     phase: int = 0
     phase_reports: tuple[int, ...] = ()
     pilot_target: int = 0
+    max_reports: int = 0
+    flags: tuple[str, ...] = ()
+    pilot_check: str = ""
 
 
 def collection_from_proto(msg: Any) -> CollectionInfo:
@@ -193,6 +198,9 @@ def collection_from_proto(msg: Any) -> CollectionInfo:
         phase=int(msg.phase),
         phase_reports=tuple(int(x) for x in msg.phase_reports),
         pilot_target=int(msg.pilot_target),
+        max_reports=int(msg.max_reports),
+        flags=tuple(str(f) for f in msg.flags),
+        pilot_check=str(msg.pilot_check),
     )
 
 
@@ -211,9 +219,11 @@ def create_request(
     planner: str = "",
     pilot: float | None = None,
     reconstruction: str = "local",
+    max_reports: int = 0,
 ) -> Any:
     """A CreateCollection request; ``reconstruction`` ("local" or "global") is the one
-    the pipeline planner plans for (queries may still ask for either)."""
+    the pipeline planner plans for (queries may still ask for either); ``max_reports``:
+    the report cap (0: the server's default, 2 x ``expected_n``)."""
     req = pb.CreateCollectionRequest(
         collection_id=collection_id,
         schema=schema_to_proto(schema),
@@ -224,6 +234,7 @@ def create_request(
         seed=seed,
         planner=planner,
         reconstruction=reconstruction,
+        max_reports=max_reports,
     )
     if pilot is not None:
         req.pilot = pilot
@@ -243,7 +254,9 @@ class MarginalAnswer:
     values, noise and estimated bias (``variance_method`` says how it was computed,
     ``replicates`` how many bootstrap replicates it rests on),
     the ``method``, and the collection ``state`` (answers from an open collection are
-    provisional)."""
+    provisional). ``flags``: the collection's manipulation flags;
+    ``max_shift_per_share``: the largest shift of a cell of the views behind the answer
+    per unit share of fake reports among their reports."""
 
     attributes: tuple[str, ...]
     values: np.ndarray
@@ -254,6 +267,8 @@ class MarginalAnswer:
     state: str
     variance_method: str = ""
     replicates: int = 0
+    flags: tuple[str, ...] = ()
+    max_shift_per_share: float = 0.0
 
 
 def marginal_from_proto(msg: Any) -> MarginalAnswer:
@@ -268,6 +283,8 @@ def marginal_from_proto(msg: Any) -> MarginalAnswer:
         state=STATES.get(msg.state, "unknown"),
         variance_method=msg.variance_method,
         replicates=int(msg.replicates),
+        flags=tuple(str(f) for f in msg.flags),
+        max_shift_per_share=float(msg.max_shift_per_share),
     )
 
 

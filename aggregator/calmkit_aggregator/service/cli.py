@@ -423,6 +423,14 @@ def _collection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=NON_NEGATIVE, default=0, help="create: seed of the plan's view assignment"
     )
+    parser.add_argument(
+        "--max-reports",
+        type=NON_NEGATIVE,
+        default=0,
+        metavar="N",
+        help="create: the most reports the collection takes; a batch that would pass "
+        "it is refused whole (CollectionFull). 0 (default): 2 x --n",
+    )
     json_option(parser)
 
 
@@ -467,6 +475,9 @@ def _info_dict(info: Any) -> dict[str, Any]:
         "phase": info.phase,
         "phase_reports": list(info.phase_reports),
         "pilot_target": info.pilot_target,
+        "max_reports": info.max_reports,
+        "flags": list(info.flags),
+        "pilot_check": info.pilot_check,
         **({"submit_token": info.submit_token} if info.submit_token else {}),
     }
 
@@ -488,6 +499,7 @@ def _collection(args: argparse.Namespace) -> int:
                 planner=args.planner,
                 pilot=args.pilot,
                 reconstruction=args.reconstruct,
+                max_reports=args.max_reports,
             )
         elif args.action == "close":
             info = admin.close_collection(args.collection)
@@ -520,6 +532,11 @@ def _collection(args: argparse.Namespace) -> int:
         f"  plan {out['plan_digest'][:16]}: m = {out['m']} views of l = {out['l']}, "
         f"k = {out['k']}, oracles {sorted(set(out['oracles']))}"
     )
+    print(f"  report cap: {out['max_reports']}" if out["max_reports"] else "  report cap: none")
+    if out["pilot_check"]:
+        print(f"  pilot check: {out['pilot_check']}")
+    for flag in out["flags"]:
+        print(f"  MANIPULATION FLAG: {flag}")
     if "submit_token" in out:
         print(f"  submit token (shown once; give it to your apps): {out['submit_token']}")
     return 0

@@ -33,6 +33,7 @@ from calmkit_client.errors import (
     BatchTooLarge,
     CollectionClosed,
     CollectionExists,
+    CollectionFull,
     CollectionNotFound,
     PlanMismatch,
     RateLimited,
@@ -42,7 +43,7 @@ from calmkit_client.errors import (
 )
 from calmkit_client.ids import check_collection_id
 
-from ..phases import PhasedDesign
+from ..phases import PhasedDesign, combine_phases
 from ..planning.collection import plan_collection
 from ..planning.pilot import pilot_plan, pilot_size, plan_next_phase
 from ..reconstruction.pipeline import Estimator, reconstruct_by
@@ -50,8 +51,16 @@ from ..reconstruction.support import SupportCounts
 from ..reconstruction.uncertainty import MAX_REPLICATES, Bootstrap, bootstrap
 from . import wire
 from .faults import as_fault, fault_detail
+from .manipulation import (
+    FlagLog,
+    answer_shift,
+    batch_flag,
+    check_parts,
+    default_cap,
+    pilot_result,
+)
 from .rate_limit import RateLimit, submitter_of
-from .store import ReportStore
+from .store import ReportStore, batch_columns
 
 __all__ = ["AggregatorService", "log_json"]
 
@@ -70,6 +79,7 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (BatchTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (StorageFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (CollectionFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (CalmkitError, grpc.StatusCode.INVALID_ARGUMENT),
 ]
 
@@ -153,6 +163,7 @@ class AggregatorService(wire.AggregatorServicer):
         self._bootstraps: dict[tuple[str, str], tuple[int, int, Bootstrap]] = {}
         self._estimate_lock = threading.Lock()
         self._advance_lock = threading.Lock()
+        self._flag_log = FlagLog()
 
     # -- access ------------------------------------------------------------------------
     def _check_id(self, request: Any) -> None:
@@ -181,7 +192,26 @@ class AggregatorService(wire.AggregatorServicer):
     def _collection(self, collection_id: str, submit_token: str | None = None) -> Any:
         record = self.storage.get_collection(collection_id)
         counts = self.storage.phase_support(collection_id, record.phase).n
-        return wire.collection_to_proto(record, counts.tolist(), submit_token)
+        flags = self._flags(collection_id, record)
+        return wire.collection_to_proto(record, counts.tolist(), submit_token, flags)
+
+    def _flags(self, collection_id: str, record: Any) -> list[str]:
+        """The collection's manipulation flags: its counts checked now (every phase;
+        logged once per newly flagged state) and the flagged batches stored."""
+        parts = [self.storage.phase_support(collection_id, i) for i in range(len(record.plans))]
+        result = check_parts(parts)
+        if self._flag_log.is_new(collection_id, result):
+            log_json(
+                "manipulation",
+                collection=collection_id,
+                scope="collection",
+                views=[f.view for f in result.flagged],
+                tests=result.tests,
+                alpha=result.alpha,
+                reason=result.reason,
+            )
+        now = [f"collection counts: {result.reason}"] if not result.passed else []
+        return now + list(record.flags)
 
     # -- admin -------------------------------------------------------------------------
     @_rpc
@@ -224,13 +254,17 @@ class AggregatorService(wire.AggregatorServicer):
             )
         collection_id = params.collection_id or f"c-{secrets.token_hex(6)}"
         token = secrets.token_urlsafe(24)
-        self.storage.create_collection(collection_id, plan, params.k, _hash_token(token), design)
+        cap = default_cap(params.expected_n, params.max_reports)
+        self.storage.create_collection(
+            collection_id, plan, params.k, _hash_token(token), design, max_reports=cap
+        )
         log_json(
             "created",
             collection=collection_id,
             m=plan.m,
             digest=plan.digest,
             pilot_target=None if design is None else design.pilot_reports,
+            max_reports=cap,
         )
         return self._collection(collection_id, submit_token=token)
 
@@ -290,9 +324,22 @@ class AggregatorService(wire.AggregatorServicer):
             phase=phase,
             ms=round(1e3 * (time.perf_counter() - t0), 2),
         )
+        if outcome.accepted:
+            self._check_batch(request.collection_id, record.plans[phase], reports, context)
         if record.design is not None and record.phase == 0:  # a pilot that may be done
             self._maybe_advance(request.collection_id)
         return wire.ack_to_proto(outcome.accepted, outcome.duplicates)
+
+    def _check_batch(
+        self, collection_id: str, plan: Plan, reports: Any, context: grpc.ServicerContext
+    ) -> None:
+        """Flag a stored batch whose own counts no honest population explains: logged
+        with the peer's address and stored (the batch stays accepted)."""
+        flag = batch_flag(batch_columns(plan, reports), str(context.peer()))
+        if flag is None:
+            return
+        log_json("manipulation", collection=collection_id, scope="batch", reason=flag)
+        self.storage.add_flag(collection_id, flag)
 
     def _maybe_advance(self, collection_id: str) -> None:
         """Start the second phase once the pilot has its reports: plan it from the
@@ -309,7 +356,25 @@ class AggregatorService(wire.AggregatorServicer):
             if record.phase != 0:
                 return
             t0 = time.perf_counter()
-            main = plan_next_phase(design, self.storage.phase_support(collection_id, 0))
+            pilot = self.storage.phase_support(collection_id, 0)
+            passed, check = pilot_result(pilot)
+            self.storage.set_pilot_check(collection_id, check)
+            if not passed:  # fakes may have written the pilot: plan without it
+                log_json("manipulation", collection=collection_id, scope="pilot", reason=check)
+                plan = _safe_plan(design, pilot)
+                self.storage.add_phase(collection_id, 1, plan)
+                log_json(
+                    "phase",
+                    collection=collection_id,
+                    phase=1,
+                    m=plan.m,
+                    digest=plan.digest,
+                    pilot_reports=record.reports,
+                    planner="paper",
+                    ms=round(1e3 * (time.perf_counter() - t0), 1),
+                )
+                return
+            main = plan_next_phase(design, pilot)
             self.storage.add_phase(collection_id, 1, main.plan)
             log_json(
                 "phase",
@@ -329,8 +394,15 @@ class AggregatorService(wire.AggregatorServicer):
         self, collection_id: str, reconstruction: str = "local"
     ) -> tuple[SupportCounts, Estimator, int]:
         """The support counted now, its reconstruction (cached per collection and
-        reconstruction until more reports arrive) and how many reports it rests on."""
-        support = self.storage.support(collection_id)
+        reconstruction until more reports arrive) and how many reports it rests on.
+        A pilot that failed its feasibility check is left out: its reports may be
+        fakes, and every later phase was planned without them."""
+        record = self.storage.get_collection(collection_id)
+        if record.pilot_check.startswith("failed") and record.phase >= 1:
+            later = range(1, len(record.plans))
+            support = combine_phases([self.storage.phase_support(collection_id, i) for i in later])
+        else:
+            support = self.storage.support(collection_id)
         total = int(support.n.sum())
         if total == 0:
             raise CollectionClosed(f"collection_id ({collection_id!r}) has no reports yet")
@@ -399,7 +471,27 @@ class AggregatorService(wire.AggregatorServicer):
             record.state,
             total_error_method(answer.method, replicates),
             replicates,
+            self._flags(collection_id, record),
+            answer_shift(support.plan, attrs),
         )
+
+
+def _safe_plan(design: PhasedDesign, pilot: SupportCounts) -> Plan:
+    """Phase 1's plan when the pilot failed its check: CALM's Algorithm 1 for the
+    users left, from the design alone (nothing of the pilot's counts)."""
+    remaining = max(1, design.expected_n - int(pilot.n.sum()))
+    schema = pilot.plan.schema
+    return plan_collection(
+        schema,
+        pilot.plan.epsilon,
+        remaining,
+        design.k,
+        l=design.l,
+        m=design.m,
+        rng=design.seed + 1,
+        seed=design.seed + 1,
+        planner="paper",
+    )
 
 
 def total_error_method(answer_method: str, replicates: int) -> str:

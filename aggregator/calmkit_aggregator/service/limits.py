@@ -96,17 +96,17 @@ class _Abort(Exception):
 class _WorkerContext:
     """What a handler uses of its context, safe to call from a worker thread."""
 
-    def __init__(self, metadata: tuple[tuple[str, Any], ...], peer: str) -> None:
+    def __init__(self, metadata: tuple[tuple[str, Any], ...], peer: str = "") -> None:
         self._metadata = metadata
         self._peer = peer
         self.trailing: tuple[tuple[str, str], ...] = ()
 
+    def peer(self) -> str:
+        """The caller's address (``ipv4:127.0.0.1:5555``), as gRPC names it."""
+        return self._peer
+
     def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
         return self._metadata
-
-    def peer(self) -> str:
-        """The client's address as gRPC names it, e.g. ``ipv4:10.0.0.7:51234``."""
-        return self._peer
 
     def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
         self.trailing = tuple(metadata)
@@ -208,7 +208,7 @@ class Guard:
         metadata: tuple[tuple[str, Any], ...],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> Any:
-        worker = _WorkerContext(metadata, context.peer())
+        worker = _WorkerContext(metadata, str(context.peer()))
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._workers, _take, handle, body, worker)

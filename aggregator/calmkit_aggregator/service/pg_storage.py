@@ -13,7 +13,13 @@ The database holds what SQLite holds (schema version :data:`PG_SCHEMA_VERSION`):
 - ``support``: the support counts, one row per (collection, phase, writer). Each
   replica process writes only its own row, in its batches' transactions; a read sums
   the rows.
-- ``collections`` and ``phases``: as in SQLite.
+- ``collections`` and ``phases``: as in SQLite, with ``max_reports`` (the report cap)
+  and ``pilot_check``; ``flags``: manipulation flags raised at ingest. Version 2
+  databases gain them on open, with no cap on their existing collections.
+
+The cap is checked in the transaction that holds the collection's row lock, against
+the key tables just brought up to date (every stored report of the collection, from
+every replica), so two replicas cannot both take the last places.
 
 Deduplication is in memory, as in SQLite: each replica keeps the key tables of
 :mod:`.keyset` (report id -> pseudonym, and the pseudonyms) for every collection it
@@ -69,6 +75,7 @@ from calmkit_client.echo import show as _show
 from calmkit_client.errors import (
     CollectionClosed,
     CollectionExists,
+    CollectionFull,
     CollectionNotFound,
     PlanMismatch,
     ReportConflict,
@@ -88,13 +95,16 @@ from .snapshot import (
 )
 from .store import (
     CLOSED,
+    MAX_FLAGS,
     OPEN,
     BatchOutcome,
     CollectionRecord,
     KeyLookup,
     StoredReport,
     batch_columns,
+    check_cap,
     check_collection_args,
+    check_flag,
     check_next_phase,
     check_phase,
     check_plan,
@@ -107,13 +117,13 @@ from .store import (
 
 __all__ = ["PG_SCHEMA_VERSION", "PgStorage", "is_postgres_url"]
 
-PG_SCHEMA_VERSION = 2
+PG_SCHEMA_VERSION = 3
 _I64 = np.dtype("<i8")
 _LOG_COLUMNS = ("report_ids", "pseudonyms", "views", "cells", "bits")
 # Reports committed in one transaction at most (group commit takes waiting batches up
 # to this many; a larger single batch goes alone).
 _GROUP_REPORTS = 100_000
-_TABLES = {"collections", "phases", "batches", "support", "reports"}
+_TABLES = {"collections", "phases", "batches", "support", "reports", "flags"}
 log = logging.getLogger("calmkit.aggregator")
 _SCHEMA = """
 CREATE TABLE calmkit_schema (version INTEGER NOT NULL);
@@ -164,7 +174,19 @@ ALTER TABLE batches ALTER COLUMN report_ids SET STORAGE EXTERNAL,
                     ALTER COLUMN pseudonyms SET STORAGE EXTERNAL,
                     ALTER COLUMN bits SET STORAGE EXTERNAL;
 """
-_LOCK = "SELECT state FROM collections WHERE id = %s FOR NO KEY UPDATE"
+# Version 2 -> 3 (and part of a new database's schema): the report cap, the pilot
+# check, manipulation flags.
+_MIGRATE_2 = """
+ALTER TABLE collections ADD COLUMN IF NOT EXISTS max_reports BIGINT NOT NULL DEFAULT 0,
+                        ADD COLUMN IF NOT EXISTS pilot_check TEXT NOT NULL DEFAULT '';
+CREATE TABLE IF NOT EXISTS flags (
+    seq BIGSERIAL PRIMARY KEY,
+    collection_id TEXT NOT NULL REFERENCES collections (id),
+    created_at DOUBLE PRECISION NOT NULL,
+    flag TEXT NOT NULL
+);
+"""
+_LOCK = "SELECT state, max_reports FROM collections WHERE id = %s FOR NO KEY UPDATE"
 _TAIL = (
     "SELECT seq, report_ids, pseudonyms FROM batches WHERE collection_id = %s "
     "AND seq > %s ORDER BY seq"
@@ -377,18 +399,22 @@ class PgStorage(SnapshotSchedule):
                 )
             cur.execute(_SCHEMA)
             cur.execute(_LOG_SETUP)
+            cur.execute(_MIGRATE_2)
             cur.execute("INSERT INTO calmkit_schema VALUES (%s)", (PG_SCHEMA_VERSION,))
             return
         cur.execute("SELECT version FROM calmkit_schema")
         row = cur.fetchone()
         version = None if row is None else row[0]
-        if version == 1:
-            self._migrate_1(cur)
-        elif version != PG_SCHEMA_VERSION:
+        if version not in (1, 2, PG_SCHEMA_VERSION):
             raise CalmkitError(
                 f"schema version ({version}) of {self.path!r} must be {PG_SCHEMA_VERSION} "
-                "(or 1, which is migrated)"
+                "(or 1 or 2, which are migrated)"
             )
+        if version == 1:
+            self._migrate_1(cur)
+        if version in (1, 2):
+            cur.execute(_MIGRATE_2)
+            cur.execute("UPDATE calmkit_schema SET version = %s", (PG_SCHEMA_VERSION,))
 
     def _migrate_1(self, cur: Any) -> None:
         """Version 1 -> 2: the ``reports`` table (one row per report under two unique
@@ -448,13 +474,13 @@ class PgStorage(SnapshotSchedule):
             raise CollectionNotFound(f"collection_id ({_show(collection_id)}) not found")
         cur.execute(
             "SELECT plan_json, digest, k, state, submit_token_hash, created_at, closed_at, "
-            "design_json FROM collections WHERE id = %s",
+            "design_json, max_reports, pilot_check FROM collections WHERE id = %s",
             (collection_id,),
         )
         row = cur.fetchone()
         if row is None:
             raise CollectionNotFound(f"collection_id ({_show(collection_id)}) not found")
-        plan_json, digest, k, state, token_hash, created, closed, design_json = row
+        plan_json, digest, k, state, token_hash, created, closed, design_json, cap, check = row
         plans = [self._plan(collection_id, 0, plan_json, digest)]
         cur.execute(
             "SELECT phase, plan_json, digest FROM phases WHERE collection_id = %s ORDER BY phase",
@@ -463,8 +489,23 @@ class PgStorage(SnapshotSchedule):
         for phase, text, d in cur.fetchall():
             plans.append(self._plan(collection_id, phase, text, d))
         design = None if design_json is None else PhasedDesign.from_json(design_json)
+        cur.execute(
+            "SELECT flag FROM flags WHERE collection_id = %s ORDER BY seq", (collection_id,)
+        )
+        flags = tuple(f for (f,) in cur.fetchall())
         record = CollectionRecord(
-            collection_id, tuple(plans), k, state, bytes(token_hash), created, closed, 0, design
+            collection_id,
+            tuple(plans),
+            k,
+            state,
+            bytes(token_hash),
+            created,
+            closed,
+            0,
+            design,
+            max_reports=int(cap),
+            flags=flags,
+            pilot_check=check,
         )
         with self._keys_lock:
             self._records[collection_id] = record
@@ -522,14 +563,15 @@ class PgStorage(SnapshotSchedule):
         k: int,
         submit_token_hash: bytes,
         design: PhasedDesign | None = None,
+        max_reports: int = 0,
     ) -> CollectionRecord:
         """Create an open collection (see :meth:`.storage.Storage.create_collection`)."""
-        check_collection_args(collection_id, plan, k, submit_token_hash, design)
+        check_collection_args(collection_id, plan, k, submit_token_hash, design, max_reports)
         with self._lock, self._transaction(self._live("_conn")) as cur:
             cur.execute(
                 "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash, "
-                "created_at, closed_at, design_json) VALUES (%s, %s, %s, %s, %s, %s, %s, NULL, %s) "
-                "ON CONFLICT (id) DO NOTHING",
+                "created_at, closed_at, design_json, max_reports) VALUES (%s, %s, %s, %s, %s, %s, "
+                "%s, NULL, %s, %s) ON CONFLICT (id) DO NOTHING",
                 (
                     collection_id,
                     plan.to_json(),
@@ -539,6 +581,7 @@ class PgStorage(SnapshotSchedule):
                     bytes(submit_token_hash),
                     time.time(),
                     None if design is None else design.to_json(),
+                    int(max_reports),
                 ),
             )
             if cur.rowcount == 0:
@@ -558,6 +601,31 @@ class PgStorage(SnapshotSchedule):
         with self._lock, self._transaction(self._live("_conn")) as cur:
             cur.execute("SELECT id FROM collections ORDER BY created_at, id")
             return [self._record(cur, cid) for (cid,) in cur.fetchall()]
+
+    def add_flag(self, collection_id: str, flag: str) -> None:
+        """Store a manipulation flag (see :meth:`.storage.Storage.add_flag`)."""
+        flag = check_flag(flag)
+        with self._lock, self._transaction(self._live("_conn")) as cur:
+            cur.execute("SELECT 1 FROM collections WHERE id = %s FOR UPDATE", (collection_id,))
+            if cur.fetchone() is None:
+                raise CollectionNotFound(f"collection_id ({_show(collection_id)}) not found")
+            cur.execute("SELECT count(*) FROM flags WHERE collection_id = %s", (collection_id,))
+            if cur.fetchone()[0] >= MAX_FLAGS:
+                return
+            cur.execute(
+                "INSERT INTO flags (collection_id, created_at, flag) VALUES (%s, %s, %s)",
+                (collection_id, time.time(), flag),
+            )
+
+    def set_pilot_check(self, collection_id: str, result: str) -> None:
+        """Store the pilot's feasibility check ("passed" or "failed: ...")."""
+        result = check_flag(result)
+        with self._lock, self._transaction(self._live("_conn")) as cur:
+            cur.execute(
+                "UPDATE collections SET pilot_check = %s WHERE id = %s", (result, collection_id)
+            )
+            if cur.rowcount == 0:
+                raise CollectionNotFound(f"collection_id ({_show(collection_id)}) not found")
 
     def close_collection(self, collection_id: str) -> CollectionRecord:
         """Stop accepting reports (idempotent); this replica drops its key tables."""
@@ -661,6 +729,7 @@ class PgStorage(SnapshotSchedule):
                 if row[0] != OPEN:
                     raise not_open(collection_id, row[0])
                 self._tail(cur, collection_id, keys)
+                cap, stored = int(row[1]), len(keys.by_id)  # every replica's, under the lock
                 record = self._records.get(collection_id)
                 if record is None or any(
                     all(pl.digest != p.plan_digest for pl in record.plans) for p in group
@@ -679,10 +748,12 @@ class PgStorage(SnapshotSchedule):
                         phase = record.phase_of(p.plan_digest)
                         tables = both if len(accepted.by_id) else keys
                         new = new_positions(tables, collection_id, p.distinct, p.ids, p.pseudonyms)
-                    except (PlanMismatch, ReportConflict) as exc:
+                        check_cap(collection_id, cap, stored, int(new.size))
+                    except (PlanMismatch, ReportConflict, CollectionFull) as exc:
                         p.error, p.done = exc, True
                         continue
                     written.append((p, phase, new))
+                    stored += int(new.size)
                     if not new.size:
                         continue
                     if len(group) > 1:

@@ -28,6 +28,11 @@ Tables (schema version :data:`SCHEMA_VERSION` in ``PRAGMA user_version``):
   int64 little-endian (``n``: reports per view; ``counts``: the views' counts
   concatenated), rewritten in the transaction of each batch, so a restart reads them
   instead of recounting.
+- ``collections.max_reports`` (the report cap, 0: none) and ``collections.pilot_check``
+  (the pilot's feasibility check), and ``flags(seq, collection_id, created_at, flag)``:
+  manipulation flags raised at ingest (:mod:`..integrity`), so ``collection status``
+  shows them after a restart. Version 3 files gain them on open with no cap on their
+  existing collections (their expected number of reports is not stored).
 
 Report ids (retries are idempotent) and pseudonyms (a user reports once per
 collection, over all phases) are unique per collection: the key tables are rebuilt
@@ -76,12 +81,15 @@ from .snapshot import (
 )
 from .store import (
     CLOSED,
+    MAX_FLAGS,
     OPEN,
     BatchOutcome,
     CollectionRecord,
     StoredReport,
     batch_columns,
+    check_cap,
     check_collection_args,
+    check_flag,
     check_next_phase,
     check_phase,
     check_plan,
@@ -94,7 +102,7 @@ from .store import (
 
 __all__ = ["SCHEMA_VERSION", "Storage"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 log = logging.getLogger("calmkit.aggregator")
 # Reports per batch-log row when a version 1/2 file is migrated.
 _MIGRATE_CHUNK = 10_000
@@ -141,7 +149,19 @@ CREATE TABLE collections (
 );
 {_PHASES}
 {_LOG}
-PRAGMA user_version = {SCHEMA_VERSION};
+"""
+# Version 3 -> 4 (and part of a new file's schema): the report cap, the pilot check,
+# manipulation flags. Existing collections get no cap.
+_MIGRATE_3 = """
+ALTER TABLE collections ADD COLUMN max_reports INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE collections ADD COLUMN pilot_check TEXT NOT NULL DEFAULT '';
+CREATE TABLE flags (
+    seq INTEGER PRIMARY KEY,
+    collection_id TEXT NOT NULL REFERENCES collections (id),
+    created_at REAL NOT NULL,
+    flag TEXT NOT NULL
+);
+PRAGMA user_version = 4;
 """
 # Version 1 -> 2: phases.
 _MIGRATE_1 = f"""
@@ -287,23 +307,48 @@ class Storage(SnapshotSchedule):
             tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
             if tables:
                 raise CalmkitError(f"database ({self.path!r}) is not a calmkit store")
-            conn.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")
-        elif version in (1, 2):
+            conn.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} {_MIGRATE_3} COMMIT;")
+        elif version in (1, 2, 3):
             with _transaction(conn):
                 if version == 1:
                     _execute_script(conn, _MIGRATE_1)
-                _migrate_rows_to_log(conn)
+                _execute_script(conn, _MIGRATE_3)
+                if version < 3:
+                    _migrate_rows_to_log(conn)
         elif version != SCHEMA_VERSION:
             raise CalmkitError(
-                f"schema version ({version}) of {self.path!r} must be {SCHEMA_VERSION} (or 1 "
-                "or 2, which are migrated)"
+                f"schema version ({version}) of {self.path!r} must be {SCHEMA_VERSION} (or 1, "
+                "2 or 3, which are migrated)"
             )
 
     def _load(self, conn: sqlite3.Connection) -> None:
         """Read every collection, its phases' plans and its stored support counts."""
+        flags: dict[str, list[str]] = {}
+        for cid, flag in conn.execute("SELECT collection_id, flag FROM flags ORDER BY seq"):
+            flags.setdefault(cid, []).append(flag)
+        extra = {
+            cid: (cap, check)
+            for cid, cap, check in conn.execute(
+                "SELECT id, max_reports, pilot_check FROM collections"
+            )
+        }
         for cid, plans, k, state, token_hash, created, closed, design in _read_collections(conn):
+            cap, pilot_check = extra[cid]
             entry = _Entry.empty(
-                CollectionRecord(cid, plans, k, state, token_hash, created, closed, 0, design)
+                CollectionRecord(
+                    cid,
+                    plans,
+                    k,
+                    state,
+                    token_hash,
+                    created,
+                    closed,
+                    0,
+                    design,
+                    max_reports=cap,
+                    flags=tuple(flags.get(cid, ())),
+                    pilot_check=pilot_check,
+                )
             )
             for phase, n_blob, counts_blob in conn.execute(
                 "SELECT phase, n, counts FROM support WHERE collection_id = ? ORDER BY phase",
@@ -442,11 +487,12 @@ class Storage(SnapshotSchedule):
         k: int,
         submit_token_hash: bytes,
         design: PhasedDesign | None = None,
+        max_reports: int = 0,
     ) -> CollectionRecord:
         """Create an open collection whose first phase uses ``plan`` (``design``: how
-        the next phase is planned, None for one phase); :class:`CollectionExists` if
-        the id is taken."""
-        check_collection_args(collection_id, plan, k, submit_token_hash, design)
+        the next phase is planned, None for one phase; ``max_reports``: the report cap,
+        0 for none); :class:`CollectionExists` if the id is taken."""
+        check_collection_args(collection_id, plan, k, submit_token_hash, design, max_reports)
         record = CollectionRecord(
             collection_id,
             (plan,),
@@ -457,6 +503,7 @@ class Storage(SnapshotSchedule):
             None,
             0,
             design,
+            max_reports=int(max_reports),
         )
         with self._lock:
             conn = self._connection()
@@ -466,7 +513,8 @@ class Storage(SnapshotSchedule):
             with _transaction(conn):
                 conn.execute(
                     "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash,"
-                    " created_at, closed_at, design_json) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?)",
+                    " created_at, closed_at, design_json, max_reports) VALUES (?, ?, ?, ?, ?, ?, ?,"
+                    " NULL, ?, ?)",
                     (
                         collection_id,
                         plan.to_json(),
@@ -476,6 +524,7 @@ class Storage(SnapshotSchedule):
                         record.submit_token_hash,
                         record.created_at,
                         None if design is None else design.to_json(),
+                        record.max_reports,
                     ),
                 )
                 _write_support(conn, collection_id, 0, entry, insert=True)
@@ -494,6 +543,34 @@ class Storage(SnapshotSchedule):
         here the same as :meth:`get_collection`. (On PostgreSQL a replica's cached copy,
         whose state may lag another replica's close; :meth:`add_reports` checks.)"""
         return self.get_collection(collection_id)
+
+    def add_flag(self, collection_id: str, flag: str) -> None:
+        """Store a manipulation flag (one line; the first
+        :data:`~.store.MAX_FLAGS` are kept, later ones only logged by the caller)."""
+        flag = check_flag(flag)
+        with self._lock:
+            conn = self._connection()
+            entry = self._entry(collection_id)
+            if len(entry.record.flags) >= MAX_FLAGS:
+                return
+            with _transaction(conn):
+                conn.execute(
+                    "INSERT INTO flags (collection_id, created_at, flag) VALUES (?, ?, ?)",
+                    (collection_id, time.time(), flag),
+                )
+            entry.record = replace(entry.record, flags=(*entry.record.flags, flag))
+
+    def set_pilot_check(self, collection_id: str, result: str) -> None:
+        """Store the pilot's feasibility check ("passed" or "failed: ...")."""
+        result = check_flag(result)
+        with self._lock:
+            conn = self._connection()
+            entry = self._entry(collection_id)
+            with _transaction(conn):
+                conn.execute(
+                    "UPDATE collections SET pilot_check = ? WHERE id = ?", (result, collection_id)
+                )
+            entry.record = replace(entry.record, pilot_check=result)
 
     def list_collections(self) -> list[CollectionRecord]:
         """Every collection, oldest first."""
@@ -587,6 +664,8 @@ class Storage(SnapshotSchedule):
             conn = self._connection()
             entry = self._open_entry(collection_id)
             new = new_positions(entry, collection_id, distinct, ids, pseudonyms)
+            stored = sum(int(n.sum()) for n in entry.n)  # under the lock every write takes
+            check_cap(collection_id, entry.record.max_reports, stored, int(new.size))
             if new.size:
                 fresh = batch.take(new)
                 n, counts = fresh.support_deltas()

@@ -39,7 +39,13 @@ import numpy as np
 
 from calmkit_client import Plan
 from calmkit_client.echo import show as _show
-from calmkit_client.errors import CalmkitError, CollectionClosed, PlanMismatch, ReportConflict
+from calmkit_client.errors import (
+    CalmkitError,
+    CollectionClosed,
+    CollectionFull,
+    PlanMismatch,
+    ReportConflict,
+)
 from calmkit_client.ids import check_collection_id
 from calmkit_client.validation import is_int
 
@@ -49,6 +55,7 @@ from .columns import ReportColumns, columns_from_reports, decode_columns
 
 __all__ = [
     "CLOSED",
+    "MAX_FLAGS",
     "OPEN",
     "TOKEN_HASH_BYTES",
     "BatchOutcome",
@@ -58,7 +65,9 @@ __all__ = [
     "ReportStore",
     "StoredReport",
     "batch_columns",
+    "check_cap",
     "check_collection_args",
+    "check_flag",
     "check_next_phase",
     "check_phase",
     "check_plan",
@@ -94,7 +103,9 @@ class CollectionRecord:
     ``plans``: the plan of each phase so far (the last is the current one); ``state``:
     :data:`OPEN` or :data:`CLOSED`; ``design``: how the next phase is planned (None:
     one phase); ``reports``, ``phase_reports``: reports counted, in all and per
-    phase."""
+    phase; ``max_reports``: the report cap (0: none); ``flags``: manipulation flags
+    stored at ingest (one line each, oldest first); ``pilot_check``: the pilot's
+    feasibility check ("" before it ran)."""
 
     collection_id: str
     plans: tuple[Plan, ...]
@@ -106,6 +117,9 @@ class CollectionRecord:
     reports: int
     design: PhasedDesign | None = None
     phase_reports: tuple[int, ...] = ()
+    max_reports: int = 0
+    flags: tuple[str, ...] = ()
+    pilot_check: str = ""
 
     def __post_init__(self) -> None:
         plans = self.plans
@@ -169,7 +183,10 @@ class ReportStore(Protocol):
         k: int,
         submit_token_hash: bytes,
         design: PhasedDesign | None = None,
+        max_reports: int = 0,
     ) -> CollectionRecord: ...
+    def add_flag(self, collection_id: str, flag: str) -> None: ...
+    def set_pilot_check(self, collection_id: str, result: str) -> None: ...
     def get_collection(self, collection_id: str) -> CollectionRecord: ...
     def submit_record(self, collection_id: str, plan_digest: str) -> CollectionRecord: ...
     def list_collections(self) -> list[CollectionRecord]: ...
@@ -221,7 +238,12 @@ def check_plan(plan: object) -> Plan:
 
 
 def check_collection_args(
-    collection_id: str, plan: Plan, k: int, token_hash: bytes, design: PhasedDesign | None
+    collection_id: str,
+    plan: Plan,
+    k: int,
+    token_hash: bytes,
+    design: PhasedDesign | None,
+    max_reports: int = 0,
 ) -> None:
     """The arguments of ``create_collection``: a valid id, a plan, ``k`` in [1, d], the
     submit token's SHA-256 and a :class:`PhasedDesign` or None."""
@@ -235,6 +257,34 @@ def check_collection_args(
         )
     if design is not None and not isinstance(design, PhasedDesign):
         raise CalmkitError(f"design ({_show(design)}) must be a PhasedDesign or None")
+    if not is_int(max_reports) or not 0 <= max_reports < 2**63:
+        raise CalmkitError(f"max_reports ({_show(max_reports)}) must be an int >= 0 (0: no cap)")
+
+
+MAX_FLAGS = 100  # flags kept per collection (the first ones: later ones are only logged)
+MAX_FLAG_CHARS = 500
+
+
+def check_flag(flag: object) -> str:
+    """A manipulation flag or pilot-check result to store: a str, cut to
+    :data:`MAX_FLAG_CHARS`."""
+    if not isinstance(flag, str):
+        raise CalmkitError(f"flag ({_show(flag)}) must be a str")
+    return flag[:MAX_FLAG_CHARS]
+
+
+def check_cap(collection_id: str, max_reports: int, stored: int, new: int) -> None:
+    """Refuse (:class:`CollectionFull`) a batch whose ``new`` reports would take a
+    collection holding ``stored`` past its cap ``max_reports`` (0: no cap). Call it
+    where the batch's new reports are known and no other batch of the collection can
+    commit in between (inside the write transaction / under the collection's lock), so
+    it holds under concurrency; a batch of retries only (``new`` 0) always passes."""
+    if max_reports and new and stored + new > max_reports:
+        raise CollectionFull(
+            f"collection_id ({_show(collection_id)}) is full: it takes at most "
+            f"{max_reports} reports and holds {stored}, so this batch's {new} new reports "
+            "were refused (nothing of the batch was stored; do not resend it)"
+        )
 
 
 def check_next_phase(record: CollectionRecord, phase: int, plan: Plan) -> bool:

@@ -104,6 +104,7 @@ class CreateParams:
     planner: str = "pipeline"
     pilot: float = PILOT_FRACTION
     reconstruction: str = "local"  # what the pipeline planner plans for
+    max_reports: int = 0  # the report cap (0: the default, DEFAULT_CAP x expected_n)
 
 
 def create_from_proto(msg: Any) -> CreateParams:
@@ -139,6 +140,7 @@ def create_from_proto(msg: Any) -> CreateParams:
         planner=planner,
         pilot=float(pilot),
         reconstruction=reconstruction,
+        max_reports=int(msg.max_reports),
     )
 
 
@@ -212,7 +214,10 @@ _STATES = {"open": pb.COLLECTION_STATE_OPEN, "closed": pb.COLLECTION_STATE_CLOSE
 
 
 def collection_to_proto(
-    record: CollectionRecord, view_reports: Sequence[int], submit_token: str | None = None
+    record: CollectionRecord,
+    view_reports: Sequence[int],
+    submit_token: str | None = None,
+    flags: Sequence[str] = (),
 ) -> Any:
     return pb.Collection(
         collection_id=record.collection_id,
@@ -227,6 +232,9 @@ def collection_to_proto(
         phase=record.phase,
         phase_reports=list(record.phase_reports),
         pilot_target=0 if record.design is None else record.design.pilot_reports,
+        max_reports=record.max_reports,
+        flags=list(flags),
+        pilot_check=record.pilot_check,
     )
 
 
@@ -246,6 +254,8 @@ def marginal_to_proto(
     state: str,
     variance_method: str = "",
     replicates: int = 0,
+    flags: Sequence[str] = (),
+    max_shift_per_share: float = 0.0,
 ) -> Any:
     return pb.MarginalTable(
         attributes=list(names),
@@ -258,6 +268,8 @@ def marginal_to_proto(
         state=_STATES[state],
         variance_method=variance_method,
         replicates=replicates,
+        flags=list(flags),
+        max_shift_per_share=max_shift_per_share,
     )
 
 

@@ -109,7 +109,7 @@ class Ack(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
 
 class CreateCollectionRequest(_message.Message):
-    __slots__ = ("collection_id", "schema", "epsilon", "expected_n", "k", "theta", "views", "m", "l", "seed", "planner", "pilot", "reconstruction")
+    __slots__ = ("collection_id", "schema", "epsilon", "expected_n", "k", "theta", "views", "m", "l", "seed", "planner", "pilot", "reconstruction", "max_reports")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +123,7 @@ class CreateCollectionRequest(_message.Message):
     PLANNER_FIELD_NUMBER: _ClassVar[int]
     PILOT_FIELD_NUMBER: _ClassVar[int]
     RECONSTRUCTION_FIELD_NUMBER: _ClassVar[int]
+    MAX_REPORTS_FIELD_NUMBER: _ClassVar[int]
     collection_id: str
     schema: Schema
     epsilon: float
@@ -136,10 +137,11 @@ class CreateCollectionRequest(_message.Message):
     planner: str
     pilot: float
     reconstruction: str
-    def __init__(self, collection_id: _Optional[str] = ..., schema: _Optional[_Union[Schema, _Mapping]] = ..., epsilon: _Optional[float] = ..., expected_n: _Optional[int] = ..., k: _Optional[int] = ..., theta: _Optional[float] = ..., views: _Optional[_Iterable[_Union[View, _Mapping]]] = ..., m: _Optional[int] = ..., l: _Optional[int] = ..., seed: _Optional[int] = ..., planner: _Optional[str] = ..., pilot: _Optional[float] = ..., reconstruction: _Optional[str] = ...) -> None: ...
+    max_reports: int
+    def __init__(self, collection_id: _Optional[str] = ..., schema: _Optional[_Union[Schema, _Mapping]] = ..., epsilon: _Optional[float] = ..., expected_n: _Optional[int] = ..., k: _Optional[int] = ..., theta: _Optional[float] = ..., views: _Optional[_Iterable[_Union[View, _Mapping]]] = ..., m: _Optional[int] = ..., l: _Optional[int] = ..., seed: _Optional[int] = ..., planner: _Optional[str] = ..., pilot: _Optional[float] = ..., reconstruction: _Optional[str] = ..., max_reports: _Optional[int] = ...) -> None: ...
 
 class Collection(_message.Message):
-    __slots__ = ("collection_id", "state", "plan", "k", "reports", "view_reports", "created_at", "closed_at", "submit_token", "phase", "phase_reports", "pilot_target")
+    __slots__ = ("collection_id", "state", "plan", "k", "reports", "view_reports", "created_at", "closed_at", "submit_token", "phase", "phase_reports", "pilot_target", "max_reports", "flags", "pilot_check")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +154,9 @@ class Collection(_message.Message):
     PHASE_FIELD_NUMBER: _ClassVar[int]
     PHASE_REPORTS_FIELD_NUMBER: _ClassVar[int]
     PILOT_TARGET_FIELD_NUMBER: _ClassVar[int]
+    MAX_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    PILOT_CHECK_FIELD_NUMBER: _ClassVar[int]
     collection_id: str
     state: CollectionState
     plan: Plan
@@ -164,7 +169,10 @@ class Collection(_message.Message):
     phase: int
     phase_reports: _containers.RepeatedScalarFieldContainer[int]
     pilot_target: int
-    def __init__(self, collection_id: _Optional[str] = ..., state: _Optional[_Union[CollectionState, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., k: _Optional[int] = ..., reports: _Optional[int] = ..., view_reports: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., submit_token: _Optional[str] = ..., phase: _Optional[int] = ..., phase_reports: _Optional[_Iterable[int]] = ..., pilot_target: _Optional[int] = ...) -> None: ...
+    max_reports: int
+    flags: _containers.RepeatedScalarFieldContainer[str]
+    pilot_check: str
+    def __init__(self, collection_id: _Optional[str] = ..., state: _Optional[_Union[CollectionState, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., k: _Optional[int] = ..., reports: _Optional[int] = ..., view_reports: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., submit_token: _Optional[str] = ..., phase: _Optional[int] = ..., phase_reports: _Optional[_Iterable[int]] = ..., pilot_target: _Optional[int] = ..., max_reports: _Optional[int] = ..., flags: _Optional[_Iterable[str]] = ..., pilot_check: _Optional[str] = ...) -> None: ...
 
 class CollectionRef(_message.Message):
     __slots__ = ("collection_id",)
@@ -195,7 +203,7 @@ class QueryRequest(_message.Message):
     def __init__(self, collection_id: _Optional[str] = ..., attributes: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., reconstruction: _Optional[str] = ...) -> None: ...
 
 class MarginalTable(_message.Message):
-    __slots__ = ("attributes", "shape", "values", "variance", "method", "residual", "reports", "state", "variance_method", "replicates")
+    __slots__ = ("attributes", "shape", "values", "variance", "method", "residual", "reports", "state", "variance_method", "replicates", "flags", "max_shift_per_share")
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +214,8 @@ class MarginalTable(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     VARIANCE_METHOD_FIELD_NUMBER: _ClassVar[int]
     REPLICATES_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SHIFT_PER_SHARE_FIELD_NUMBER: _ClassVar[int]
     attributes: _containers.RepeatedScalarFieldContainer[str]
     shape: _containers.RepeatedScalarFieldContainer[int]
     values: _containers.RepeatedScalarFieldContainer[float]
@@ -216,4 +226,6 @@ class MarginalTable(_message.Message):
     state: CollectionState
     variance_method: str
     replicates: int
-    def __init__(self, attributes: _Optional[_Iterable[str]] = ..., shape: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., variance: _Optional[_Iterable[float]] = ..., method: _Optional[str] = ..., residual: _Optional[float] = ..., reports: _Optional[int] = ..., state: _Optional[_Union[CollectionState, str]] = ..., variance_method: _Optional[str] = ..., replicates: _Optional[int] = ...) -> None: ...
+    flags: _containers.RepeatedScalarFieldContainer[str]
+    max_shift_per_share: float
+    def __init__(self, attributes: _Optional[_Iterable[str]] = ..., shape: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., variance: _Optional[_Iterable[float]] = ..., method: _Optional[str] = ..., residual: _Optional[float] = ..., reports: _Optional[int] = ..., state: _Optional[_Union[CollectionState, str]] = ..., variance_method: _Optional[str] = ..., replicates: _Optional[int] = ..., flags: _Optional[_Iterable[str]] = ..., max_shift_per_share: _Optional[float] = ...) -> None: ...
