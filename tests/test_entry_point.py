@@ -161,6 +161,23 @@ INVOCATIONS = {
         "--json",
     ],
     "experiment": ["experiment", "fig4", "--quick", "--no-plot", "--out", "{tmp}/out"],
+    "evaluate": [
+        "evaluate",
+        "--d",
+        "4",
+        "--k",
+        "2",
+        "--n",
+        "2000",
+        "--reps",
+        "2",
+        "--queries",
+        "2",
+        "--no-plot",
+        "--out",
+        "{tmp}/ev",
+        "--json",
+    ],
 }
 
 

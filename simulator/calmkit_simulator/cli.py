@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import data_cli, demo_cli
+from . import data_cli, demo_cli, evaluate_cli
 
 __all__ = ["register"]
 
@@ -20,3 +20,4 @@ def register(subparsers: Any) -> None:
     """Add the simulator's commands to the ``calmkit`` parser's ``subparsers``."""
     demo_cli.register(subparsers)
     data_cli.register(subparsers)
+    evaluate_cli.register(subparsers)

@@ -22,7 +22,7 @@ from calmkit_client.commands import (
     positive_float,
 )
 
-__all__ = ["MANY_CATEGORIES", "register", "shape_warnings"]
+__all__ = ["MANY_CATEGORIES", "data_options", "register", "shape_warnings", "warn"]
 
 MANY_CATEGORIES = 64  # above this, warn: a view's cells outnumber what reports can fill
 
@@ -112,7 +112,7 @@ def _data_dir_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _data_options(parser: argparse.ArgumentParser, dataset_help: str = "the population") -> None:
+def data_options(parser: argparse.ArgumentParser, dataset_help: str = "the population") -> None:
     """Which population a command loads: --dataset, --data-dir, --d, --max-categories."""
     from .datasets import DATASETS
 
@@ -138,13 +138,13 @@ def _data_options(parser: argparse.ArgumentParser, dataset_help: str = "the popu
     )
 
 
-def _warn(lines: list[str]) -> None:
+def warn(lines: list[str]) -> None:
     for line in lines:
         print(f"calmkit: warning: {line}", file=sys.stderr)
 
 
 def _population_options(parser: argparse.ArgumentParser) -> None:
-    _data_options(parser)
+    data_options(parser)
     json_option(parser)
 
 
@@ -167,7 +167,7 @@ def _population(args: argparse.Namespace) -> int:
             )
         )
     else:
-        _warn(warnings)
+        warn(warnings)
         print(pop.describe())
         for attr in pop.schema.attributes:
             print(f"  {attr.name}: {_labels(attr.categories)}")
@@ -363,7 +363,7 @@ def _simulate_options(parser: argparse.ArgumentParser) -> None:
         help="calm (default); LDP baselines uni, fc, am, ft, em, be; central-DP "
         "references priview, mwem, datacube, wff",
     )
-    _data_options(parser)
+    data_options(parser)
     parser.add_argument(
         "--n",
         type=POSITIVE,
@@ -491,7 +491,7 @@ def _simulate(args: argparse.Namespace) -> int:
     mechanism.check(pop.schema, pop.n, args.epsilon, args.k)  # fail before any work
     warnings = shape_warnings(pop)
     if not args.json:
-        _warn(warnings)
+        warn(warnings)
     progress = Progress(args.reps, f"{args.mechanism} reps") if not args.json else None
     update = progress.update if progress is not None else None
     results = run_mechanism(
