@@ -22,7 +22,7 @@ from calmkit_client.commands import (
     positive_float,
 )
 
-__all__ = ["MANY_CATEGORIES", "data_options", "register", "shape_warnings", "warn"]
+__all__ = ["MANY_CATEGORIES", "bins_option", "data_options", "register", "shape_warnings", "warn"]
 
 MANY_CATEGORIES = 64  # above this, warn: a view's cells outnumber what reports can fill
 
@@ -112,6 +112,21 @@ def _data_dir_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def bins_option(text: str) -> dict[str, int]:
+    """An argparse type: ``COL=B[,COL=B...]`` with B an int >= 2."""
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        col, _, count = part.partition("=")
+        try:
+            value = int(count)
+        except ValueError:
+            value = 0
+        if not col.strip() or value < 2:
+            raise argparse.ArgumentTypeError(f"({part!r}) must be COLUMN=B with B an int >= 2")
+        out[col.strip()] = value
+    return out
+
+
 def data_options(parser: argparse.ArgumentParser, dataset_help: str = "the population") -> None:
     """Which population a command loads: --dataset, --data-dir, --d, --max-categories."""
     from .datasets import DATASETS
@@ -136,6 +151,15 @@ def data_options(parser: argparse.ArgumentParser, dataset_help: str = "the popul
         help="cap every attribute at C categories (the C-1 most frequent "
         "plus one for the rest; default: no cap)",
     )
+    parser.add_argument(
+        "--bins",
+        type=bins_option,
+        default=None,
+        metavar="COL=B,...",
+        help="cut numeric columns of a csv: dataset into at most B ranges of about "
+        "equal counts, e.g. --bins age=8,income=5 (default: none; every distinct "
+        "value is a category)",
+    )
 
 
 def warn(lines: list[str]) -> None:
@@ -151,7 +175,7 @@ def _population_options(parser: argparse.ArgumentParser) -> None:
 def _population(args: argparse.Namespace) -> int:
     from .datasets import load_dataset
 
-    pop = load_dataset(args.dataset, args.data_dir, args.d, args.max_categories)
+    pop = load_dataset(args.dataset, args.data_dir, args.d, args.max_categories, bins=args.bins)
     warnings = shape_warnings(pop)
     if args.json:
         print(
@@ -485,7 +509,9 @@ def _simulate(args: argparse.Namespace) -> int:
     )
     # the seed's streams (see calmkit_simulator.seeds): the synthetic dataset from the
     # root, the resample from its own, the queries and reports per repetition from theirs
-    pop = load_dataset(args.dataset, args.data_dir, args.d, args.max_categories, rng=args.seed)
+    pop = load_dataset(
+        args.dataset, args.data_dir, args.d, args.max_categories, rng=args.seed, bins=args.bins
+    )
     if args.n is not None and args.n != pop.n:
         pop = pop.resample(args.n, rng=stream(args.seed, POPULATION))
     mechanism.check(pop.schema, pop.n, args.epsilon, args.k)  # fail before any work

@@ -37,6 +37,7 @@ from .synthetic import synthetic_population
 __all__ = [
     "DATASETS",
     "DatasetError",
+    "bin_numeric",
     "default_data_dir",
     "load_acs",
     "load_adult",
@@ -183,13 +184,17 @@ def load_csv(
     path: Path | str,
     domains: Path | str | dict[str, int | list[str]] | None = None,
     name: str | None = None,
+    bins: dict[str, int] | None = None,
 ) -> Population:
     """Any CSV of categorical columns with a header row.
 
     ``domains`` (a JSON file or dict) fixes each column's categories: a list of
     labels, or a count c meaning labels ``"0".."c-1"``; columns absent from it take
-    their sorted distinct values. Rows with an empty field are dropped (counted in
-    ``notes``); a value outside a given domain is an error naming column and value.
+    their sorted distinct values. ``bins`` (``{column: B}``) cuts a numeric column into
+    at most B ordered ranges holding about equal numbers of rows
+    (:func:`bin_numeric`). Rows with an empty field are dropped (counted in ``notes``);
+    a value outside a given domain is an error naming column and value. A column that
+    looks numeric with many distinct values and is not binned gets a note saying how.
     """
     path = _need(Path(path), "CSV file")
     try:
@@ -213,6 +218,7 @@ def load_csv(
             f"CSV row {bad[0] + 2} ({len(rows[bad[0]])} fields) must have {len(header)} fields"
         )
     kept = [r for r in rows if all(v != "" for v in r)]
+    binned = _bin_columns(header, kept, bins or {})
     empties = _empty_fields(header, rows)
     if rows and not kept:
         raise DatasetError(
@@ -238,8 +244,77 @@ def load_csv(
     notes = (
         f"{path.name}: {len(kept)} of {len(rows)} rows kept (rows with empty fields "
         f"dropped{dropped})",
+        *_numeric_hints(header, kept, set(orders) | set(binned)),
     )
-    return _population_from_labels(name or path.stem, header, kept, orders, set(), notes)
+    orders.update(binned)
+    return _population_from_labels(name or path.stem, header, kept, orders, set(binned), notes)
+
+
+NUMERIC_HINT_VALUES = 20  # a numeric-looking column with more distinct values gets a hint
+
+
+def bin_numeric(values: np.ndarray, bins: int) -> tuple[np.ndarray, list[str]]:
+    """Cut numbers (n,) float into at most ``bins`` ranges of about equal counts (cut
+    points at quantiles, repeated ones merged): codes (n,) int64 and labels
+    ``["[18, 25)", ..., "[65, 90]"]`` in order."""
+    cuts = np.unique(np.quantile(values, np.linspace(0, 1, bins + 1)))
+    inner = cuts[1:-1]
+    codes = np.searchsorted(inner, values, side="right").astype(np.int64)
+    edges = [f"{c:.6g}" for c in cuts]
+    if len(cuts) == 1:
+        return codes, [f"[{edges[0]}, {edges[0]}]"]
+    labels = [f"[{edges[i]}, {edges[i + 1]})" for i in range(len(cuts) - 2)]
+    labels.append(f"[{edges[-2]}, {edges[-1]}]")
+    return codes, labels
+
+
+def _bin_columns(
+    header: list[str], rows: list[list[str]], bins: dict[str, int]
+) -> dict[str, list[str]]:
+    """Replace each binned column's values in ``rows`` by their range's label (in
+    place); returns ``{column: labels in order}``."""
+    out: dict[str, list[str]] = {}
+    for col, count in bins.items():
+        if col not in header:
+            raise DatasetError(f"bins column ({col!r}) must be a CSV column {header}")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 2:
+            raise DatasetError(f"bins of {col!r} ({count!r}) must be an int >= 2")
+        j = header.index(col)
+        values = np.array([_number(col, r[j]) for r in rows], dtype=np.float64)
+        codes, labels = bin_numeric(values, count) if rows else (np.zeros(0, np.int64), [])
+        for r, c in zip(rows, codes.tolist()):
+            r[j] = labels[c]
+        out[col] = labels
+    return out
+
+
+def _number(col: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise DatasetError(f"value of {col!r} ({text[:40]!r}) must be a number to bin") from None
+    if not np.isfinite(value):
+        raise DatasetError(f"value of {col!r} ({text[:40]!r}) must be a finite number to bin")
+    return value
+
+
+def _numeric_hints(header: list[str], rows: list[list[str]], fixed: set[str]) -> list[str]:
+    """A note per column that looks numeric with many distinct values."""
+    hints = []
+    for j, col in enumerate(header):
+        distinct = {r[j] for r in rows} if col not in fixed else set()
+        if len(distinct) <= NUMERIC_HINT_VALUES:
+            continue
+        try:
+            [float(v) for v in distinct]
+        except ValueError:
+            continue
+        hints.append(
+            f"column {col!r} looks numeric ({len(distinct)} distinct values, each a "
+            f"category): bin it, e.g. --bins {col}=8 (ranges of about equal counts), or "
+            "give its categories in a domains file"
+        )
+    return hints
 
 
 def _empty_fields(header: list[str], rows: list[list[str]]) -> str:
@@ -366,13 +441,17 @@ def load_dataset(
     d: int | None = None,
     max_categories: int | None = None,
     rng: int | None = 0,
+    bins: dict[str, int] | None = None,
 ) -> Population:
     """The population called ``name`` (see :data:`DATASETS`).
 
     ``d``: number of attributes (top-d items for transactions, first d attributes
     otherwise, d binary attributes for synthetic; default: all / 16 / 8).
     ``max_categories``: cap every attribute at that many categories.
+    ``bins``: numeric columns of a ``csv:`` dataset to cut into ranges (:func:`load_csv`).
     """
+    if bins and not name.startswith("csv:"):
+        raise DatasetError(f"bins ({bins!r}) apply to a csv: dataset only, not {name!r}")
     loaders: dict[str, Callable[[Path], Population]] = {
         "adult": load_adult,
         "nltcs": load_nltcs,
@@ -388,7 +467,7 @@ def load_dataset(
     elif name.startswith("csv:"):
         path = Path(name[4:])
         sidecar = path.with_suffix(".domains.json")
-        pop = load_csv(path, sidecar if sidecar.is_file() else None)
+        pop = load_csv(path, sidecar if sidecar.is_file() else None, bins=bins)
     elif name in loaders:
         folder = Path(data_dir) if data_dir is not None else default_data_dir()
         if folder is None:

@@ -116,7 +116,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     from .seeds import POPULATION, stream
 
     t0 = time.perf_counter()
-    pop = load_dataset(args.dataset, args.data_dir, args.d, args.max_categories, rng=args.seed)
+    pop = load_dataset(
+        args.dataset, args.data_dir, args.d, args.max_categories, rng=args.seed, bins=args.bins
+    )
     if args.n is not None and args.n != pop.n:
         pop = pop.resample(args.n, rng=stream(args.seed, POPULATION))
     if args.k > pop.d:

@@ -105,6 +105,7 @@ def test_help_loads_nothing_heavy() -> None:
             "epsilon (710.0) must be <= 44",
         ),
         (["serve", "--db", "x.db", "--rate-limit", "0"], "rate_limit (0.0) must be finite and > 0"),
+        (["population", "--bins", "age"], "bins ('age') must be COLUMN=B with B an int >= 2"),
         (
             ["serve", "--db", "x.db", "--rate-burst", "50"],
             "rate_burst (50) must go with --rate-limit",

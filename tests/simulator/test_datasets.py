@@ -96,3 +96,40 @@ def test_csv_errors_name_the_problem(tmp_path: Path) -> None:
         load_csv(tmp_path / "missing.csv")
     with pytest.raises(DatasetError, match=r"dataset \('mnist'\) must be one of"):
         load_dataset("mnist")
+
+
+def test_numeric_columns_are_binned_into_ordered_ranges_of_about_equal_counts(
+    tmp_path: Path,
+) -> None:
+    rng = np.random.default_rng(5)
+    ages = rng.integers(18, 91, size=3000)
+    path = tmp_path / "num.csv"
+    path.write_text("age,sex\n" + "".join(f"{a},{'mf'[i % 2]}\n" for i, a in enumerate(ages)))
+    pop = load_csv(path, bins={"age": 6})
+    attr = pop.schema.attributes[0]
+    assert attr.ordered and len(attr.categories) == 6
+    assert attr.categories[0].startswith("[18, ") and attr.categories[-1].endswith(", 90]")
+    counts = np.bincount(pop.codes[:, 0], minlength=6)
+    assert counts.min() > 0.7 * 3000 / 6  # quantile cuts: about equal counts
+    # each user's range holds her age
+    lows = np.array([float(c[1:].split(",")[0]) for c in attr.categories])
+    assert np.all(lows[pop.codes[:, 0]] <= ages)
+    assert not any("looks numeric" in n for n in pop.notes)
+
+
+def test_an_unbinned_numeric_column_gets_a_hint_and_bad_bins_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "num.csv"
+    path.write_text("age,sex\n" + "".join(f"{18 + i % 50},{'mf'[i % 2]}\n" for i in range(200)))
+    pop = load_csv(path)
+    assert any(
+        "column 'age' looks numeric (50 distinct values" in n and "--bins age=8" in n
+        for n in pop.notes
+    )
+    with pytest.raises(DatasetError, match=r"value of 'sex' \('m'\) must be a number to bin"):
+        load_csv(path, bins={"sex": 2})
+    with pytest.raises(DatasetError, match=r"bins column \('height'\) must be a CSV column"):
+        load_csv(path, bins={"height": 4})
+    with pytest.raises(DatasetError, match=r"bins of 'age' \(1\) must be an int >= 2"):
+        load_csv(path, bins={"age": 1})
+    with pytest.raises(DatasetError, match=r"apply to a csv: dataset only"):
+        load_dataset("synthetic", bins={"a0": 2})
