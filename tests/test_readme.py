@@ -1,4 +1,4 @@
-"""Every Python block of README.md runs as written (issue 13).
+"""Every Python block of README.md and of the guides (docs/*.md) runs as written.
 
 Blocks run in a fresh namespace in a temporary folder. A block that starts with
 ``# needs: calmkit datasets fetch NAME`` skips (saying so) when that dataset is not
@@ -20,34 +20,38 @@ from calmkit_aggregator.service.storage import Storage
 from calmkit_client import Schema
 from tests.certs import self_signed
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NEEDS = re.compile(r"^# needs: calmkit datasets fetch (\w+)", re.MULTILINE)
 
 
-def _blocks() -> list[tuple[int, str]]:
-    """(first line number, code) of every ```python block."""
-    out, lines = [], README.read_text(encoding="utf-8").splitlines()
-    start = None
-    for i, line in enumerate(lines, 1):
-        if start is None and line.strip() == "```python":
-            start = i
-        elif start is not None and line.strip() == "```":
-            out.append((start + 1, "\n".join(lines[start : i - 1])))
-            start = None
+def _blocks() -> list[tuple[str, str]]:
+    """("PAGE:first line", code) of every ```python block of every page."""
+    out = []
+    for page in PAGES:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        start = None
+        for i, line in enumerate(lines, 1):
+            if start is None and line.strip() == "```python":
+                start = i
+            elif start is not None and line.strip() == "```":
+                where = f"{page.relative_to(ROOT)}:{start + 1}"
+                out.append((where, "\n".join(lines[start : i - 1])))
+                start = None
     return out
 
 
 BLOCKS = _blocks()
 
 
-def test_the_readme_has_the_blocks_it_should() -> None:
+def test_the_pages_have_the_blocks_they_should() -> None:
     codes = [code for _, code in BLOCKS]
     assert len(BLOCKS) >= 4
     assert any("make_report(" in c for c in codes)
     assert any("reconstruct(support)" in c for c in codes)
     assert any("Collector(" in c for c in codes)
     for line, code in BLOCKS:  # complete: every name a block uses, it imports
-        assert "import" in code, f"README.md:{line} imports nothing"
+        assert "import" in code, f"{line} imports nothing"
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +76,8 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, s
     storage.close()
 
 
-@pytest.mark.parametrize("line, code", BLOCKS, ids=[f"README.md:{n}" for n, _ in BLOCKS])
-def test_readme_block_runs(
+@pytest.mark.parametrize("line, code", BLOCKS, ids=[n for n, _ in BLOCKS])
+def test_block_runs(
     line: int,
     code: str,
     tmp_path: Path,
@@ -86,16 +90,16 @@ def test_readme_block_runs(
 
         if not dataset_path(name).exists():
             pytest.skip(
-                f"README.md:{line} needs the {name} dataset ({dataset_path(name)} is "
+                f"{line} needs the {name} dataset ({dataset_path(name)} is "
                 f"absent: run `calmkit datasets fetch {name}`)"
             )
     if "CALMKIT_ADDRESS" in code:
         for key, value in request.getfixturevalue("tls_server").items():
             monkeypatch.setenv(key, value)
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__main__"})
+    exec(compile(code, line, "exec"), {"__name__": "__main__"})
     out = capsys.readouterr().out
     if "print(" in code:
-        assert out.strip(), f"README.md:{line} printed nothing"
-    if "Collector(" in code:
+        assert out.strip(), f"{line} printed nothing"
+    if ".submit(" in code:
         assert "Acknowledgement(accepted=1, duplicates=0)" in out

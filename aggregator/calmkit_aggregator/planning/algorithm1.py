@@ -243,7 +243,8 @@ def choose_views(
         rng: seed or generator for cover construction and tie-breaking; the choice is
             deterministic given it.
         covering_dir: optional covering folder (see :mod:`.covering`).
-        l, m: fix the view size and/or count instead of choosing them.
+        l: fix the view size instead of choosing it (None: choose).
+        m: fix the view count instead of choosing it (None: choose).
 
     The paper's loop, with d capping l (views hold distinct attributes) and
     ``mu = max(1, floor(theta * n))`` (whole views)::

@@ -202,8 +202,10 @@ def choose_plan(
         n: users who will report on the new views (not counting ``fixed_users``).
         workload: the queries to be answered (:class:`~.error_model.Workload`).
         profile: assumptions about the data (default: :meth:`DataProfile.prior`).
-        fixed_views, fixed_users: views already in the design and their reports.
-        l, m: restrict the search to this view size and/or count.
+        fixed_views: views already in the design.
+        fixed_users: the reports each of ``fixed_views`` has.
+        l: restrict the search to this view size (None: any).
+        m: restrict the search to this view count (None: any).
         rng: seed of the designs (the choice is deterministic given it).
         shrink: whether reconstruction shrinks interactions.
         covering_dir: optional covering folder for covering designs.
