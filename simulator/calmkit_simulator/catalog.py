@@ -15,6 +15,7 @@ replaces them by a folder or URL holding the same files under their original bas
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
@@ -405,7 +406,35 @@ def fetch(
     if _present(source, target):
         return Fetched(name, target, tuple(target / r for r in source.outputs), True)
     mirror = mirror if mirror is not None else os.environ.get(MIRROR_ENV) or None
+    created = _missing_parents(target)
     target.mkdir(parents=True, exist_ok=True)
+    try:
+        return _fetch_into(source, name, target, mirror, progress)
+    except BaseException:
+        for folder_made in created:  # a failed fetch leaves no folder of its own behind
+            with contextlib.suppress(OSError):
+                folder_made.rmdir()  # only if still empty
+        raise
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    """``path`` and its missing ancestors, deepest first (what ``mkdir(parents=True)``
+    would create)."""
+    out = []
+    while not path.exists():
+        out.append(path)
+        path = path.parent
+    return out
+
+
+def _fetch_into(
+    source: Source,
+    name: str,
+    target: Path,
+    mirror: str | None,
+    progress: Callable[[str], None] | None,
+) -> Fetched:
+    """:func:`fetch`'s work once ``target`` exists."""
     with _staging(target) as stage:
         raw = stage / ".downloads"
         raw.mkdir()

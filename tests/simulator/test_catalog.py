@@ -140,6 +140,10 @@ def test_a_checksum_mismatch_is_refused_and_leaves_nothing(
     target = tmp_path / "data"
     mismatch = r"built file \(tiny/tiny.csv\) has SHA-256 [0-9a-f]{64}, must have"
     with pytest.raises(DatasetError, match=mismatch):
+        fetch("tiny", target / "sub", mirror=url)
+    assert not target.exists()  # not even the folders it created
+    target.mkdir()
+    with pytest.raises(DatasetError, match=mismatch):
         fetch("tiny", target, mirror=url)
     assert [p.name for p in target.iterdir()] == []  # no file, no staging folder
     (www / "files" / "tiny.csv.gz").write_bytes(gzip.compress(b"a,b\n1,2\n"))
