@@ -40,7 +40,10 @@ def build_parser() -> CommandParser:
         description="Local differential privacy for marginal tables "
         "(CALM): the aggregator service, its clients, simulation and "
         "evaluation.",
-        epilog="Start with `calmkit demo`; `calmkit COMMAND --help` for a command's options.",
+        epilog="Start with `calmkit demo`; `calmkit COMMAND --help` for a command's options. "
+        "Technical terms (view, support counts, Norm-Sub, interaction shrinkage, "
+        "Algorithm 1, ...) are explained in the documentation's glossary (docs/glossary.md "
+        "in the source tree).",
     )
     parser.add_argument(
         "--version", action="version", version=f"calmkit {_version()}", help="print the version"

@@ -81,16 +81,23 @@ def json_option(
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Help with each option's default appended, unless the help states it or there
-    is none to state (no default, or an off flag). A default of 0 is stated."""
+    """Help with each option's default appended unless the help states it: its value,
+    "off" for a flag, "required" for a required option, "none" for an option without
+    a default. A default of 0 is stated."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        default = action.default
-        stated = default is None or default is False or default == argparse.SUPPRESS
-        if "default" not in text and not stated and action.option_strings:
-            text += " (default: %(default)s)"
-        return text
+        if not action.option_strings or action.default == argparse.SUPPRESS:
+            return text
+        if "default" in text or "required" in text:
+            return text
+        if action.required:
+            return text + " (required)"
+        if action.default is False and action.nargs == 0:
+            return text + " (default: off)"
+        if action.default is None:
+            return text + " (default: none)"
+        return text + " (default: %(default)s)"
 
 
 class CommandParser(argparse.ArgumentParser):

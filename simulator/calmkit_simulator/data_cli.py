@@ -728,12 +728,18 @@ def _experiment_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--queries", type=POSITIVE, default=50, help="random queries per repetition"
     )
-    parser.add_argument("--n", type=POSITIVE, default=None, help="only the panels with this n")
+    parser.add_argument(
+        "--n",
+        type=POSITIVE,
+        default=None,
+        help="only the panels with this n (default: every panel)",
+    )
     parser.add_argument(
         "--dataset",
         default=None,
         metavar="NAME",
-        help="run every panel on this dataset instead of the paper's",
+        help="run every panel on this dataset instead of the paper's (default: the "
+        "paper's datasets)",
     )
     _data_dir_option(parser)
     parser.add_argument(
@@ -745,7 +751,8 @@ def _experiment_options(parser: argparse.ArgumentParser) -> None:
         metavar="ADDRESS",
         help="run the tasks on a Dask cluster: 'local' starts a LocalCluster "
         "of --jobs workers, tcp://host:8786 uses a running scheduler (its "
-        "workers need calmkit installed); same results as --jobs",
+        "workers need calmkit installed); same results as --jobs (default: local "
+        "worker processes)",
     )
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib)")
     json_option(parser, "print a JSON summary instead of text")

@@ -50,6 +50,22 @@ def test_defaults_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
         assert shown in text
 
 
+@pytest.mark.parametrize("command", sorted(_subparsers()))
+def test_every_option_states_its_default_or_that_it_is_required(command: str) -> None:
+    from calmkit_client.commands import HelpFormatter
+
+    parser = _subparsers()[command]
+    parser.load_options()
+    formatter = HelpFormatter(prog="calmkit")
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            continue
+        text = formatter._get_help_string(action)
+        assert "default" in text or "required" in text, f"{command} {action.option_strings}"
+
+
 @pytest.mark.parametrize("command", ["demo", "collection", "simulate", "experiment"])
 def test_a_default_of_zero_is_shown(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([command, "--help"]) == 0
