@@ -40,10 +40,9 @@ def build_parser() -> CommandParser:
         description="Local differential privacy for marginal tables "
         "(CALM): the aggregator service, its clients, simulation and "
         "evaluation.",
-        epilog="Start with `calmkit demo`; `calmkit COMMAND --help` for a command's options. "
-        "Technical terms (view, support counts, Norm-Sub, interaction shrinkage, "
-        "Algorithm 1, ...) are explained in the documentation's glossary (docs/glossary.md "
-        "in the source tree).",
+        epilog="Start with `calmkit demo`; `calmkit COMMAND --help` for a command's options.\n"
+        "Technical terms (view, support counts, Norm-Sub, interaction shrinkage,\n"
+        "Algorithm 1, ...): the documentation's glossary, docs/glossary.md.",
     )
     parser.add_argument(
         "--version", action="version", version=f"calmkit {_version()}", help="print the version"
