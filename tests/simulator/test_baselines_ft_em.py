@@ -291,3 +291,30 @@ def test_em_batched_answers_equal_one_at_a_time() -> None:
     for q, table in zip(queries, batched):
         assert table.shape == pop.schema.shape(q)
         np.testing.assert_allclose(table, release.answer(q), rtol=0, atol=1e-12)
+
+
+def test_em_batches_stay_within_the_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: every query's likelihood matrix was built at once (adult, d = 8, k = 3,
+    n = 2^16 grew past 11 GB and was killed). Now each batch's stacked matrices stay
+    within MAX_BYTES; with a bound that fits two problems, the batches split and the
+    tables are unchanged."""
+    from calmkit_simulator.mechanisms import em
+
+    pop = synthetic_population(n=3000, sizes=(2, 3, 2, 5, 2), strength=1.5, rng=8)
+    release = ExpectationMaximization(tol=1e-7, max_iter=500).run(pop, 4.0, 3, rng=2)
+    queries = [(0, 1, 2), (0, 2, 4), (1, 2, 4), (0, 1, 4), (2, 3)]
+    whole = release.answer_many(queries)
+    sizes: list[int] = []
+    real = em.expectation_maximization_batch
+
+    def spy(lik: np.ndarray, *args: object, **kwargs: object) -> object:
+        sizes.append(lik.nbytes)
+        return real(lik, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(em, "expectation_maximization_batch", spy)
+    one = max(release._grouped(tuple(q))[1].shape[0] for q in queries[:4]) * 12 * 8
+    monkeypatch.setattr(em, "MAX_BYTES", 2 * one)
+    split = release.answer_many(queries)
+    assert len(sizes) >= 3 and max(sizes) <= 2 * one  # the 12-cell queries in pairs
+    for a, b in zip(whole, split):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -150,6 +151,25 @@ def _kron_rows(factors: Sequence[np.ndarray]) -> np.ndarray:
     return out
 
 
+def _batches(members: list[Any], cells: int) -> list[list[Any]]:
+    """Consecutive groups of ``members`` (each ``(..., counts)``) whose stacked
+    (group x patterns x cells) float64 likelihood matrix stays within
+    :data:`MAX_BYTES` (one member per group at least: :meth:`check` bounds one)."""
+    groups: list[list[Any]] = []
+    group: list[Any] = []
+    widest = 0
+    for member in members:
+        patterns = max(widest, member[-1].shape[0])
+        if group and 8 * (len(group) + 1) * patterns * cells > MAX_BYTES:
+            groups.append(group)
+            group, patterns = [], member[-1].shape[0]
+        group.append(member)
+        widest = patterns
+    if group:
+        groups.append(group)
+    return groups
+
+
 def _report_bytes(oracle: FrequencyOracle | None, n: int) -> int:
     if oracle is None:
         return 0
@@ -266,30 +286,42 @@ class EMRelease(Release):
         )
 
     def answer_many(self, queries: Sequence[Sequence[int]]) -> list[np.ndarray]:
-        """Every query fitted at once (:func:`expectation_maximization_batch`), batched
-        by cell count; the same tables as :meth:`answer` one at a time."""
-        prepared = []
-        for q in queries:
+        """Every query fitted in batches of one cell count
+        (:func:`expectation_maximization_batch`), each batch's stacked likelihood
+        matrices within :data:`MAX_BYTES` (built only when its batch runs); the same
+        tables as :meth:`answer` one at a time."""
+        by_cells: dict[int, list[tuple[int, tuple[int, ...], Any, np.ndarray]]] = {}
+        for i, q in enumerate(queries):
             attrs = tuple(sorted(self.schema.resolve(q)))
             parts, counts = self._grouped(attrs)
-            lik, support, _ = self._factors(attrs, parts)
-            prepared.append((attrs, _kron_rows(lik), counts, self._start(attrs, support, counts)))
-        out: list[np.ndarray | None] = [None] * len(prepared)
-        by_cells: dict[int, list[int]] = {}
-        for i, (_, lik_i, _, _) in enumerate(prepared):
-            by_cells.setdefault(lik_i.shape[1], []).append(i)
+            by_cells.setdefault(self.schema.cells(attrs), []).append((i, attrs, parts, counts))
+        out: list[np.ndarray | None] = [None] * len(queries)
         for cells, members in by_cells.items():
-            U = max(prepared[i][1].shape[0] for i in members)
-            stacked = np.zeros((len(members), U, cells))
-            w = np.zeros((len(members), U))
-            for j, i in enumerate(members):
-                u = prepared[i][1].shape[0]
-                stacked[j, :u], w[j, :u] = prepared[i][1], prepared[i][2]
-            start = np.stack([prepared[i][3] for i in members])
-            tables, _ = expectation_maximization_batch(stacked, w, start, self.tol, self.max_iter)
-            for j, i in enumerate(members):
-                out[i] = tables[j].reshape(self.schema.shape(prepared[i][0]))
+            for batch in _batches(members, cells):
+                for i, table in self._fit_batch(batch, cells):
+                    out[i] = table
         return [t for t in out if t is not None]
+
+    def _fit_batch(
+        self, batch: list[tuple[int, tuple[int, ...], Any, np.ndarray]], cells: int
+    ) -> list[tuple[int, np.ndarray]]:
+        """One batch of queries with ``cells`` cells: (query index, table) each."""
+        U = max(counts.shape[0] for _, _, _, counts in batch)
+        stacked = np.zeros((len(batch), U, cells))
+        w = np.zeros((len(batch), U))
+        starts = []
+        for j, (_, attrs, parts, counts) in enumerate(batch):
+            lik, support, _ = self._factors(attrs, parts)
+            stacked[j, : counts.shape[0]] = _kron_rows(lik)
+            w[j, : counts.shape[0]] = counts
+            starts.append(self._start(attrs, support, counts))
+        tables, _ = expectation_maximization_batch(
+            stacked, w, np.stack(starts), self.tol, self.max_iter
+        )
+        return [
+            (i, tables[j].reshape(self.schema.shape(attrs)))
+            for j, (i, attrs, _, _) in enumerate(batch)
+        ]
 
     def _start(
         self, attrs: tuple[int, ...], support: list[np.ndarray], counts: np.ndarray
