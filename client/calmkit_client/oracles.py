@@ -109,6 +109,11 @@ class FrequencyOracle(ABC):
 
     @property
     @abstractmethod
+    def thresholds(self) -> dict[str, int]:
+        """The integers the sampler compares uniform 64-bit words with."""
+
+    @property
+    @abstractmethod
     def realised_epsilon(self) -> float:
         """``log`` of the worst-case likelihood ratio of the sampler as implemented."""
 
@@ -268,6 +273,11 @@ class GRR(FrequencyOracle):
         """K: words that keep the true cell."""
         return _TWO64 - (self.L - 1) * self._words_other
 
+    @property
+    def thresholds(self) -> dict[str, int]:
+        """The sampling's integers: ``Q`` words per other cell, ``K`` for the true one."""
+        return {"Q": self._words_other, "K": self._words_keep}
+
     def contrast_power(self) -> float:
         return 1.0 - (self.p - self.q) ** 2
 
@@ -382,6 +392,12 @@ class OUE(FrequencyOracle):
     @cached_property
     def _t_flip(self) -> int:
         return _threshold(self.q)
+
+    @property
+    def thresholds(self) -> dict[str, int]:
+        """The sampling's integers: a 0 bit turns 1 when its word is below ``T``; the
+        true cell's bit stays 1 when below ``2^63``."""
+        return {"T": self._t_flip, "T_keep": _TWO64 // 2}
 
     def contrast_power(self) -> float:
         p, q = self.p, self.q

@@ -190,10 +190,16 @@ class Plan:
         }
 
     @cached_property
+    def canonical_json(self) -> str:
+        """The text the digest hashes: ``to_dict()`` without the digest, floats as
+        exact hex strings (``float.hex``), keys sorted, no spaces, non-ASCII as
+        ``\\uXXXX`` escapes (docs/wire-protocol.md)."""
+        return json.dumps(self._canonical(hex_floats=True), sort_keys=True, separators=(",", ":"))
+
+    @cached_property
     def digest(self) -> str:
-        """SHA-256 (hex) of the canonical JSON; floats as exact hex strings."""
-        text = json.dumps(self._canonical(hex_floats=True), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+        """SHA-256 (hex) of :attr:`canonical_json` (UTF-8)."""
+        return hashlib.sha256(self.canonical_json.encode("utf-8")).hexdigest()
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
