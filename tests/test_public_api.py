@@ -164,3 +164,35 @@ def test_docs_api_md_lists_the_public_api() -> None:
     assert (DOCS / "api.md").read_text() == generator["render"](), (
         "docs/api.md is out of date: run python docs/api.py"
     )
+
+
+def _undocumented(obj: object) -> list[str]:
+    """Public methods and properties of a class (its own, not inherited from object)
+    with no docstring, their own or an overridden method's."""
+    import inspect
+
+    out = []
+    for name, member in vars(obj).items():
+        if name.startswith("_"):
+            continue
+        target = member.fget if isinstance(member, property) else member
+        if inspect.isfunction(target) and not inspect.getdoc(getattr(obj, name)):
+            out.append(name)
+    return out
+
+
+@pytest.mark.parametrize("package", list(PUBLIC))
+def test_every_public_name_has_a_docstring(package: str) -> None:
+    import inspect
+
+    module = importlib.import_module(package)
+    missing = []
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if not (inspect.isclass(obj) or inspect.isroutine(obj)):
+            continue  # a constant: its value is what the reference shows
+        if len(inspect.getdoc(obj) or "") < 20:
+            missing.append(name)
+        if inspect.isclass(obj):
+            missing += [f"{name}.{m}" for m in _undocumented(obj)]
+    assert missing == []

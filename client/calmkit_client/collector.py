@@ -353,6 +353,7 @@ class Collector:
         return total
 
     def close(self) -> None:
+        """Close the channel and the device state, if this collector opened them."""
         if self._owns_channel:
             self._channel.close()
         if self._owns_state:

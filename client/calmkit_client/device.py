@@ -306,6 +306,7 @@ class DeviceState:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
         return self._conn is None
 
     def __enter__(self) -> DeviceState:

@@ -122,6 +122,7 @@ class FrequencyOracle(ABC):
         """Exact probability that input ``cell`` is perturbed into ``payload``."""
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: name, epsilon and L."""
         return {"name": self.name, "epsilon": self.epsilon, "L": self.L}
 
     # -- client side -----------------------------------------------------------------

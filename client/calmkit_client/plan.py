@@ -145,6 +145,7 @@ class Plan:
         return self.view_oracles[self.check_view(view)]
 
     def check_view(self, view: int) -> int:
+        """``view`` as an int if it is one of the plan's views, else :class:`PlanError`."""
         if not is_int(view) or not 0 <= int(view) < self.m:
             raise PlanError(f"view ({view!r}) must be an int in [0, {self.m})")
         return int(view)
@@ -202,6 +203,7 @@ class Plan:
         return hashlib.sha256(self.canonical_json.encode("utf-8")).hexdigest()
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as JSON text (keys sorted)."""
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod

@@ -119,6 +119,7 @@ class ViewReports:
 
     @property
     def n(self) -> int:
+        """Number of reports (users) on this view."""
         return int(self.rows.shape[0])
 
 

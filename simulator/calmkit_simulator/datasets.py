@@ -397,11 +397,15 @@ def load_transactions(path: Path | str, d: int, name: str | None = None) -> Popu
 
 
 def load_retail(data_dir: Path | str, d: int = 16) -> Population:
+    """FIMI retail (retail.dat): one binary attribute per item, the ``d`` most
+    frequent items."""
     path = _need_data(Path(data_dir) / "retail" / "retail.dat")
     return load_transactions(path, d, name="retail")
 
 
 def load_kosarak(data_dir: Path | str, d: int = 16) -> Population:
+    """FIMI Kosarak (its prefix, kosarak_prefix.dat): one binary attribute per item,
+    the ``d`` most frequent items."""
     path = _need_data(Path(data_dir) / "kosarak" / "kosarak_prefix.dat")
     return load_transactions(path, d, name="kosarak")
 

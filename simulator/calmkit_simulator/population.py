@@ -52,6 +52,7 @@ class Population:
 
     @property
     def d(self) -> int:
+        """Number of attributes."""
         return self.schema.d
 
     def counts(self, attrs: Iterable[AttrRef]) -> np.ndarray:
@@ -126,6 +127,7 @@ class Population:
         )
 
     def describe(self) -> str:
+        """One line of name, users and domain sizes, then the notes."""
         sizes = ",".join(str(s) for s in self.schema.sizes)
         lines = [f"{self.name}: n={self.n}, d={self.d}, domain sizes [{sizes}]"]
         lines += [f"  note: {note}" for note in self.notes]

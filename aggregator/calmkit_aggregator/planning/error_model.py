@@ -130,6 +130,7 @@ class Workload:
         return int(self.k) if self.k is not None else max(len(q) for q in self.queries or ())
 
     def check(self, d: int) -> None:
+        """:class:`CalmkitError` unless the workload fits ``d`` attributes."""
         if self.k is not None and self.k > d:
             raise CalmkitError(f"k ({self.k}) must be <= d ({d} attributes)")
         for q in self.queries or ():

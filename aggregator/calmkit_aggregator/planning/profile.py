@@ -193,10 +193,12 @@ class DataProfile:
     # -- derived -------------------------------------------------------------------------
     @property
     def d(self) -> int:
+        """Number of attributes."""
         return len(self.marginals)
 
     @property
     def sizes(self) -> tuple[int, ...]:
+        """Category count of each attribute."""
         return tuple(int(p.size) for p in self.marginals)
 
     @cached_property
@@ -247,6 +249,7 @@ class DataProfile:
             )
 
     def to_dict(self) -> dict[str, object]:
+        """JSON-ready summary (source, dependence and its spread, skew)."""
         return {
             "source": self.source,
             "reports": self.reports,

@@ -110,6 +110,7 @@ class Candidate:
         return float(np.exp(np.mean(np.log(np.maximum(vals, 1e-300)))))
 
     def to_dict(self) -> dict[str, object]:
+        """JSON-ready form of the candidate and its predicted error."""
         return {
             "l": self.l,
             "m": self.m,

@@ -56,6 +56,7 @@ class MarginalTable:
 
     @property
     def cells(self) -> int:
+        """Number of cells of the table."""
         return int(self.values.size)
 
     def axes_of(self, attrs: Iterable[int]) -> tuple[int, ...]:

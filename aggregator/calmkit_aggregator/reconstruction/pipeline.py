@@ -72,13 +72,20 @@ class Estimator(Protocol):
     view's interaction factor (None when shrinkage was off)."""
 
     @property
-    def plan(self) -> Plan: ...
+    def plan(self) -> Plan:
+        """The plan the reports were made under."""
+        ...
 
     @property
-    def views(self) -> ConsistentViews: ...
+    def views(self) -> ConsistentViews:
+        """The views after consistency and Norm-Sub."""
+        ...
 
     @property
-    def shrinkage(self) -> np.ndarray | None: ...
+    def shrinkage(self) -> np.ndarray | None:
+        """Per view, the factor its unshared interactions were shrunk by (None: not
+        shrunk)."""
+        ...
 
     def answer(self, attrs: Sequence[AttrRef]) -> Answer:
         """The marginal over ``attrs`` (names or positions)."""
