@@ -71,7 +71,7 @@ def test_a_refused_start_leaves_no_database_file(
         ["--address", "0.0.0.0:0", "--db", str(db), "--token-file", str(token)], capsys
     )
     assert code == 2 and "is not loopback" in err[0]
-    # the port in use: found only at the bind, after the store was opened; removed again
+    # the port in use: refused before the store is opened
     with Storage(tmp_path / "other.db") as storage:
         server, port = create_server("127.0.0.1:0", storage)
         try:
@@ -91,6 +91,25 @@ def test_a_refused_start_leaves_no_database_file(
             graceful_stop(server, 1.0)
     assert code == 2 and db.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_port_in_use_creates_no_postgres_tables(
+    pg_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import psycopg
+
+    with Storage(tmp_path / "other.db") as storage:
+        server, port = create_server("127.0.0.1:0", storage)
+        try:
+            code, err = _serve(["--address", f"127.0.0.1:{port}", "--db", pg_dsn], capsys)
+        finally:
+            graceful_stop(server, 1.0)
+    assert code == 2 and "could not be bound" in err[0]
+    with psycopg.connect(pg_dsn) as conn:
+        tables = conn.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
+        ).fetchone()
+    assert tables == (0,)  # the schema was never created
 
 
 @pytest.mark.parametrize(

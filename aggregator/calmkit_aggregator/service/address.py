@@ -4,11 +4,14 @@ is created, so a bad one is one clear error rather than a surprise (gRPC would r
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import re
+import socket
 
 from calmkit_client import CalmkitError
 
-__all__ = ["check_address"]
+__all__ = ["check_address", "probe_bind"]
 
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+(%[\w.-]+)?\]|[A-Za-z0-9._-]+)$")
 
@@ -29,3 +32,29 @@ def check_address(address: str) -> tuple[str, int]:
     if not 0 <= int(port) <= 65535 or (len(port) > 1 and port.startswith("0")):
         raise CalmkitError(problem)
     return host, int(port)
+
+
+def probe_bind(address: str) -> None:
+    """Refuse, before any storage is opened, an address whose port another process
+    listens on (the real bind comes later, after the store is open: a PostgreSQL store
+    would already have created its tables). A bound and closed socket (with
+    ``SO_REUSEADDR``, so connections of a stopped server in TIME_WAIT do not count);
+    port 0 and hosts that do not resolve are left to the real bind."""
+    host, port = check_address(address)
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    except OSError:
+        return
+    for family, kind, proto, _, sockaddr in infos:
+        with contextlib.closing(socket.socket(family, kind, proto)) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise CalmkitError(
+                        f"address ({address!r}) could not be bound: the port is in use "
+                        "or the host is not an address of this machine"
+                    ) from None

@@ -285,6 +285,7 @@ def _open_storage(db: str, snapshots: str | None, password: str | None) -> Repor
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from calmkit_aggregator.service.address import probe_bind
     from calmkit_aggregator.service.handlers import log_json
     from calmkit_aggregator.service.pg_storage import is_postgres_url
     from calmkit_aggregator.service.server import (
@@ -305,6 +306,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.rate_burst is not None and args.rate_limit is None:
         raise CalmkitError(f"rate_burst ({args.rate_burst}) must go with --rate-limit")
     check_exposure(args.address, token, tls, args.insecure)  # before anything is created
+    probe_bind(args.address)  # a port in use: refused before the store creates anything
     password = _read_db_password(args)
     snapshots = getattr(args, "key_snapshots", None)
     created = [] if is_postgres_url(args.db) else _new_paths(args.db)
