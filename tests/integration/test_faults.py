@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -247,6 +248,56 @@ def test_a_password_reaches_postgres_from_the_environment_or_a_file_only(
     monkeypatch.setenv("PGPASSFILE", str(passfile))
     with PgStorage(dsn) as store:
         assert store.list_collections() == []
+    _serve_with_a_password_file(dsn, tmp_path)
+
+
+def _serve_with_a_password_file(dsn: str, tmp_path: Path) -> None:
+    """`calmkit serve --db-password-file` end to end: the server starts on a
+    password-only PostgreSQL, the password is in no process argument, and a
+    collection can be created through it."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from calmkit_aggregator.service.admin import AdminClient
+
+    secret = tmp_path / "db.password"
+    secret.write_text("pw-4711\n")
+    secret.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if k != "PGPASSWORD"}
+    env["PGPASSFILE"] = str(tmp_path / "none")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "calmkit_client.cli",
+            "serve",
+            "--address",
+            "127.0.0.1:0",
+            "--db",
+            dsn,
+            "--db-password-file",
+            str(secret),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        match = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+        assert match, (line, proc.stderr.read() if proc.stderr else "")
+        argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        assert b"pw-4711" not in argv  # what ps shows
+        with AdminClient(f"127.0.0.1:{match.group(1)}") as admin:
+            info = admin.create_collection(POP.schema, 1.0, 1000, 2, collection_id="pw", pilot=0.0)
+        assert info.collection_id == "pw"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "pw-4711" not in err
 
 
 def test_logged_details_never_show_a_password() -> None:
