@@ -336,3 +336,63 @@ def test_each_storage_fault_gets_its_code() -> None:
         assert type(as_fault(exc)) is ServiceUnavailable
     for exc in (sqlite3.OperationalError("no such table: x"), OSError(errno.EACCES, "no")):
         assert as_fault(exc) is None  # a bug, not a fault: INTERNAL, not retried
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 3 MiB tmpfs: a real file system that runs out of space (ENOSPC). Needs
+    the right to mount (root with CAP_SYS_ADMIN); skips saying so otherwise."""
+    import subprocess
+
+    where = tmp_path / "tiny"
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()[:80]})")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_real_full_disk_refuses_whole_batches_and_keeps_every_acknowledged_one(
+    tiny_disk: Path,
+) -> None:
+    """Batches until the file system is full: each is acknowledged or refused whole
+    with StorageFull (nothing retried here), and after a restart every acknowledged
+    report is there, no more."""
+    from calmkit_aggregator.service.storage import Storage
+
+    storage = Storage(tiny_disk / "agg.db")
+    server, port = create_server("127.0.0.1:0", storage)
+    address = f"127.0.0.1:{port}"
+    acknowledged, refused = 0, 0
+    try:
+        info = create_collection(address, max_reports=10**7)  # the disk, not the cap
+        metadata = [("authorization", f"Bearer {info.submit_token}")]
+        stub = client_wire.aggregator_stub(open_channel(address))
+        state = DeviceState.in_memory()
+        for start in range(0, 400_000, 2000):
+            ids = list(range(10**6 + start, 10**6 + start + 2000))
+            codes = POP.codes[[i % POP.n for i in range(start, start + 2000)]]
+            items = state.reports_for("c1", info.plan, codes, ids)
+            batch = client_wire.columnar_batch_to_proto("c1", info.plan.digest, items)
+            try:
+                call = stub.SubmitColumnar
+                ack = call_with_retry(call, batch, RetryPolicy(attempts=1), metadata)
+                acknowledged += ack.accepted
+            except StorageFull as exc:
+                refused += 1
+                assert not any(w.lower() in str(exc).lower() for w in FORBIDDEN), str(exc)
+                if refused >= 3:
+                    break
+        assert acknowledged > 0 and refused >= 3  # the disk did fill up
+    finally:
+        graceful_stop(server, 2.0)
+        storage.close()
+    with Storage(tiny_disk / "agg.db") as reopened:
+        assert int(reopened.support("c1").n.sum()) == acknowledged
