@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .device import DeviceState, default_state_path
     from .errors import (
         AccessDenied,
+        AdmissionRefused,
         BudgetExceeded,
         CalmkitError,
         CollectionClosed,
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from .plan import MAX_VIEW_CELLS, Plan
     from .report import Report, ViewReports, make_report, make_reports
     from .schema import Attribute, Schema
+    from .tickets import TicketIssuer, TicketVerifier
 else:
     from .lazy import lazy_exports
 
@@ -62,6 +64,7 @@ else:
             ".device": ("DeviceState", "default_state_path"),
             ".errors": (
                 "AccessDenied",
+                "AdmissionRefused",
                 "BudgetExceeded",
                 "CalmkitError",
                 "CollectionClosed",
@@ -87,6 +90,7 @@ else:
             ".plan": ("MAX_VIEW_CELLS", "Plan"),
             ".report": ("Report", "ViewReports", "make_report", "make_reports"),
             ".schema": ("Attribute", "Schema"),
+            ".tickets": ("TicketIssuer", "TicketVerifier"),
         },
     )
     del lazy_exports
@@ -97,6 +101,7 @@ __all__ = [
     "MAX_VIEW_CELLS",
     "OUE",
     "AccessDenied",
+    "AdmissionRefused",
     "Attribute",
     "BudgetExceeded",
     "CalmkitError",
@@ -119,6 +124,8 @@ __all__ = [
     "SchemaError",
     "ServiceUnavailable",
     "StorageFull",
+    "TicketIssuer",
+    "TicketVerifier",
     "UserId",
     "ViewReports",
     "choose_oracle",

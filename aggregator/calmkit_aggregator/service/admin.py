@@ -44,7 +44,8 @@ class AdminClient:
         **options: Any,
     ) -> CollectionInfo:
         """Create a collection (options: collection_id, theta, views, m, l, seed,
-        planner ("pipeline" or "paper"), pilot (share of users in the pilot phase));
+        planner ("pipeline" or "paper"), pilot (share of users in the pilot phase),
+        admission ((scheme, key): every report needs an admission ticket));
         ``reconstruction``: the one the pipeline planner plans for, "local" or "global"
         (queries may still ask for either). The result carries the submit token, shown
         only this once."""

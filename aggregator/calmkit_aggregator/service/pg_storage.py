@@ -13,7 +13,8 @@ The database holds what SQLite holds (schema version :data:`PG_SCHEMA_VERSION`):
 - ``support``: the support counts, one row per (collection, phase, writer). Each
   replica process writes only its own row, in its batches' transactions; a read sums
   the rows.
-- ``collections`` and ``phases``: as in SQLite.
+- ``collections``, ``phases`` and ``admissions`` (version 3; a version 1 or 2
+  database gets the empty table on open): as in SQLite.
 
 Deduplication is in memory, as in SQLite: each replica keeps the key tables of
 :mod:`.keyset` (report id -> pseudonym, and the pseudonyms) for every collection it
@@ -74,6 +75,7 @@ from calmkit_client.errors import (
     ReportConflict,
     ServiceUnavailable,
 )
+from calmkit_client.tickets import TicketVerifier
 
 from ..phases import PhasedDesign, combine_phases
 from ..reconstruction.support import SupportCounts
@@ -94,6 +96,7 @@ from .store import (
     KeyLookup,
     StoredReport,
     batch_columns,
+    check_admission,
     check_collection_args,
     check_next_phase,
     check_phase,
@@ -102,18 +105,19 @@ from .store import (
     new_positions,
     not_open,
     recount_log,
+    stored_admission,
     stored_plan,
 )
 
 __all__ = ["PG_SCHEMA_VERSION", "PgStorage", "is_postgres_url"]
 
-PG_SCHEMA_VERSION = 2
+PG_SCHEMA_VERSION = 3
 _I64 = np.dtype("<i8")
 _LOG_COLUMNS = ("report_ids", "pseudonyms", "views", "cells", "bits")
 # Reports committed in one transaction at most (group commit takes waiting batches up
 # to this many; a larger single batch goes alone).
 _GROUP_REPORTS = 100_000
-_TABLES = {"collections", "phases", "batches", "support", "reports"}
+_TABLES = {"collections", "phases", "batches", "support", "reports", "admissions"}
 log = logging.getLogger("calmkit.aggregator")
 _SCHEMA = """
 CREATE TABLE calmkit_schema (version INTEGER NOT NULL);
@@ -154,6 +158,15 @@ CREATE TABLE support (
     n BYTEA NOT NULL,
     counts BYTEA NOT NULL,
     PRIMARY KEY (collection_id, phase, writer)
+);
+"""
+# Version 3: a collection's admission-ticket scheme and key (no row: no tickets); the
+# key as given (for hmac-sha256 the shared secret: see store.stored_admission).
+_ADMISSIONS = """
+CREATE TABLE admissions (
+    collection_id TEXT PRIMARY KEY REFERENCES collections (id),
+    scheme TEXT NOT NULL,
+    key BYTEA NOT NULL
 );
 """
 # Both versions: the log is read per collection in seq order (a tail from ``seen``),
@@ -377,17 +390,21 @@ class PgStorage(SnapshotSchedule):
                 )
             cur.execute(_SCHEMA)
             cur.execute(_LOG_SETUP)
+            cur.execute(_ADMISSIONS)
             cur.execute("INSERT INTO calmkit_schema VALUES (%s)", (PG_SCHEMA_VERSION,))
             return
         cur.execute("SELECT version FROM calmkit_schema")
         row = cur.fetchone()
         version = None if row is None else row[0]
-        if version == 1:
-            self._migrate_1(cur)
+        if version in (1, 2):
+            if version == 1:
+                self._migrate_1(cur)
+            cur.execute(_ADMISSIONS)  # version 2 -> 3
+            cur.execute("UPDATE calmkit_schema SET version = %s", (PG_SCHEMA_VERSION,))
         elif version != PG_SCHEMA_VERSION:
             raise CalmkitError(
                 f"schema version ({version}) of {self.path!r} must be {PG_SCHEMA_VERSION} "
-                "(or 1, which is migrated)"
+                "(or 1 or 2, which are migrated)"
             )
 
     def _migrate_1(self, cur: Any) -> None:
@@ -463,8 +480,20 @@ class PgStorage(SnapshotSchedule):
         for phase, text, d in cur.fetchall():
             plans.append(self._plan(collection_id, phase, text, d))
         design = None if design_json is None else PhasedDesign.from_json(design_json)
+        cur.execute("SELECT scheme, key FROM admissions WHERE collection_id = %s", (collection_id,))
+        found = cur.fetchone()
+        admission = None if found is None else stored_admission(collection_id, *found)
         record = CollectionRecord(
-            collection_id, tuple(plans), k, state, bytes(token_hash), created, closed, 0, design
+            collection_id,
+            tuple(plans),
+            k,
+            state,
+            bytes(token_hash),
+            created,
+            closed,
+            0,
+            design,
+            admission=admission,
         )
         with self._keys_lock:
             self._records[collection_id] = record
@@ -522,9 +551,11 @@ class PgStorage(SnapshotSchedule):
         k: int,
         submit_token_hash: bytes,
         design: PhasedDesign | None = None,
+        admission: TicketVerifier | None = None,
     ) -> CollectionRecord:
         """Create an open collection (see :meth:`.storage.Storage.create_collection`)."""
         check_collection_args(collection_id, plan, k, submit_token_hash, design)
+        check_admission(admission)
         with self._lock, self._transaction(self._live("_conn")) as cur:
             cur.execute(
                 "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash, "
@@ -543,6 +574,11 @@ class PgStorage(SnapshotSchedule):
             )
             if cur.rowcount == 0:
                 raise CollectionExists(f"collection_id ({_show(collection_id)}) already exists")
+            if admission is not None:
+                cur.execute(
+                    "INSERT INTO admissions (collection_id, scheme, key) VALUES (%s, %s, %s)",
+                    (collection_id, admission.scheme, admission.key),
+                )
             record = self._record(cur, collection_id)
         with self._keys_lock:  # committed with no reports: the empty tables are complete
             self._keys.setdefault(collection_id, _Keys(loaded=True, key_source="new"))

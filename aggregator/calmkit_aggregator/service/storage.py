@@ -28,6 +28,11 @@ Tables (schema version :data:`SCHEMA_VERSION` in ``PRAGMA user_version``):
   int64 little-endian (``n``: reports per view; ``counts``: the views' counts
   concatenated), rewritten in the transaction of each batch, so a restart reads them
   instead of recounting.
+- ``admissions(collection_id, scheme, key)``: the admission-ticket scheme and key of a
+  collection created with one (no row: reports need no ticket). The key is stored as
+  given: a public key for ed25519, the shared secret for hmac-sha256 (see
+  :func:`~.store.stored_admission`). Added in version 4 (a version 3 file gets the
+  empty table on open).
 
 Report ids (retries are idempotent) and pseudonyms (a user reports once per
 collection, over all phases) are unique per collection: the key tables are rebuilt
@@ -63,6 +68,7 @@ from calmkit_client.errors import (
     CollectionNotFound,
     ServiceUnavailable,
 )
+from calmkit_client.tickets import TicketVerifier
 
 from ..phases import PhasedDesign, combine_phases
 from ..reconstruction.support import SupportCounts
@@ -81,6 +87,7 @@ from .store import (
     CollectionRecord,
     StoredReport,
     batch_columns,
+    check_admission,
     check_collection_args,
     check_next_phase,
     check_phase,
@@ -89,12 +96,13 @@ from .store import (
     new_positions,
     not_open,
     recount_log,
+    stored_admission,
     stored_plan,
 )
 
 __all__ = ["SCHEMA_VERSION", "Storage"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 log = logging.getLogger("calmkit.aggregator")
 # Reports per batch-log row when a version 1/2 file is migrated.
 _MIGRATE_CHUNK = 10_000
@@ -127,6 +135,11 @@ CREATE TABLE support (
     counts BLOB NOT NULL,
     PRIMARY KEY (collection_id, phase)
 );"""
+_ADMISSIONS = """CREATE TABLE admissions (
+    collection_id TEXT PRIMARY KEY REFERENCES collections (id),
+    scheme TEXT NOT NULL,
+    key BLOB NOT NULL
+);"""
 _SCHEMA = f"""
 CREATE TABLE collections (
     id TEXT PRIMARY KEY,
@@ -141,6 +154,7 @@ CREATE TABLE collections (
 );
 {_PHASES}
 {_LOG}
+{_ADMISSIONS}
 PRAGMA user_version = {SCHEMA_VERSION};
 """
 # Version 1 -> 2: phases.
@@ -149,6 +163,11 @@ ALTER TABLE collections ADD COLUMN design_json TEXT;
 ALTER TABLE reports ADD COLUMN phase INTEGER NOT NULL DEFAULT 0;
 {_PHASES}
 PRAGMA user_version = 2;
+"""
+# Version 3 -> 4: admission tickets.
+_MIGRATE_3 = f"""
+{_ADMISSIONS}
+PRAGMA user_version = 4;
 """
 
 
@@ -288,22 +307,41 @@ class Storage(SnapshotSchedule):
             if tables:
                 raise CalmkitError(f"database ({self.path!r}) is not a calmkit store")
             conn.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")
-        elif version in (1, 2):
+        elif version in (1, 2, 3):
             with _transaction(conn):
                 if version == 1:
                     _execute_script(conn, _MIGRATE_1)
-                _migrate_rows_to_log(conn)
+                if version < 3:
+                    _migrate_rows_to_log(conn)
+                _execute_script(conn, _MIGRATE_3)
         elif version != SCHEMA_VERSION:
             raise CalmkitError(
-                f"schema version ({version}) of {self.path!r} must be {SCHEMA_VERSION} (or 1 "
-                "or 2, which are migrated)"
+                f"schema version ({version}) of {self.path!r} must be {SCHEMA_VERSION} (or 1, "
+                "2 or 3, which are migrated)"
             )
 
     def _load(self, conn: sqlite3.Connection) -> None:
         """Read every collection, its phases' plans and its stored support counts."""
+        admissions = {
+            cid: stored_admission(cid, scheme, key)
+            for cid, scheme, key in conn.execute(
+                "SELECT collection_id, scheme, key FROM admissions"
+            )
+        }
         for cid, plans, k, state, token_hash, created, closed, design in _read_collections(conn):
             entry = _Entry.empty(
-                CollectionRecord(cid, plans, k, state, token_hash, created, closed, 0, design)
+                CollectionRecord(
+                    cid,
+                    plans,
+                    k,
+                    state,
+                    token_hash,
+                    created,
+                    closed,
+                    0,
+                    design,
+                    admission=admissions.get(cid),
+                )
             )
             for phase, n_blob, counts_blob in conn.execute(
                 "SELECT phase, n, counts FROM support WHERE collection_id = ? ORDER BY phase",
@@ -442,11 +480,13 @@ class Storage(SnapshotSchedule):
         k: int,
         submit_token_hash: bytes,
         design: PhasedDesign | None = None,
+        admission: TicketVerifier | None = None,
     ) -> CollectionRecord:
         """Create an open collection whose first phase uses ``plan`` (``design``: how
-        the next phase is planned, None for one phase); :class:`CollectionExists` if
-        the id is taken."""
+        the next phase is planned, None for one phase; ``admission``: the tickets its
+        reports need, None for none); :class:`CollectionExists` if the id is taken."""
         check_collection_args(collection_id, plan, k, submit_token_hash, design)
+        check_admission(admission)
         record = CollectionRecord(
             collection_id,
             (plan,),
@@ -457,6 +497,7 @@ class Storage(SnapshotSchedule):
             None,
             0,
             design,
+            admission=admission,
         )
         with self._lock:
             conn = self._connection()
@@ -479,6 +520,11 @@ class Storage(SnapshotSchedule):
                     ),
                 )
                 _write_support(conn, collection_id, 0, entry, insert=True)
+                if admission is not None:
+                    conn.execute(
+                        "INSERT INTO admissions (collection_id, scheme, key) VALUES (?, ?, ?)",
+                        (collection_id, admission.scheme, admission.key),
+                    )
             entry.ready.set()
             self._entries[collection_id] = entry
             return entry.snapshot()

@@ -41,6 +41,7 @@ from calmkit_client import Plan
 from calmkit_client.echo import show as _show
 from calmkit_client.errors import CalmkitError, CollectionClosed, PlanMismatch, ReportConflict
 from calmkit_client.ids import check_collection_id
+from calmkit_client.tickets import TicketVerifier
 from calmkit_client.validation import is_int
 
 from ..phases import PhasedDesign, combine_phases
@@ -58,6 +59,7 @@ __all__ = [
     "ReportStore",
     "StoredReport",
     "batch_columns",
+    "check_admission",
     "check_collection_args",
     "check_next_phase",
     "check_phase",
@@ -66,6 +68,7 @@ __all__ = [
     "new_positions",
     "not_open",
     "recount_log",
+    "stored_admission",
     "stored_plan",
 ]
 
@@ -106,6 +109,7 @@ class CollectionRecord:
     reports: int
     design: PhasedDesign | None = None
     phase_reports: tuple[int, ...] = ()
+    admission: TicketVerifier | None = None
 
     def __post_init__(self) -> None:
         plans = self.plans
@@ -169,6 +173,7 @@ class ReportStore(Protocol):
         k: int,
         submit_token_hash: bytes,
         design: PhasedDesign | None = None,
+        admission: TicketVerifier | None = None,
     ) -> CollectionRecord: ...
     def get_collection(self, collection_id: str) -> CollectionRecord: ...
     def submit_record(self, collection_id: str, plan_digest: str) -> CollectionRecord: ...
@@ -262,6 +267,27 @@ def check_phase(phase: object, current: int) -> int:
     if isinstance(phase, bool) or not isinstance(phase, int) or not 0 <= phase <= current:
         raise CalmkitError(f"phase ({_show(phase)}) must be in [0, {current}]")
     return phase
+
+
+def check_admission(admission: object) -> TicketVerifier | None:
+    """``admission`` if it is a :class:`TicketVerifier` or None, else a
+    :class:`CalmkitError`."""
+    if admission is not None and not isinstance(admission, TicketVerifier):
+        raise CalmkitError(f"admission ({_show(admission)}) must be a TicketVerifier or None")
+    return admission
+
+
+def stored_admission(collection_id: str, scheme: str, key: bytes) -> TicketVerifier:
+    """A collection's stored admission (scheme, key) read back and checked. Both
+    backends store the key as given: the issuer's public key for ed25519, and for
+    hmac-sha256 the shared secret key, so the database then holds a key that mints
+    tickets (docs/security.md "Admission tickets")."""
+    try:
+        return TicketVerifier(str(scheme), bytes(key))
+    except CalmkitError as exc:
+        raise CalmkitError(
+            f"admission of collection {_show(collection_id)} is invalid: {exc}"
+        ) from None
 
 
 def not_open(collection_id: str, state: str) -> CollectionClosed:
