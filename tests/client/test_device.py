@@ -27,9 +27,7 @@ OTHER_PLAN = Plan(SCHEMA, 2.0, [["age", "smoker"], ["region", "income"]], seed=9
 
 def _user_in(view: int, state: DeviceState) -> str:
     """A user id whose pseudonym on ``state`` is assigned to ``view``."""
-    return next(
-        f"u{i}" for i in range(1000) if PLAN.assign(state.pseudonym("c", f"u{i}")) == view
-    )
+    return next(f"u{i}" for i in range(1000) if PLAN.assign(state.pseudonym("c", f"u{i}")) == view)
 
 
 def _rows(path: Path) -> list[tuple[object, ...]]:
