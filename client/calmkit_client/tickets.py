@@ -98,13 +98,11 @@ def _check_pseudonym(pseudonym: object) -> bytes:
 
 
 def _ed25519() -> Any:
-    """The ``cryptography`` package's Ed25519 module (an optional dependency)."""
-    try:
-        from cryptography.hazmat.primitives.asymmetric import ed25519
-    except ImportError:  # pragma: no cover - depends on the installation
-        raise CalmkitError(
-            "scheme ('ed25519') needs the cryptography package: pip install 'calmkit[admission]'"
-        ) from None
+    """The ``cryptography`` package's Ed25519 module: an optional dependency (the
+    ``admission`` and ``aggregator`` extras); without it, ModuleNotFoundError names it
+    (and the ``calmkit`` command names the extra)."""
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
     return ed25519
 
 

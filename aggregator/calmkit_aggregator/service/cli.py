@@ -34,6 +34,9 @@ from calmkit_client.commands import (
     positive_float,
 )
 
+from .admission_cli import admission_spec
+from .admission_cli import register as register_admission
+
 if TYPE_CHECKING:
     from calmkit_client import Schema
 
@@ -409,6 +412,13 @@ def _collection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=NON_NEGATIVE, default=0, help="create: seed of the plan's view assignment"
     )
+    parser.add_argument(
+        "--admission",
+        default=None,
+        metavar="SCHEME:FILE",
+        help="create: every report needs an admission ticket: ed25519:PUBLIC_KEY_FILE or "
+        "hmac:KEY_FILE (mode 0600), made by `calmkit admission keygen`",
+    )
     json_option(parser)
 
 
@@ -453,6 +463,7 @@ def _info_dict(info: Any) -> dict[str, Any]:
         "phase": info.phase,
         "phase_reports": list(info.phase_reports),
         "pilot_target": info.pilot_target,
+        "admission": info.admission,
         **({"submit_token": info.submit_token} if info.submit_token else {}),
     }
 
@@ -474,6 +485,7 @@ def _collection(args: argparse.Namespace) -> int:
                 planner=args.planner,
                 pilot=args.pilot,
                 reconstruction=args.reconstruct,
+                admission=admission_spec(args.admission),
             )
         elif args.action == "close":
             info = admin.close_collection(args.collection)
@@ -506,6 +518,8 @@ def _collection(args: argparse.Namespace) -> int:
         f"  plan {out['plan_digest'][:16]}: m = {out['m']} views of l = {out['l']}, "
         f"k = {out['k']}, oracles {sorted(set(out['oracles']))}"
     )
+    if out["admission"]:
+        print(f"  admission tickets required: {out['admission']}")
     if "submit_token" in out:
         print(f"  submit token (shown once; give it to your apps): {out['submit_token']}")
     return 0
@@ -637,3 +651,4 @@ def register(subparsers: Any) -> None:
         options=_query_options,
         extra=None,
     )
+    register_admission(subparsers)
