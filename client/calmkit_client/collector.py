@@ -323,6 +323,7 @@ class Collector:
         self,
         record: Sequence[Label] | dict[str, Label],
         user_id: UserId | None = None,
+        *,
         ticket: bytes | None = None,
     ) -> wire.Acknowledgement:
         """Make (or recall) this user's report and send it; returns the server's ack.
@@ -346,6 +347,7 @@ class Collector:
         codes: npt.ArrayLike,
         user_ids: Sequence[UserId] | np.ndarray,
         progress: Callable[[int], None] | None = None,
+        *,
         tickets: Sequence[bytes] | None = None,
     ) -> wire.Acknowledgement:
         """Bulk upload for many users: ``codes`` (n, d) encoded records, one id each.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from calmkit_client.device import DeviceState
+from calmkit_client.device import SECRET_BYTES, DeviceState
 from calmkit_client.randomness import RngLike, SourceLike
 
 __all__ = ["SimulatedDevices"]
@@ -23,8 +23,14 @@ class SimulatedDevices(DeviceState):
 
     @classmethod
     def seeded(cls, rng: RngLike) -> SimulatedDevices:
+        """Devices whose secret (hence pseudonyms, which pick the views) and bulk
+        reports all come from ``rng``: the same seed, the same reports."""
         state = cls.in_memory()
         state._generator = np.random.default_rng(rng)
+        secret = state._generator.bytes(SECRET_BYTES)
+        with state._transaction() as conn:
+            conn.execute("UPDATE device SET secret = ? WHERE id = 1", (secret,))
+        state._secret = secret
         return state
 
     _generator: np.random.Generator | None = None
