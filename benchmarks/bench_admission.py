@@ -153,11 +153,11 @@ def _run(mode: str, tmp: Path, reports: int, clients: int, batch: int) -> float:
         ctx = mp.get_context("spawn")
         ready, out = ctx.Barrier(clients + 1), ctx.Queue()
         share = -(-reports // clients)
+        plan_json, token = info.plan.to_json(), info.submit_token
         procs = [
             ctx.Process(
                 target=_client,
-                args=(address, info.submit_token, info.plan.to_json(), share, batch, 100 + i)
-                + (mode, key, ready, out),
+                args=(address, token, plan_json, share, batch, 100 + i, mode, key, ready, out),
             )
             for i in range(clients)
         ]
@@ -172,7 +172,7 @@ def _run(mode: str, tmp: Path, reports: int, clients: int, batch: int) -> float:
             stored = admin.get_collection("bench").reports
         if stored != share * clients:
             raise SystemExit(f"{mode}: {stored} reports stored, {share * clients} sent")
-        return share * clients / (last - t0)
+        return float(share * clients / (last - t0))
     finally:
         server.terminate()
         server.wait(10)
