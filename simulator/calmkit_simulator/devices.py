@@ -27,7 +27,8 @@ class SimulatedDevices(DeviceState):
         reports all come from ``rng``: the same seed, the same reports."""
         state = cls.in_memory()
         state._generator = np.random.default_rng(rng)
-        secret = state._generator.bytes(SECRET_BYTES)
+        # a child stream: the reports' stream stays the generator's own
+        secret = state._generator.spawn(1)[0].bytes(SECRET_BYTES)
         with state._transaction() as conn:
             conn.execute("UPDATE device SET secret = ? WHERE id = 1", (secret,))
         state._secret = secret
