@@ -224,3 +224,13 @@ def test_bad_admission_is_refused_at_creation(
         )
     with AdminClient(running.address) as admin:
         assert admin.list_collections() == []
+
+
+def test_the_issuer_example_in_the_docs_runs() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    section = text.split("## Admission tickets", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "TicketIssuer.ed25519" in code and "issuer.issue(" in code
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/security.md", "exec"), namespace)
+    assert len(namespace["ticket"]) == 64 and len(namespace["public_key"]) == 32
