@@ -29,9 +29,7 @@ class SimulatedDevices(DeviceState):
         state._generator = np.random.default_rng(rng)
         # a child stream: the reports' stream stays the generator's own
         secret = state._generator.spawn(1)[0].bytes(SECRET_BYTES)
-        with state._transaction() as conn:
-            conn.execute("UPDATE device SET secret = ? WHERE id = 1", (secret,))
-        state._secret = secret
+        state._secret = secret  # in memory only: the object is the whole state
         return state
 
     _generator: np.random.Generator | None = None
