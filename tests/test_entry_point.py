@@ -93,7 +93,7 @@ def _extra_modules(*extras: str) -> set[str]:
     return _modules(set().union(*(_distributions(e) for e in extras))) - base
 
 
-EXTRAS = ("aggregator", "postgres", "simulator", "figures")
+EXTRAS = ("aggregator", "postgres", "simulator", "figures", "admission")
 NO_EXTRAS = _extra_modules(*EXTRAS)
 COMMANDS = commands(build_parser())
 
@@ -178,6 +178,7 @@ INVOCATIONS = {
         "{tmp}/ev",
         "--json",
     ],
+    "admission": ["admission", "keygen", "--out", "{tmp}/issuer.key"],
 }
 
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .device import DeviceState, default_state_path
     from .errors import (
         AccessDenied,
+        AdmissionRefused,
         BudgetExceeded,
         CalmkitError,
         CollectionClosed,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from .plan import MAX_VIEW_CELLS, Plan
     from .report import Report, ViewReports, make_report, make_reports
     from .schema import Attribute, Schema
+    from .tickets import TicketIssuer, TicketVerifier
 else:
     from .lazy import lazy_exports
 
@@ -63,6 +65,7 @@ else:
             ".device": ("DeviceState", "default_state_path"),
             ".errors": (
                 "AccessDenied",
+                "AdmissionRefused",
                 "BudgetExceeded",
                 "CalmkitError",
                 "CollectionClosed",
@@ -89,6 +92,7 @@ else:
             ".plan": ("MAX_VIEW_CELLS", "Plan"),
             ".report": ("Report", "ViewReports", "make_report", "make_reports"),
             ".schema": ("Attribute", "Schema"),
+            ".tickets": ("TicketIssuer", "TicketVerifier"),
         },
     )
     del lazy_exports
@@ -99,6 +103,7 @@ __all__ = [
     "MAX_VIEW_CELLS",
     "OUE",
     "AccessDenied",
+    "AdmissionRefused",
     "Attribute",
     "BudgetExceeded",
     "CalmkitError",
@@ -122,6 +127,8 @@ __all__ = [
     "SchemaError",
     "ServiceUnavailable",
     "StorageFull",
+    "TicketIssuer",
+    "TicketVerifier",
     "UserId",
     "ViewReports",
     "choose_oracle",

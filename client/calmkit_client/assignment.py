@@ -9,7 +9,8 @@ hash seed: ``h = xxh64(id, seed)`` placed on the cumulative view shares scaled t
 User ids are encoded to bytes as: int in [0, 2**64) -> 8 bytes little-endian;
 str -> UTF-8; bytes as is. Integer ids hash vectorised (:func:`xxh64_u64`, the xxh64
 algorithm specialised to one 8-byte lane, checked against the ``xxhash`` package in
-the tests); other ids go through ``xxhash`` one by one.
+the tests); 16-byte keys (pseudonyms) likewise (:func:`xxh64_u128`, two lanes); other ids go
+through ``xxhash`` one by one.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "share_bounds",
     "views_of_hashes",
     "xxh64_u64",
+    "xxh64_u128",
 ]
 
 UserId = int | str | bytes
@@ -91,9 +93,38 @@ def xxh64_u64(ids: npt.ArrayLike, seed: int) -> np.ndarray:
     return h
 
 
+def xxh64_u128(keys: npt.ArrayLike, seed: int) -> np.ndarray:
+    """xxh64 of 16-byte keys, vectorised: (n, 16) uint8 -> uint64 (n,). Equals
+    ``xxhash.xxh64_intdigest(key, seed)`` (checked in the tests) and so
+    :func:`hash_user_id` of each key as bytes (a pseudonym).
+
+    The xxh64 algorithm for an input of two 8-byte lanes (len < 32 path: two lane
+    rounds, avalanche)."""
+    raw = np.ascontiguousarray(keys, dtype=np.uint8)
+    if raw.ndim != 2 or raw.shape[1] != 16:
+        raise PlanError(f"keys (shape {raw.shape}) must have shape (n, 16)")
+    lanes = raw.view("<u8").astype(np.uint64, copy=False)
+    with np.errstate(over="ignore"):
+        h = np.full(raw.shape[0], np.uint64(_check_seed(seed)), dtype=np.uint64) + _P5
+        h = h + np.uint64(16)
+        for j in range(2):
+            k1 = _rotl(lanes[:, j] * _P2, 31) * _P1
+            h = h ^ k1
+            h = _rotl(h, 27) * _P1 + _P4
+        h ^= h >> np.uint64(33)
+        h *= _P2
+        h ^= h >> np.uint64(29)
+        h *= _P3
+        h ^= h >> np.uint64(32)
+    return h
+
+
 def hash_user_ids(user_ids: Sequence[UserId] | np.ndarray, seed: int) -> np.ndarray:
-    """Hashes of many ids, uint64 (n,). A numpy integer array is hashed vectorised;
-    anything else id by id (same values: see :func:`encode_user_id`)."""
+    """Hashes of many ids, uint64 (n,). A numpy integer array, or an (n, 16) uint8
+    array of 16-byte ids (pseudonyms), is hashed vectorised; anything else id by id
+    (same values: see :func:`encode_user_id`)."""
+    if isinstance(user_ids, np.ndarray) and user_ids.dtype == np.uint8 and user_ids.ndim == 2:
+        return xxh64_u128(user_ids, seed)
     if isinstance(user_ids, np.ndarray) and user_ids.dtype.kind in "iu" and user_ids.ndim == 1:
         if user_ids.size and user_ids.dtype.kind == "i" and user_ids.min() < 0:
             raise PlanError(f"user_id ({int(user_ids.min())}) must be an int in [0, 2**64)")

@@ -26,6 +26,7 @@ from .budget import DEFAULT_BUDGET, PrivacyBudget
 from .device import DeviceState
 from .errors import (
     AccessDenied,
+    AdmissionRefused,
     BatchTooLarge,
     CalmkitError,
     CollectionClosed,
@@ -120,6 +121,7 @@ _ERRORS: dict[str, type[CalmkitError]] = {
         PlanMismatch,
         ReportConflict,
         AccessDenied,
+        AdmissionRefused,
         ServiceUnavailable,
         NotSupported,
         RateLimited,
@@ -274,80 +276,121 @@ class Collector:
             self._plan = wire.plan_from_proto(msg)
         return self._plan
 
-    def _send(self, items: Sequence[tuple[bytes, Any]]) -> wire.Acknowledgement:
-        """Send reports in batches, one plan digest per batch (a report made in an
-        earlier phase keeps that phase's plan)."""
-        by_digest: dict[str, list[tuple[bytes, Any]]] = {}
-        for item in items:
-            by_digest.setdefault(item[1].plan_digest, []).append(item)
+    def _send(
+        self, items: Sequence[tuple[bytes, Any]], tickets: Sequence[bytes] | None = None
+    ) -> wire.Acknowledgement:
+        """Send reports (with their admission ``tickets``, one per item, when given) in
+        batches, one plan digest per batch (a report made in an earlier phase keeps
+        that phase's plan)."""
+        if tickets is not None and (isinstance(tickets, bytes) or len(tickets) != len(items)):
+            given = "one bytes value" if isinstance(tickets, bytes) else str(len(tickets))
+            raise CalmkitError(f"tickets ({given}) must be one ticket per report ({len(items)})")
+        by_digest: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            by_digest.setdefault(item[1].plan_digest, []).append(i)
         total = wire.Acknowledgement()
         for digest, group in by_digest.items():
             for start in range(0, len(group), self.batch_size):
-                total = total + self._submit(digest, group[start : start + self.batch_size])
+                rows = group[start : start + self.batch_size]
+                chunk = [items[i] for i in rows]
+                chunk_tickets = None if tickets is None else [tickets[i] for i in rows]
+                total = total + self._submit(digest, chunk, chunk_tickets)
         return total
 
-    def _submit(self, digest: str, items: Sequence[tuple[bytes, Any]]) -> wire.Acknowledgement:
+    def _submit(
+        self,
+        digest: str,
+        items: Sequence[tuple[bytes, Any]],
+        tickets: Sequence[bytes] | None = None,
+    ) -> wire.Acknowledgement:
         """One batch; a batch larger than the server's rate limit admits at once
-        (:class:`BatchTooLarge`) is sent again in halves, and later batches stay at
-        that size."""
+        (:class:`BatchTooLarge`) is sent again in halves (tickets with their reports),
+        and later batches stay at that size."""
         try:
-            return self._submit_batch(digest, items)
+            return self._submit_batch(digest, items, tickets)
         except BatchTooLarge:
             if len(items) == 1:
                 raise
             half = (len(items) + 1) // 2
             self.batch_size = min(self.batch_size, half)
-            return self._submit(digest, items[:half]) + self._submit(digest, items[half:])
+            first = self._submit(digest, items[:half], None if tickets is None else tickets[:half])
+            rest = self._submit(digest, items[half:], None if tickets is None else tickets[half:])
+            return first + rest
 
     def _submit_batch(
-        self, digest: str, items: Sequence[tuple[bytes, Any]]
+        self,
+        digest: str,
+        items: Sequence[tuple[bytes, Any]],
+        tickets: Sequence[bytes] | None = None,
     ) -> wire.Acknowledgement:
         """One batch: in columns (``SubmitColumnar``), or as one message per report
-        (``SubmitReports``) to a server too old for columns."""
+        (``SubmitReports``) to a server too old for columns. A retry resends the same
+        message, tickets included."""
         if self._columnar:
-            batch = wire.columnar_batch_to_proto(self.collection_id, digest, items)
+            batch = wire.columnar_batch_to_proto(self.collection_id, digest, items, tickets)
             try:
                 ack = call_with_retry(self._stub.SubmitColumnar, batch, self._retry, self._metadata)
                 return wire.ack_from_proto(ack)
             except NotSupported:
                 self._columnar = False
-        batch = wire.batch_to_proto(self.collection_id, digest, items)
+        batch = wire.batch_to_proto(self.collection_id, digest, items, tickets)
         ack = call_with_retry(self._stub.SubmitReports, batch, self._retry, self._metadata)
         return wire.ack_from_proto(ack)
+
+    def pseudonym(self, user_id: UserId | None = None) -> bytes:
+        """The 16-byte pseudonym of ``user_id`` (None: the device's own user) in this
+        collection: what the app's backend issues an admission ticket for
+        (:class:`~calmkit_client.tickets.TicketIssuer`)."""
+        return self._state.pseudonym(self.collection_id, user_id)
 
     def submit(
         self,
         record: Sequence[Label] | dict[str, Label],
         user_id: UserId | None = None,
+        *,
+        ticket: bytes | None = None,
     ) -> wire.Acknowledgement:
         """Make (or recall) this user's report and send it; returns the server's ack.
         The plan is fetched again first, so a new report uses the current phase; a new
-        report must fit the budget (:class:`~calmkit_client.errors.BudgetExceeded`)."""
+        report must fit the budget (:class:`~calmkit_client.errors.BudgetExceeded`).
+
+        ``ticket``: the user's admission ticket for :meth:`pseudonym`, required by a
+        collection created with admission (else
+        :class:`~calmkit_client.errors.AdmissionRefused`). The device state does not
+        keep tickets: a call that resends a memoised report needs the ticket again
+        (the app's backend can reissue it at will: the same pseudonym gets a ticket
+        that admits the same one report)."""
         plan = self.plan(refresh=True)
-        # user_id None: the device's own user, assigned by its pseudonym
         pseudonym, report = self._state.report_for(
             self.collection_id, plan, record, user_id, self.budget
         )
-        return self._send([(pseudonym, report)])
+        return self._send([(pseudonym, report)], None if ticket is None else [ticket])
 
     def submit_many(
         self,
         codes: npt.ArrayLike,
         user_ids: Sequence[UserId] | np.ndarray,
         progress: Callable[[int], None] | None = None,
+        *,
+        tickets: Sequence[bytes] | None = None,
     ) -> wire.Acknowledgement:
         """Bulk upload for many users: ``codes`` (n, d) encoded records, one id each.
         Reports are made (or recalled) together, then sent in batches; ``progress``
         is called with the number of reports each acknowledged batch carried. The plan
-        is fetched again first (one call per ``submit_many``)."""
+        is fetched again first (one call per ``submit_many``). ``tickets``: one
+        admission ticket per user, for ``pseudonym(user_id)`` (see :meth:`submit`)."""
         if progress is not None and not callable(progress):
             raise CalmkitError(f"progress ({type(progress).__name__}) must be callable or None")
+        if tickets is not None and (isinstance(tickets, bytes) or len(tickets) != len(user_ids)):
+            given = "one bytes value" if isinstance(tickets, bytes) else str(len(tickets))
+            raise CalmkitError(f"tickets ({given}) must be one ticket per user ({len(user_ids)})")
         plan = self.plan(refresh=True)
         items = self._state.reports_for(self.collection_id, plan, codes, user_ids, self.budget)
         total = wire.Acknowledgement()
         for start in range(0, len(items), self.batch_size):
             chunk = items[start : start + self.batch_size]
-            total = total + self._send(chunk)
+            chunk_tickets = None if tickets is None else tickets[start : start + self.batch_size]
+            total = total + self._send(chunk, chunk_tickets)
             if progress is not None:
                 progress(len(chunk))
         return total

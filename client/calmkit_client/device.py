@@ -481,16 +481,19 @@ class DeviceState:
         collection has moved on to another phase's plan (the report keeps the digest
         it was made under, which the server still accepts).
 
-        ``user_id=None`` is the device's own user: the pseudonym is
-        ``pseudonym(collection_id)`` and it is also the id that picks the view (uniform
-        over devices, and public anyway: the server sees both).
+        ``user_id=None`` is the device's own user. The pseudonym
+        (``pseudonym(collection_id, user_id)``) is the id that picks the view, also
+        for a named ``user_id``: uniform over users, public anyway (the server sees
+        both), and what a collection with admission tickets checks, so a ticket holder
+        cannot choose a view. (Reports memoised before this rule, assigned by the
+        ``user_id``, are returned unchanged; only a collection with admission refuses
+        them.)
         """
         cid = _check_collection_id(collection_id)
         plan = _check_plan(plan)
         secret = self._secret_or_raise()
         pseudonym = self._pseudonym(secret, _PREFIX + cid, user_id)
         key = self._pseudonym(secret, _LEDGER_PREFIX, user_id)
-        assign_id: UserId = pseudonym if user_id is None else user_id
         with self._transaction() as conn:
             row = conn.execute(
                 "SELECT plan_digest, view, payload, report_id FROM reports "
@@ -501,7 +504,7 @@ class DeviceState:
                 self._attribute(conn, collection_id, [key])
                 return pseudonym, self._stored(row)
             self._charge(conn, collection_id, [key], plan.epsilon, budget, [user_id])
-            report = make_report(plan, record, assign_id)
+            report = make_report(plan, record, pseudonym)
             conn.execute(
                 "INSERT INTO reports (collection_id, pseudonym, plan_digest, view, payload, "
                 "report_id) VALUES (?, ?, ?, ?, ?, ?)",
@@ -579,9 +582,11 @@ class DeviceState:
                 new_users = [ids[i] for i in new_rows.tolist()]
                 keys = [self._pseudonym(secret, _LEDGER_PREFIX, u) for u in new_users]
                 self._charge(conn, collection_id, keys, plan.epsilon, budget, new_users)
-                new_ids = user_ids[new_rows] if isinstance(user_ids, np.ndarray) else new_users
+                new_keys = np.frombuffer(
+                    b"".join(pseudonyms[i] for i in new_rows.tolist()), dtype=np.uint8
+                ).reshape(-1, PSEUDONYM_BYTES)  # the views are the pseudonyms' (see report_for)
                 made: list[tuple[bytes, str, int, int | bytes, bytes]] = []
-                for batch in make_reports(plan, codes[new_rows], new_ids, self._bulk_source()):
+                for batch in make_reports(plan, codes[new_rows], new_keys, self._bulk_source()):
                     grr = batch.payloads.ndim == 1
                     payloads = batch.payloads.tolist() if grr else batch.payloads
                     for k, row_k in enumerate(batch.rows.tolist()):

@@ -49,6 +49,12 @@ class AccessDenied(CollectionError):
     """A missing or wrong bearer token (gRPC UNAUTHENTICATED / PERMISSION_DENIED)."""
 
 
+class AdmissionRefused(AccessDenied):
+    """A report of the batch lacks a valid admission ticket for its pseudonym, or
+    claims a view its pseudonym is not assigned to, in a collection that requires
+    tickets (gRPC PERMISSION_DENIED); the batch was refused whole."""
+
+
 # -- the device's privacy ledger ------------------------------------------------------------
 class BudgetExceeded(CalmkitError):
     """A new report would spend more privacy than the device's budget allows."""

@@ -21,8 +21,16 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from .assignment import UserId, hash_user_id, hash_user_ids, share_bounds, views_of_hashes
+from .assignment import (
+    UserId,
+    hash_user_id,
+    hash_user_ids,
+    share_bounds,
+    views_of_hashes,
+    xxh64_u128,
+)
 from .errors import CalmkitError, PlanError
 from .oracles import FrequencyOracle, choose_oracle, make_oracle, validate_oracle_epsilon
 from .schema import AttrRef, Schema
@@ -171,6 +179,12 @@ class Plan:
     def assign_many(self, user_ids: Sequence[UserId] | np.ndarray) -> np.ndarray:
         """Views (n,) int64 of many users; integer id arrays are hashed vectorised."""
         return views_of_hashes(hash_user_ids(user_ids, self.seed), self._bounds)
+
+    def assign_pseudonyms(self, pseudonyms: npt.ArrayLike) -> np.ndarray:
+        """Views (n,) int64 of pseudonyms (n, 16) uint8, hashed vectorised: the same
+        views as :meth:`assign` of each pseudonym as bytes (what a device does, and
+        what the aggregator checks for a collection with admission tickets)."""
+        return views_of_hashes(xxh64_u128(pseudonyms, self.seed), self._bounds)
 
     # -- identity and serialisation ---------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -89,23 +89,42 @@ def plan_from_proto(msg: Any) -> Plan:
     return plan
 
 
-def _report_to_proto(report: Report, pseudonym: bytes) -> Any:
-    if isinstance(report.payload, bytes):
-        return pb.Report(
-            view=report.view, bits=report.payload, report_id=report.report_id, pseudonym=pseudonym
-        )
-    return pb.Report(
-        view=report.view, cell=report.payload, report_id=report.report_id, pseudonym=pseudonym
+def _report_to_proto(report: Report, pseudonym: bytes, ticket: bytes = b"") -> Any:
+    msg = pb.Report(
+        view=report.view, report_id=report.report_id, pseudonym=pseudonym, ticket=ticket
     )
+    if isinstance(report.payload, bytes):
+        msg.bits = report.payload
+    else:
+        msg.cell = report.payload
+    return msg
+
+
+def _tickets(tickets: Sequence[bytes] | None, n: int) -> list[bytes]:
+    """The tickets of n reports (empty ones without), checked: bytes, n of them."""
+    if tickets is None:
+        return [b""] * n
+    if isinstance(tickets, (bytes, str)) or len(tickets) != n:
+        given = "one bytes value" if isinstance(tickets, (bytes, str)) else f"{len(tickets)}"
+        raise PlanError(f"tickets ({given}) must be one bytes ticket per report ({n})")
+    bad = next((i for i, t in enumerate(tickets) if not isinstance(t, bytes)), None)
+    if bad is not None:
+        raise PlanError(f"tickets[{bad}] ({type(tickets[bad]).__name__}) must be bytes")
+    return list(tickets)
 
 
 _U32 = np.dtype("<u4")
 
 
 def batch_to_proto(
-    collection_id: str, plan_digest: str, items: Sequence[tuple[bytes, Report]]
+    collection_id: str,
+    plan_digest: str,
+    items: Sequence[tuple[bytes, Report]],
+    tickets: Sequence[bytes] | None = None,
 ) -> Any:
-    """A ``ReportBatch`` of ``(pseudonym, report)`` pairs made under ``plan_digest``."""
+    """A ``ReportBatch`` of ``(pseudonym, report)`` pairs made under ``plan_digest``,
+    with their admission ``tickets`` (one per item) when given."""
+    ticket_list = _tickets(tickets, len(items))
     for i, (_, report) in enumerate(items):
         if report.plan_digest != plan_digest:
             raise PlanError(
@@ -114,16 +133,21 @@ def batch_to_proto(
     return pb.ReportBatch(
         collection_id=collection_id,
         plan_digest=plan_digest,
-        reports=[_report_to_proto(r, p) for p, r in items],
+        reports=[_report_to_proto(r, p, t) for (p, r), t in zip(items, ticket_list)],
     )
 
 
 def columnar_batch_to_proto(
-    collection_id: str, plan_digest: str, items: Sequence[tuple[bytes, Report]]
+    collection_id: str,
+    plan_digest: str,
+    items: Sequence[tuple[bytes, Report]],
+    tickets: Sequence[bytes] | None = None,
 ) -> Any:
     """A ``ColumnarBatch`` of ``(pseudonym, report)`` pairs made under ``plan_digest``:
-    views and GRR cells as little-endian uint32, OUE payloads, report ids and
-    pseudonyms each concatenated into one bytes field."""
+    views and GRR cells as little-endian uint32, OUE payloads, report ids,
+    pseudonyms and the admission ``tickets`` (one per item, when given) each
+    concatenated into one bytes field."""
+    ticket_list = _tickets(tickets, len(items))
     reports = [r for _, r in items]
     for i, report in enumerate(reports):
         if report.plan_digest != plan_digest:
@@ -141,6 +165,7 @@ def columnar_batch_to_proto(
         bits=b"".join(r.payload for r, o in zip(reports, oue) if o),  # type: ignore[misc]
         report_ids=b"".join(r.report_id for r in reports),
         pseudonyms=b"".join(p for p, _ in items),
+        tickets=b"".join(ticket_list),
     )
 
 
@@ -165,7 +190,9 @@ class CollectionInfo:
     ``plan`` is the current phase's plan; ``phase_reports`` counts each phase's
     reports; ``pilot_target``: pilot reports that start phase 1 (0: no pilot);
     ``max_reports``: the report cap (0: none); ``flags``: manipulation flags (counts
-    no honest population explains); ``pilot_check``: the pilot's feasibility check."""
+    no honest population explains); ``pilot_check``: the pilot's feasibility check;
+    ``admission``: the admission-ticket scheme and key fingerprint ("" when reports
+    need no ticket)."""
 
     collection_id: str
     state: str
@@ -182,6 +209,7 @@ class CollectionInfo:
     max_reports: int = 0
     flags: tuple[str, ...] = ()
     pilot_check: str = ""
+    admission: str = ""
 
 
 def collection_from_proto(msg: Any) -> CollectionInfo:
@@ -201,6 +229,7 @@ def collection_from_proto(msg: Any) -> CollectionInfo:
         max_reports=int(msg.max_reports),
         flags=tuple(str(f) for f in msg.flags),
         pilot_check=str(msg.pilot_check),
+        admission=str(msg.admission),
     )
 
 
@@ -220,10 +249,13 @@ def create_request(
     pilot: float | None = None,
     reconstruction: str = "local",
     max_reports: int = 0,
+    admission: tuple[str, bytes] | None = None,
 ) -> Any:
     """A CreateCollection request; ``reconstruction`` ("local" or "global") is the one
     the pipeline planner plans for (queries may still ask for either); ``max_reports``:
-    the report cap (0: the server's default, 2 x ``expected_n``)."""
+    the report cap (0: the server's default, 2 x ``expected_n``); ``admission``:
+    ``(scheme, key)`` when every report must carry an admission ticket
+    (:mod:`~calmkit_client.tickets`)."""
     req = pb.CreateCollectionRequest(
         collection_id=collection_id,
         schema=schema_to_proto(schema),
@@ -244,6 +276,8 @@ def create_request(
         req.m = m
     if l is not None:
         req.l = l
+    if admission is not None:
+        req.admission.scheme, req.admission.key = admission
     return req
 
 

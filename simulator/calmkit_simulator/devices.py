@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from calmkit_client.device import DeviceState
+from calmkit_client.device import SECRET_BYTES, DeviceState
 from calmkit_client.randomness import RngLike, SourceLike
 
 __all__ = ["SimulatedDevices"]
@@ -23,8 +23,13 @@ class SimulatedDevices(DeviceState):
 
     @classmethod
     def seeded(cls, rng: RngLike) -> SimulatedDevices:
+        """Devices whose secret (hence pseudonyms, which pick the views) and bulk
+        reports all come from ``rng``: the same seed, the same reports."""
         state = cls.in_memory()
         state._generator = np.random.default_rng(rng)
+        # a child stream: the reports' stream stays the generator's own
+        secret = state._generator.spawn(1)[0].bytes(SECRET_BYTES)
+        state._secret = secret  # in memory only: the object is the whole state
         return state
 
     _generator: np.random.Generator | None = None

@@ -88,7 +88,7 @@ def test_a_version_3_file_is_migrated_with_no_cap(tmp_path: Path) -> None:
     raw.executescript(
         "ALTER TABLE collections DROP COLUMN max_reports; "
         "ALTER TABLE collections DROP COLUMN pilot_check; DROP TABLE flags; "
-        "PRAGMA user_version = 3;"
+        "DROP TABLE admissions; PRAGMA user_version = 3;"
     )
     raw.close()
     with Storage(path) as s:
@@ -96,7 +96,7 @@ def test_a_version_3_file_is_migrated_with_no_cap(tmp_path: Path) -> None:
         assert (record.max_reports, record.flags, record.pilot_check) == (0, (), "")
         assert s.add_reports("old", plan.digest, reports[10:]) == BatchOutcome(20, 0)
     raw = sqlite3.connect(path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 5
     raw.close()
 
 
@@ -171,7 +171,7 @@ def test_a_version_2_postgres_database_is_migrated_with_no_cap(pg_dsn: str) -> N
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(
             "ALTER TABLE collections DROP COLUMN max_reports, DROP COLUMN pilot_check; "
-            "DROP TABLE flags; UPDATE calmkit_schema SET version = 2"
+            "DROP TABLE flags; DROP TABLE admissions; UPDATE calmkit_schema SET version = 2"
         )
     with PgStorage(pg_dsn) as s:
         record = s.get_collection("old")
@@ -181,4 +181,4 @@ def test_a_version_2_postgres_database_is_migrated_with_no_cap(pg_dsn: str) -> N
     with PgStorage(pg_dsn) as s:
         assert s.get_collection("old").flags == ("kept",)
     with psycopg.connect(pg_dsn) as conn:
-        assert conn.execute("SELECT version FROM calmkit_schema").fetchone() == (3,)
+        assert conn.execute("SELECT version FROM calmkit_schema").fetchone() == (4,)

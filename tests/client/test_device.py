@@ -25,8 +25,9 @@ from tests.client.survey import PLAN, RECORD, SCHEMA
 OTHER_PLAN = Plan(SCHEMA, 2.0, [["age", "smoker"], ["region", "income"]], seed=9)
 
 
-def _user_in(view: int) -> str:
-    return next(f"u{i}" for i in range(1000) if PLAN.assign(f"u{i}") == view)
+def _user_in(view: int, state: DeviceState) -> str:
+    """A user id whose pseudonym on ``state`` is assigned to ``view``."""
+    return next(f"u{i}" for i in range(1000) if PLAN.assign(state.pseudonym("c", f"u{i}")) == view)
 
 
 def _rows(path: Path) -> list[tuple[object, ...]]:
@@ -177,8 +178,8 @@ def test_a_report_is_durable_without_close(tmp_path: Path) -> None:
 @pytest.mark.parametrize("view", [0, 1, 2])  # GRR, OUE, OUE
 def test_reports_pass_the_plan_check_and_survive_storage(tmp_path: Path, view: int) -> None:
     path = tmp_path / "device.db"
-    user = _user_in(view)
     with DeviceState(path) as state:
+        user = _user_in(view, state)
         _, report = state.report_for("c", PLAN, RECORD, user)
     assert report.view == view and report.plan_digest == PLAN.digest
     report.check(PLAN)
@@ -297,15 +298,18 @@ def test_reports_for_returns_stored_reports_and_makes_the_rest(
         for i, item in earlier.items():
             assert items[i] == item
         assert [p for p, _ in items] == [state.pseudonym("c", int(u)) for u in ids]  # order
-        views = PLAN.assign_many(ids)
+        keys = np.frombuffer(b"".join(p for p, _ in items), np.uint8).reshape(n, 16)
+        views = PLAN.assign_many(keys)  # the pseudonyms pick the views, not the user ids
         assert [r.view for _, r in items] == views.tolist()
+        assert views.tolist() == [PLAN.assign(p) for p, _ in items]
+        assert views.tolist() != PLAN.assign_many(ids).tolist()
         for _, r in items[:50]:
             r.check(PLAN)
         assert len({r.report_id for _, r in items}) == n
         # the new ones are make_reports' output for the new users (vectorised, same words)
         new = np.array(sorted(set(range(n)) - set(earlier)))
         expected: dict[int, Report] = {}
-        for batch in make_reports(PLAN, codes[new], ids[new], np.random.default_rng(11)):
+        for batch in make_reports(PLAN, codes[new], keys[new], np.random.default_rng(11)):
             for k, row in enumerate(batch.rows):
                 payload = batch.payloads[k]
                 expected[int(new[row])] = Report(

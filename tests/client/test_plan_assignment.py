@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from calmkit_client import Plan, PlanError, Schema
-from calmkit_client.assignment import hash_user_id, hash_user_ids, xxh64_u64
+from calmkit_client.assignment import hash_user_id, hash_user_ids, xxh64_u64, xxh64_u128
 from tests.stats import assert_chisquare
 
 
@@ -123,3 +123,23 @@ def test_bad_user_ids() -> None:
         plan.assign(1.5)  # type: ignore[arg-type]
     with pytest.raises(PlanError, match=r"user_id \(-1\)"):
         plan.assign_many(np.array([3, -1]))
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(1, 200), st.integers(0, 2**64 - 1))
+def test_vectorised_xxh64_of_16_byte_keys_equals_the_library(
+    rng_seed: int, n: int, seed: int
+) -> None:
+    keys = np.random.default_rng(rng_seed).integers(0, 256, (n, 16), dtype=np.uint8)
+    expected = [xxhash.xxh64_intdigest(k.tobytes(), seed=seed) for k in keys]
+    assert xxh64_u128(keys, seed).tolist() == expected
+    assert hash_user_ids(keys, seed).tolist() == expected  # pseudonyms as an array
+
+
+def test_pseudonyms_are_assigned_as_their_bytes() -> None:
+    plan = _plan()
+    keys = np.random.default_rng(5).integers(0, 256, (500, 16), dtype=np.uint8)
+    views = plan.assign_pseudonyms(keys)
+    assert views.tolist() == [plan.assign(k.tobytes()) for k in keys]
+    assert set(views.tolist()) == set(range(plan.m))
+    with pytest.raises(PlanError, match=r"keys \(shape \(3, 8\)\) must have shape \(n, 16\)"):
+        plan.assign_pseudonyms(np.zeros((3, 8), np.uint8))

@@ -42,9 +42,12 @@ def test_counts_and_answers_equal_the_in_process_pipeline(
     with Collector(server.address, "c1", info.submit_token, state, batch_size=700) as client:
         ack = client.submit_many(POP.codes, IDS)
     assert (ack.accepted, ack.duplicates) == (POP.n, 0)
-    # the same reports in process: the device made them with make_reports and this rng
+    # the same reports in process: the device made them with make_reports and this rng,
+    # each user on the view of its pseudonym
+    keys = b"".join(state.pseudonym("c1", int(u)) for u in IDS)
+    pseudonyms = np.frombuffer(keys, dtype=np.uint8).reshape(-1, 16)
     expected = SupportCounts.from_reports(
-        info.plan, make_reports(info.plan, POP.codes, IDS, np.random.default_rng(11))
+        info.plan, make_reports(info.plan, POP.codes, pseudonyms, np.random.default_rng(11))
     )
     got = server.storage.support("c1")
     np.testing.assert_array_equal(got.n, expected.n)

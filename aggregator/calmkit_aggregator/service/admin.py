@@ -45,7 +45,8 @@ class AdminClient:
     ) -> CollectionInfo:
         """Create a collection (options: collection_id, theta, views, m, l, seed,
         planner ("pipeline" or "paper"), pilot (share of users in the pilot phase),
-        max_reports (the report cap; 0: 2 x expected_n));
+        max_reports (the report cap; 0: 2 x expected_n),
+        admission ((scheme, key): every report needs an admission ticket));
         ``reconstruction``: the one the pipeline planner plans for, "local" or "global"
         (queries may still ask for either). The result carries the submit token, shown
         only this once."""

@@ -34,6 +34,9 @@ from calmkit_client.commands import (
     positive_float,
 )
 
+from .admission_cli import admission_spec
+from .admission_cli import register as register_admission
+
 if TYPE_CHECKING:
     from calmkit_client import Schema
 
@@ -433,6 +436,13 @@ def _collection_options(parser: argparse.ArgumentParser) -> None:
         help="create: the most reports the collection takes; a batch that would pass "
         "it is refused whole (CollectionFull). 0 (default): 2 x --n",
     )
+    parser.add_argument(
+        "--admission",
+        default=None,
+        metavar="SCHEME:FILE",
+        help="create: every report needs an admission ticket: ed25519:PUBLIC_KEY_FILE or "
+        "hmac:KEY_FILE (mode 0600), made by `calmkit admission keygen`",
+    )
     json_option(parser)
 
 
@@ -480,6 +490,7 @@ def _info_dict(info: Any) -> dict[str, Any]:
         "max_reports": info.max_reports,
         "flags": list(info.flags),
         "pilot_check": info.pilot_check,
+        "admission": info.admission,
         **({"submit_token": info.submit_token} if info.submit_token else {}),
     }
 
@@ -502,6 +513,7 @@ def _collection(args: argparse.Namespace) -> int:
                 pilot=args.pilot,
                 reconstruction=args.reconstruct,
                 max_reports=args.max_reports,
+                admission=admission_spec(args.admission),
             )
         elif args.action == "close":
             info = admin.close_collection(args.collection)
@@ -539,6 +551,8 @@ def _collection(args: argparse.Namespace) -> int:
         print(f"  pilot check: {out['pilot_check']}")
     for flag in out["flags"]:
         print(f"  MANIPULATION FLAG: {flag}")
+    if out["admission"]:
+        print(f"  admission tickets required: {out['admission']}")
     if "submit_token" in out:
         print(f"  submit token (shown once; give it to your apps): {out['submit_token']}")
     return 0
@@ -670,3 +684,4 @@ def register(subparsers: Any) -> None:
         options=_query_options,
         extra=None,
     )
+    register_admission(subparsers)

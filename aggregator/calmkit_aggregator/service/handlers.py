@@ -30,6 +30,7 @@ from calmkit_client.collector import ERROR_KEY
 from calmkit_client.echo import bounded
 from calmkit_client.errors import (
     AccessDenied,
+    AdmissionRefused,
     BatchTooLarge,
     CollectionClosed,
     CollectionExists,
@@ -50,6 +51,7 @@ from ..reconstruction.pipeline import Estimator, reconstruct_by
 from ..reconstruction.support import SupportCounts
 from ..reconstruction.uncertainty import MAX_REPLICATES, Bootstrap, bootstrap
 from . import wire
+from .admission import admit
 from .faults import as_fault, fault_detail
 from .manipulation import (
     FlagLog,
@@ -74,6 +76,7 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (ReportConflict, grpc.StatusCode.ALREADY_EXISTS),
     (CollectionClosed, grpc.StatusCode.FAILED_PRECONDITION),
     (PlanMismatch, grpc.StatusCode.FAILED_PRECONDITION),
+    (AdmissionRefused, grpc.StatusCode.PERMISSION_DENIED),  # before its base class
     (AccessDenied, grpc.StatusCode.UNAUTHENTICATED),
     (ServiceUnavailable, grpc.StatusCode.UNAVAILABLE),
     (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -256,7 +259,13 @@ class AggregatorService(wire.AggregatorServicer):
         token = secrets.token_urlsafe(24)
         cap = default_cap(params.expected_n, params.max_reports)
         self.storage.create_collection(
-            collection_id, plan, params.k, _hash_token(token), design, max_reports=cap
+            collection_id,
+            plan,
+            params.k,
+            _hash_token(token),
+            design,
+            max_reports=cap,
+            admission=params.admission,
         )
         log_json(
             "created",
@@ -265,6 +274,7 @@ class AggregatorService(wire.AggregatorServicer):
             digest=plan.digest,
             pilot_target=None if design is None else design.pilot_reports,
             max_reports=cap,
+            admission=None if params.admission is None else params.admission.fingerprint,
         )
         return self._collection(collection_id, submit_token=token)
 
@@ -315,6 +325,10 @@ class AggregatorService(wire.AggregatorServicer):
             self._rate.charge((request.collection_id, submitter_of(context.peer())), count)
         phase = record.phase_of(request.plan_digest)  # any phase's plan is still valid
         reports = decode(request, record.plans[phase])
+        if record.admission is not None:  # per-user tickets and assigned views
+            reports = batch_columns(record.plans[phase], reports)
+            tickets = wire.tickets_from_proto(request)
+            admit(record.admission, request.collection_id, record.plans[phase], reports, tickets)
         outcome = self.storage.add_reports(request.collection_id, request.plan_digest, reports)
         log_json(
             "submitted",

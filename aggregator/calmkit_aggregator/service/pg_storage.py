@@ -15,7 +15,8 @@ The database holds what SQLite holds (schema version :data:`PG_SCHEMA_VERSION`):
   the rows.
 - ``collections`` and ``phases``: as in SQLite, with ``max_reports`` (the report cap)
   and ``pilot_check``; ``flags``: manipulation flags raised at ingest. Version 2
-  databases gain them on open, with no cap on their existing collections.
+  databases gain them on open, with no cap on their existing collections;
+  ``admissions`` (version 4; older databases get the empty table on open).
 
 The cap is checked in the transaction that holds the collection's row lock, against
 the key tables just brought up to date (every stored report of the collection, from
@@ -81,6 +82,7 @@ from calmkit_client.errors import (
     ReportConflict,
     ServiceUnavailable,
 )
+from calmkit_client.tickets import TicketVerifier
 
 from ..phases import PhasedDesign, combine_phases
 from ..reconstruction.support import SupportCounts
@@ -102,6 +104,7 @@ from .store import (
     KeyLookup,
     StoredReport,
     batch_columns,
+    check_admission,
     check_cap,
     check_collection_args,
     check_flag,
@@ -112,18 +115,19 @@ from .store import (
     new_positions,
     not_open,
     recount_log,
+    stored_admission,
     stored_plan,
 )
 
 __all__ = ["PG_SCHEMA_VERSION", "PgStorage", "is_postgres_url"]
 
-PG_SCHEMA_VERSION = 3
+PG_SCHEMA_VERSION = 4
 _I64 = np.dtype("<i8")
 _LOG_COLUMNS = ("report_ids", "pseudonyms", "views", "cells", "bits")
 # Reports committed in one transaction at most (group commit takes waiting batches up
 # to this many; a larger single batch goes alone).
 _GROUP_REPORTS = 100_000
-_TABLES = {"collections", "phases", "batches", "support", "reports", "flags"}
+_TABLES = {"collections", "phases", "batches", "support", "reports", "flags", "admissions"}
 log = logging.getLogger("calmkit.aggregator")
 _SCHEMA = """
 CREATE TABLE calmkit_schema (version INTEGER NOT NULL);
@@ -164,6 +168,15 @@ CREATE TABLE support (
     n BYTEA NOT NULL,
     counts BYTEA NOT NULL,
     PRIMARY KEY (collection_id, phase, writer)
+);
+"""
+# Version 3: a collection's admission-ticket scheme and key (no row: no tickets); the
+# key as given (for hmac-sha256 the shared secret: see store.stored_admission).
+_ADMISSIONS = """
+CREATE TABLE admissions (
+    collection_id TEXT PRIMARY KEY REFERENCES collections (id),
+    scheme TEXT NOT NULL,
+    key BYTEA NOT NULL
 );
 """
 # Both versions: the log is read per collection in seq order (a tail from ``seen``),
@@ -400,20 +413,23 @@ class PgStorage(SnapshotSchedule):
             cur.execute(_SCHEMA)
             cur.execute(_LOG_SETUP)
             cur.execute(_MIGRATE_2)
+            cur.execute(_ADMISSIONS)
             cur.execute("INSERT INTO calmkit_schema VALUES (%s)", (PG_SCHEMA_VERSION,))
             return
         cur.execute("SELECT version FROM calmkit_schema")
         row = cur.fetchone()
         version = None if row is None else row[0]
-        if version not in (1, 2, PG_SCHEMA_VERSION):
+        if version not in (1, 2, 3, PG_SCHEMA_VERSION):
             raise CalmkitError(
                 f"schema version ({version}) of {self.path!r} must be {PG_SCHEMA_VERSION} "
-                "(or 1 or 2, which are migrated)"
+                "(or 1, 2 or 3, which are migrated)"
             )
         if version == 1:
             self._migrate_1(cur)
         if version in (1, 2):
-            cur.execute(_MIGRATE_2)
+            cur.execute(_MIGRATE_2)  # version 2 -> 3: the cap, the pilot check, flags
+        if version in (1, 2, 3):
+            cur.execute(_ADMISSIONS)  # version 3 -> 4: admission tickets
             cur.execute("UPDATE calmkit_schema SET version = %s", (PG_SCHEMA_VERSION,))
 
     def _migrate_1(self, cur: Any) -> None:
@@ -493,6 +509,9 @@ class PgStorage(SnapshotSchedule):
             "SELECT flag FROM flags WHERE collection_id = %s ORDER BY seq", (collection_id,)
         )
         flags = tuple(f for (f,) in cur.fetchall())
+        cur.execute("SELECT scheme, key FROM admissions WHERE collection_id = %s", (collection_id,))
+        found = cur.fetchone()
+        admission = None if found is None else stored_admission(collection_id, *found)
         record = CollectionRecord(
             collection_id,
             tuple(plans),
@@ -506,6 +525,7 @@ class PgStorage(SnapshotSchedule):
             max_reports=int(cap),
             flags=flags,
             pilot_check=check,
+            admission=admission,
         )
         with self._keys_lock:
             self._records[collection_id] = record
@@ -564,9 +584,11 @@ class PgStorage(SnapshotSchedule):
         submit_token_hash: bytes,
         design: PhasedDesign | None = None,
         max_reports: int = 0,
+        admission: TicketVerifier | None = None,
     ) -> CollectionRecord:
         """Create an open collection (see :meth:`.storage.Storage.create_collection`)."""
         check_collection_args(collection_id, plan, k, submit_token_hash, design, max_reports)
+        check_admission(admission)
         with self._lock, self._transaction(self._live("_conn")) as cur:
             cur.execute(
                 "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash, "
@@ -586,6 +608,11 @@ class PgStorage(SnapshotSchedule):
             )
             if cur.rowcount == 0:
                 raise CollectionExists(f"collection_id ({_show(collection_id)}) already exists")
+            if admission is not None:
+                cur.execute(
+                    "INSERT INTO admissions (collection_id, scheme, key) VALUES (%s, %s, %s)",
+                    (collection_id, admission.scheme, admission.key),
+                )
             record = self._record(cur, collection_id)
         with self._keys_lock:  # committed with no reports: the empty tables are complete
             self._keys.setdefault(collection_id, _Keys(loaded=True, key_source="new"))

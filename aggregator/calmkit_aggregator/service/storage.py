@@ -33,6 +33,11 @@ Tables (schema version :data:`SCHEMA_VERSION` in ``PRAGMA user_version``):
   manipulation flags raised at ingest (:mod:`..integrity`), so ``collection status``
   shows them after a restart. Version 3 files gain them on open with no cap on their
   existing collections (their expected number of reports is not stored).
+- ``admissions(collection_id, scheme, key)``: the admission-ticket scheme and key of a
+  collection created with one (no row: reports need no ticket). The key is stored as
+  given: a public key for ed25519, the shared secret for hmac-sha256 (see
+  :func:`~.store.stored_admission`). Added in version 5 (an older file gets the
+  empty table on open).
 
 Report ids (retries are idempotent) and pseudonyms (a user reports once per
 collection, over all phases) are unique per collection: the key tables are rebuilt
@@ -68,6 +73,7 @@ from calmkit_client.errors import (
     CollectionNotFound,
     ServiceUnavailable,
 )
+from calmkit_client.tickets import TicketVerifier
 
 from ..phases import PhasedDesign, combine_phases
 from ..reconstruction.support import SupportCounts
@@ -87,6 +93,7 @@ from .store import (
     CollectionRecord,
     StoredReport,
     batch_columns,
+    check_admission,
     check_cap,
     check_collection_args,
     check_flag,
@@ -97,12 +104,13 @@ from .store import (
     new_positions,
     not_open,
     recount_log,
+    stored_admission,
     stored_plan,
 )
 
 __all__ = ["SCHEMA_VERSION", "Storage"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 log = logging.getLogger("calmkit.aggregator")
 # Reports per batch-log row when a version 1/2 file is migrated.
 _MIGRATE_CHUNK = 10_000
@@ -134,6 +142,11 @@ CREATE TABLE support (
     n BLOB NOT NULL,
     counts BLOB NOT NULL,
     PRIMARY KEY (collection_id, phase)
+);"""
+_ADMISSIONS = """CREATE TABLE admissions (
+    collection_id TEXT PRIMARY KEY REFERENCES collections (id),
+    scheme TEXT NOT NULL,
+    key BLOB NOT NULL
 );"""
 _SCHEMA = f"""
 CREATE TABLE collections (
@@ -169,6 +182,11 @@ ALTER TABLE collections ADD COLUMN design_json TEXT;
 ALTER TABLE reports ADD COLUMN phase INTEGER NOT NULL DEFAULT 0;
 {_PHASES}
 PRAGMA user_version = 2;
+"""
+# Version 4 -> 5 (and part of a new file's schema): admission tickets.
+_MIGRATE_4 = f"""
+{_ADMISSIONS}
+PRAGMA user_version = 5;
 """
 
 
@@ -307,18 +325,20 @@ class Storage(SnapshotSchedule):
             tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
             if tables:
                 raise CalmkitError(f"database ({self.path!r}) is not a calmkit store")
-            conn.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} {_MIGRATE_3} COMMIT;")
-        elif version in (1, 2, 3):
+            conn.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} {_MIGRATE_3} {_MIGRATE_4} COMMIT;")
+        elif version in (1, 2, 3, 4):
             with _transaction(conn):
                 if version == 1:
                     _execute_script(conn, _MIGRATE_1)
-                _execute_script(conn, _MIGRATE_3)
                 if version < 3:
                     _migrate_rows_to_log(conn)
+                if version < 4:
+                    _execute_script(conn, _MIGRATE_3)
+                _execute_script(conn, _MIGRATE_4)
         elif version != SCHEMA_VERSION:
             raise CalmkitError(
                 f"schema version ({version}) of {self.path!r} must be {SCHEMA_VERSION} (or 1, "
-                "2 or 3, which are migrated)"
+                "2, 3 or 4, which are migrated)"
             )
 
     def _load(self, conn: sqlite3.Connection) -> None:
@@ -330,6 +350,12 @@ class Storage(SnapshotSchedule):
             cid: (cap, check)
             for cid, cap, check in conn.execute(
                 "SELECT id, max_reports, pilot_check FROM collections"
+            )
+        }
+        admissions = {
+            cid: stored_admission(cid, scheme, key)
+            for cid, scheme, key in conn.execute(
+                "SELECT collection_id, scheme, key FROM admissions"
             )
         }
         for cid, plans, k, state, token_hash, created, closed, design in _read_collections(conn):
@@ -348,6 +374,7 @@ class Storage(SnapshotSchedule):
                     max_reports=cap,
                     flags=tuple(flags.get(cid, ())),
                     pilot_check=pilot_check,
+                    admission=admissions.get(cid),
                 )
             )
             for phase, n_blob, counts_blob in conn.execute(
@@ -488,11 +515,14 @@ class Storage(SnapshotSchedule):
         submit_token_hash: bytes,
         design: PhasedDesign | None = None,
         max_reports: int = 0,
+        admission: TicketVerifier | None = None,
     ) -> CollectionRecord:
         """Create an open collection whose first phase uses ``plan`` (``design``: how
         the next phase is planned, None for one phase; ``max_reports``: the report cap,
-        0 for none); :class:`CollectionExists` if the id is taken."""
+        0 for none; ``admission``: the tickets its reports need, None for none);
+        :class:`CollectionExists` if the id is taken."""
         check_collection_args(collection_id, plan, k, submit_token_hash, design, max_reports)
+        check_admission(admission)
         record = CollectionRecord(
             collection_id,
             (plan,),
@@ -504,6 +534,7 @@ class Storage(SnapshotSchedule):
             0,
             design,
             max_reports=int(max_reports),
+            admission=admission,
         )
         with self._lock:
             conn = self._connection()
@@ -528,6 +559,11 @@ class Storage(SnapshotSchedule):
                     ),
                 )
                 _write_support(conn, collection_id, 0, entry, insert=True)
+                if admission is not None:
+                    conn.execute(
+                        "INSERT INTO admissions (collection_id, scheme, key) VALUES (?, ?, ?)",
+                        (collection_id, admission.scheme, admission.key),
+                    )
             entry.ready.set()
             self._entries[collection_id] = entry
             return entry.snapshot()
@@ -903,4 +939,4 @@ def _migrate_rows_to_log(conn: sqlite3.Connection) -> None:
                 )
             _write_support(conn, cid, phase, entry, insert=True)
     conn.execute("DROP TABLE reports")
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    conn.execute("PRAGMA user_version = 3")  # the batch log's layout

@@ -47,6 +47,7 @@ from calmkit_client.errors import (
     ReportConflict,
 )
 from calmkit_client.ids import check_collection_id
+from calmkit_client.tickets import TicketVerifier
 from calmkit_client.validation import is_int
 
 from ..phases import PhasedDesign, combine_phases
@@ -65,6 +66,7 @@ __all__ = [
     "ReportStore",
     "StoredReport",
     "batch_columns",
+    "check_admission",
     "check_cap",
     "check_collection_args",
     "check_flag",
@@ -75,6 +77,7 @@ __all__ = [
     "new_positions",
     "not_open",
     "recount_log",
+    "stored_admission",
     "stored_plan",
 ]
 
@@ -120,6 +123,7 @@ class CollectionRecord:
     max_reports: int = 0
     flags: tuple[str, ...] = ()
     pilot_check: str = ""
+    admission: TicketVerifier | None = None
 
     def __post_init__(self) -> None:
         plans = self.plans
@@ -184,6 +188,7 @@ class ReportStore(Protocol):
         submit_token_hash: bytes,
         design: PhasedDesign | None = None,
         max_reports: int = 0,
+        admission: TicketVerifier | None = None,
     ) -> CollectionRecord: ...
     def add_flag(self, collection_id: str, flag: str) -> None: ...
     def set_pilot_check(self, collection_id: str, result: str) -> None: ...
@@ -312,6 +317,27 @@ def check_phase(phase: object, current: int) -> int:
     if isinstance(phase, bool) or not isinstance(phase, int) or not 0 <= phase <= current:
         raise CalmkitError(f"phase ({_show(phase)}) must be in [0, {current}]")
     return phase
+
+
+def check_admission(admission: object) -> TicketVerifier | None:
+    """``admission`` if it is a :class:`TicketVerifier` or None, else a
+    :class:`CalmkitError`."""
+    if admission is not None and not isinstance(admission, TicketVerifier):
+        raise CalmkitError(f"admission ({_show(admission)}) must be a TicketVerifier or None")
+    return admission
+
+
+def stored_admission(collection_id: str, scheme: str, key: bytes) -> TicketVerifier:
+    """A collection's stored admission (scheme, key) read back and checked. Both
+    backends store the key as given: the issuer's public key for ed25519, and for
+    hmac-sha256 the shared secret key, so the database then holds a key that mints
+    tickets (docs/security.md "Admission tickets")."""
+    try:
+        return TicketVerifier(str(scheme), bytes(key))
+    except CalmkitError as exc:
+        raise CalmkitError(
+            f"admission of collection {_show(collection_id)} is invalid: {exc}"
+        ) from None
 
 
 def not_open(collection_id: str, state: str) -> CollectionClosed:

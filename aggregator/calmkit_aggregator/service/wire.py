@@ -14,7 +14,9 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from calmkit_client import CalmkitError, Plan
+from calmkit_client.errors import AdmissionRefused
 from calmkit_client.report import REPORT_ID_BYTES
+from calmkit_client.tickets import TicketVerifier
 from calmkit_client.wire import plan_to_proto, schema_from_proto
 from calmkit_proto.v1 import calmkit_pb2 as pb
 from calmkit_proto.v1 import calmkit_pb2_grpc as pb_grpc
@@ -38,6 +40,7 @@ __all__ = [
     "create_from_proto",
     "marginal_to_proto",
     "reports_from_proto",
+    "tickets_from_proto",
 ]
 
 MAX_BATCH = 10_000  # reports per SubmitReports call
@@ -105,6 +108,18 @@ class CreateParams:
     pilot: float = PILOT_FRACTION
     reconstruction: str = "local"  # what the pipeline planner plans for
     max_reports: int = 0  # the report cap (0: the default, DEFAULT_CAP x expected_n)
+    admission: TicketVerifier | None = None  # the tickets reports need (None: none)
+
+
+def admission_from_proto(msg: Any) -> TicketVerifier | None:
+    """The ``admission`` of a CreateCollection request, validated (scheme, key
+    length, a valid Ed25519 public key); None when absent."""
+    if not msg.HasField("admission"):
+        return None
+    try:
+        return TicketVerifier(str(msg.admission.scheme), bytes(msg.admission.key))
+    except CalmkitError as exc:
+        raise CalmkitError(f"admission.{exc}") from None
 
 
 def create_from_proto(msg: Any) -> CreateParams:
@@ -141,7 +156,25 @@ def create_from_proto(msg: Any) -> CreateParams:
         pilot=float(pilot),
         reconstruction=reconstruction,
         max_reports=int(msg.max_reports),
+        admission=admission_from_proto(msg),
     )
+
+
+def tickets_from_proto(msg: Any) -> bytes:
+    """The batch's admission tickets concatenated in batch order: a ``ColumnarBatch``'s
+    ``tickets``, or the ``ReportBatch`` reports' ``ticket`` fields joined (each must
+    have the length of the first, else the batch is refused naming the report)."""
+    if isinstance(msg, pb.ColumnarBatch):
+        return bytes(msg.tickets)
+    tickets = [r.ticket for r in msg.reports]
+    size = len(tickets[0]) if tickets else 0
+    for i, t in enumerate(tickets):
+        if len(t) != size:
+            raise AdmissionRefused(
+                f"reports[{i}].ticket ({len(t)} bytes) must be as long as reports[0].ticket "
+                f"({size} bytes)"
+            )
+    return b"".join(tickets)
 
 
 def reports_from_proto(msg: Any, plan: Plan) -> list[StoredReport]:
@@ -235,6 +268,7 @@ def collection_to_proto(
         max_reports=record.max_reports,
         flags=list(flags),
         pilot_check=record.pilot_check,
+        admission="" if record.admission is None else record.admission.fingerprint,
     )
 
 

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63\x61lmkit_proto/v1/calmkit.proto\x12\ncalmkit.v1\">\n\tAttribute\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ncategories\x18\x02 \x03(\t\x12\x0f\n\x07ordered\x18\x03 \x01(\x08\"3\n\x06Schema\x12)\n\nattributes\x18\x01 \x03(\x0b\x32\x15.calmkit.v1.Attribute\"\x1a\n\x04View\x12\x12\n\nattributes\x18\x01 \x03(\r\"\x9b\x01\n\x04Plan\x12\"\n\x06schema\x18\x01 \x01(\x0b\x32\x12.calmkit.v1.Schema\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\x01\x12\x1f\n\x05views\x18\x03 \x03(\x0b\x32\x10.calmkit.v1.View\x12\x0f\n\x07oracles\x18\x04 \x03(\t\x12\x0e\n\x06shares\x18\x05 \x03(\x01\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x07 \x01(\t\"g\n\x06Report\x12\x0c\n\x04view\x18\x01 \x01(\r\x12\x0e\n\x04\x63\x65ll\x18\x02 \x01(\x04H\x00\x12\x0e\n\x04\x62its\x18\x03 \x01(\x0cH\x00\x12\x11\n\treport_id\x18\x04 \x01(\x0c\x12\x11\n\tpseudonym\x18\x05 \x01(\x0c\x42\t\n\x07payload\"^\n\x0bReportBatch\x12\x15\n\rcollection_id\x18\x01 \x01(\t\x12\x13\n\x0bplan_digest\x18\x02 \x01(\t\x12#\n\x07reports\x18\x03 \x03(\x0b\x32\x12.calmkit.v1.Report\"\x9e\x01\n\rColumnarBatch\x12\x15\n\rcollection_id\x18\x01 \x01(\t\x12\x13\n\x0bplan_digest\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\r\n\x05views\x18\x04 \x01(\x0c\x12\r\n\x05\x63\x65lls\x18\x05 \x01(\x0c\x12\x0c\n\x04\x62its\x18\x06 \x01(\x0c\x12\x12\n\nreport_ids\x18\x07 \x01(\x0c\x12\x12\n\npseudonyms\x18\x08 \x01(\x0c\"+\n\x03\x41\x63k\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\"\xd9\x02\n\x17\x43reateCollectionRequest\x12\x15\n\rcollection_id\x18\x01 \x01(\t\x12\"\n\x06schema\x18\x02 \x01(\x0b\x32\x12.calmkit.v1.Schema\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\x01\x12\x12\n\nexpected_n\x18\x04 \x01(\x04\x12\t\n\x01k\x18\x05 \x01(\r\x12\x12\n\x05theta\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x1f\n\x05views\x18\x07 \x03(\x0b\x32\x10.calmkit.v1.View\x12\x0e\n\x01m\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x0e\n\x01l\x18\t \x01(\rH\x02\x88\x01\x01\x12\x0c\n\x04seed\x18\n \x01(\x04\x12\x0f\n\x07planner\x18\x0b \x01(\t\x12\x12\n\x05pilot\x18\x0c \x01(\x01H\x03\x88\x01\x01\x12\x16\n\x0ereconstruction\x18\r \x01(\t\x12\x13\n\x0bmax_reports\x18\x0f \x01(\x04\x42\x08\n\x06_thetaB\x04\n\x02_mB\x04\n\x02_lB\x08\n\x06_pilot\"\xd3\x02\n\nCollection\x12\x15\n\rcollection_id\x18\x01 \x01(\t\x12*\n\x05state\x18\x02 \x01(\x0e\x32\x1b.calmkit.v1.CollectionState\x12\x1e\n\x04plan\x18\x03 \x01(\x0b\x32\x10.calmkit.v1.Plan\x12\t\n\x01k\x18\x04 \x01(\r\x12\x0f\n\x07reports\x18\x05 \x01(\x04\x12\x14\n\x0cview_reports\x18\x06 \x03(\x04\x12\x12\n\ncreated_at\x18\x07 \x01(\x01\x12\x11\n\tclosed_at\x18\x08 \x01(\x01\x12\x14\n\x0csubmit_token\x18\t \x01(\t\x12\r\n\x05phase\x18\n \x01(\r\x12\x15\n\rphase_reports\x18\x0b \x03(\x04\x12\x14\n\x0cpilot_target\x18\x0c \x01(\x04\x12\x13\n\x0bmax_reports\x18\x0e \x01(\x04\x12\r\n\x05\x66lags\x18\x0f \x03(\t\x12\x13\n\x0bpilot_check\x18\x10 \x01(\t\"&\n\rCollectionRef\x12\x15\n\rcollection_id\x18\x01 \x01(\t\"\x18\n\x16ListCollectionsRequest\"=\n\x0e\x43ollectionList\x12+\n\x0b\x63ollections\x18\x01 \x03(\x0b\x32\x16.calmkit.v1.Collection\"e\n\x0cQueryRequest\x12\x15\n\rcollection_id\x18\x01 \x01(\t\x12\x12\n\nattributes\x18\x02 \x03(\t\x12\x12\n\nreplicates\x18\x03 \x01(\r\x12\x16\n\x0ereconstruction\x18\x04 \x01(\t\"\x8c\x02\n\rMarginalTable\x12\x12\n\nattributes\x18\x01 \x03(\t\x12\r\n\x05shape\x18\x02 \x03(\r\x12\x0e\n\x06values\x18\x03 \x03(\x01\x12\x10\n\x08variance\x18\x04 \x03(\x01\x12\x0e\n\x06method\x18\x05 \x01(\t\x12\x10\n\x08residual\x18\x06 \x01(\x01\x12\x0f\n\x07reports\x18\x07 \x01(\x04\x12*\n\x05state\x18\x08 \x01(\x0e\x32\x1b.calmkit.v1.CollectionState\x12\x17\n\x0fvariance_method\x18\t \x01(\t\x12\x12\n\nreplicates\x18\n \x01(\r\x12\r\n\x05\x66lags\x18\x0b \x03(\t\x12\x1b\n\x13max_shift_per_share\x18\x0c \x01(\x01*k\n\x0f\x43ollectionState\x12 \n\x1c\x43OLLECTION_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43OLLECTION_STATE_OPEN\x10\x01\x12\x1b\n\x17\x43OLLECTION_STATE_CLOSED\x10\x02\x32\xa9\x04\n\nAggregator\x12O\n\x10\x43reateCollection\x12#.calmkit.v1.CreateCollectionRequest\x1a\x16.calmkit.v1.Collection\x12\x42\n\rGetCollection\x12\x19.calmkit.v1.CollectionRef\x1a\x16.calmkit.v1.Collection\x12Q\n\x0fListCollections\x12\".calmkit.v1.ListCollectionsRequest\x1a\x1a.calmkit.v1.CollectionList\x12\x44\n\x0f\x43loseCollection\x12\x19.calmkit.v1.CollectionRef\x1a\x16.calmkit.v1.Collection\x12\x36\n\x07GetPlan\x12\x19.calmkit.v1.CollectionRef\x1a\x10.calmkit.v1.Plan\x12\x39\n\rSubmitReports\x12\x17.calmkit.v1.ReportBatch\x1a\x0f.calmkit.v1.Ack\x12<\n\x0eSubmitColumnar\x12\x19.calmkit.v1.ColumnarBatch\x1a\x0f.calmkit.v1.Ack\x12<\n\x05Query\x12\x18.calmkit.v1.QueryRequest\x1a\x19.calmkit.v1.MarginalTableb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63\x61lmkit_proto/v1/calmkit.proto\x12\ncalmkit.v1\">\n\tAttribute\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ncategories\x18\x02 \x03(\t\x12\x0f\n\x07ordered\x18\x03 \x01(\x08\"3\n\x06Schema\x12)\n\nattributes\x18\x01 \x03(\x0b\x32\x15.calmkit.v1.Attribute\"\x1a\n\x04View\x12\x12\n\nattributes\x18\x01 \x03(\r\"\x9b\x01\n\x04Plan\x12\"\n\x06schema\x18\x01 \x01(\x0b\x32\x12.calmkit.v1.Schema\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\x01\x12\x1f\n\x05views\x18\x03 \x03(\x0b\x32\x10.calmkit.v1.View\x12\x0f\n\x07oracles\x18\x04 \x03(\t\x12\x0e\n\x06shares\x18\x05 \x03(\x01\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x07 \x01(\t\"w\n\x06Report\x12\x0c\n\x04view\x18\x01 \x01(\r\x12\x0e\n\x04\x63\x65ll\x18\x02 \x01(\x04H\x00\x12\x0e\n\x04\x62its\x18\x03 \x01(\x0cH\x00\x12\x11\n\treport_id\x18\x04 \x01(\x0c\x12\x11\n\tpseudonym\x18\x05 \x01(\x0c\x12\x0e\n\x06ticket\x18\x06 \x01(\x0c\x42\t\n\x07payload\"^\n\x0bReportBatch\x12\x15\n\rcollection_id\x18\x01 \x01(\t\x12\x13\n\x0bplan_digest\x18\x02 \x01(\t\x12#\n\x07reports\x18\x03 \x03(\x0b\x32\x12.calmkit.v1.Report\"\xaf\x01\n\rColumnarBatch\x12\x15\n\rcollection_id\x18\x01 \x01(\t\x12\x13\n\x0bplan_digest\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\r\n\x05views\x18\x04 \x01(\x0c\x12\r\n\x05\x63\x65lls\x18\x05 \x01(\x0c\x12\x0c\n\x04\x62its\x18\x06 \x01(\x0c\x12\x12\n\nreport_ids\x18\x07 \x01(\x0c\x12\x12\n\npseudonyms\x18\x08 \x01(\x0c\x12\x0f\n\x07tickets\x18\t \x01(\x0c\"+\n\x03\x41\x63k\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\"\x83\x03\n\x17\x43reateCollectionRequest\x12\x15\n\rcollection_id\x18\x01 \x01(\t\x12\"\n\x06schema\x18\x02 \x01(\x0b\x32\x12.calmkit.v1.Schema\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\x01\x12\x12\n\nexpected_n\x18\x04 \x01(\x04\x12\t\n\x01k\x18\x05 \x01(\r\x12\x12\n\x05theta\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x1f\n\x05views\x18\x07 \x03(\x0b\x32\x10.calmkit.v1.View\x12\x0e\n\x01m\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x0e\n\x01l\x18\t \x01(\rH\x02\x88\x01\x01\x12\x0c\n\x04seed\x18\n \x01(\x04\x12\x0f\n\x07planner\x18\x0b \x01(\t\x12\x12\n\x05pilot\x18\x0c \x01(\x01H\x03\x88\x01\x01\x12\x16\n\x0ereconstruction\x18\r \x01(\t\x12(\n\tadmission\x18\x0e \x01(\x0b\x32\x15.calmkit.v1.Admission\x12\x13\n\x0bmax_reports\x18\x0f \x01(\x04\x42\x08\n\x06_thetaB\x04\n\x02_mB\x04\n\x02_lB\x08\n\x06_pilot\"(\n\tAdmission\x12\x0e\n\x06scheme\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\"\xe6\x02\n\nCollection\x12\x15\n\rcollection_id\x18\x01 \x01(\t\x12*\n\x05state\x18\x02 \x01(\x0e\x32\x1b.calmkit.v1.CollectionState\x12\x1e\n\x04plan\x18\x03 \x01(\x0b\x32\x10.calmkit.v1.Plan\x12\t\n\x01k\x18\x04 \x01(\r\x12\x0f\n\x07reports\x18\x05 \x01(\x04\x12\x14\n\x0cview_reports\x18\x06 \x03(\x04\x12\x12\n\ncreated_at\x18\x07 \x01(\x01\x12\x11\n\tclosed_at\x18\x08 \x01(\x01\x12\x14\n\x0csubmit_token\x18\t \x01(\t\x12\r\n\x05phase\x18\n \x01(\r\x12\x15\n\rphase_reports\x18\x0b \x03(\x04\x12\x14\n\x0cpilot_target\x18\x0c \x01(\x04\x12\x11\n\tadmission\x18\r \x01(\t\x12\x13\n\x0bmax_reports\x18\x0e \x01(\x04\x12\r\n\x05\x66lags\x18\x0f \x03(\t\x12\x13\n\x0bpilot_check\x18\x10 \x01(\t\"&\n\rCollectionRef\x12\x15\n\rcollection_id\x18\x01 \x01(\t\"\x18\n\x16ListCollectionsRequest\"=\n\x0e\x43ollectionList\x12+\n\x0b\x63ollections\x18\x01 \x03(\x0b\x32\x16.calmkit.v1.Collection\"e\n\x0cQueryRequest\x12\x15\n\rcollection_id\x18\x01 \x01(\t\x12\x12\n\nattributes\x18\x02 \x03(\t\x12\x12\n\nreplicates\x18\x03 \x01(\r\x12\x16\n\x0ereconstruction\x18\x04 \x01(\t\"\x8c\x02\n\rMarginalTable\x12\x12\n\nattributes\x18\x01 \x03(\t\x12\r\n\x05shape\x18\x02 \x03(\r\x12\x0e\n\x06values\x18\x03 \x03(\x01\x12\x10\n\x08variance\x18\x04 \x03(\x01\x12\x0e\n\x06method\x18\x05 \x01(\t\x12\x10\n\x08residual\x18\x06 \x01(\x01\x12\x0f\n\x07reports\x18\x07 \x01(\x04\x12*\n\x05state\x18\x08 \x01(\x0e\x32\x1b.calmkit.v1.CollectionState\x12\x17\n\x0fvariance_method\x18\t \x01(\t\x12\x12\n\nreplicates\x18\n \x01(\r\x12\r\n\x05\x66lags\x18\x0b \x03(\t\x12\x1b\n\x13max_shift_per_share\x18\x0c \x01(\x01*k\n\x0f\x43ollectionState\x12 \n\x1c\x43OLLECTION_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43OLLECTION_STATE_OPEN\x10\x01\x12\x1b\n\x17\x43OLLECTION_STATE_CLOSED\x10\x02\x32\xa9\x04\n\nAggregator\x12O\n\x10\x43reateCollection\x12#.calmkit.v1.CreateCollectionRequest\x1a\x16.calmkit.v1.Collection\x12\x42\n\rGetCollection\x12\x19.calmkit.v1.CollectionRef\x1a\x16.calmkit.v1.Collection\x12Q\n\x0fListCollections\x12\".calmkit.v1.ListCollectionsRequest\x1a\x1a.calmkit.v1.CollectionList\x12\x44\n\x0f\x43loseCollection\x12\x19.calmkit.v1.CollectionRef\x1a\x16.calmkit.v1.Collection\x12\x36\n\x07GetPlan\x12\x19.calmkit.v1.CollectionRef\x1a\x10.calmkit.v1.Plan\x12\x39\n\rSubmitReports\x12\x17.calmkit.v1.ReportBatch\x1a\x0f.calmkit.v1.Ack\x12<\n\x0eSubmitColumnar\x12\x19.calmkit.v1.ColumnarBatch\x1a\x0f.calmkit.v1.Ack\x12<\n\x05Query\x12\x18.calmkit.v1.QueryRequest\x1a\x19.calmkit.v1.MarginalTableb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'calmkit_proto.v1.calmkit_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COLLECTIONSTATE']._serialized_start=1949
-  _globals['_COLLECTIONSTATE']._serialized_end=2056
+  _globals['_COLLECTIONSTATE']._serialized_start=2085
+  _globals['_COLLECTIONSTATE']._serialized_end=2192
   _globals['_ATTRIBUTE']._serialized_start=46
   _globals['_ATTRIBUTE']._serialized_end=108
   _globals['_SCHEMA']._serialized_start=110
@@ -42,27 +42,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLAN']._serialized_start=192
   _globals['_PLAN']._serialized_end=347
   _globals['_REPORT']._serialized_start=349
-  _globals['_REPORT']._serialized_end=452
-  _globals['_REPORTBATCH']._serialized_start=454
-  _globals['_REPORTBATCH']._serialized_end=548
-  _globals['_COLUMNARBATCH']._serialized_start=551
-  _globals['_COLUMNARBATCH']._serialized_end=709
-  _globals['_ACK']._serialized_start=711
-  _globals['_ACK']._serialized_end=754
-  _globals['_CREATECOLLECTIONREQUEST']._serialized_start=757
-  _globals['_CREATECOLLECTIONREQUEST']._serialized_end=1102
-  _globals['_COLLECTION']._serialized_start=1105
-  _globals['_COLLECTION']._serialized_end=1444
-  _globals['_COLLECTIONREF']._serialized_start=1446
-  _globals['_COLLECTIONREF']._serialized_end=1484
-  _globals['_LISTCOLLECTIONSREQUEST']._serialized_start=1486
-  _globals['_LISTCOLLECTIONSREQUEST']._serialized_end=1510
-  _globals['_COLLECTIONLIST']._serialized_start=1512
-  _globals['_COLLECTIONLIST']._serialized_end=1573
-  _globals['_QUERYREQUEST']._serialized_start=1575
-  _globals['_QUERYREQUEST']._serialized_end=1676
-  _globals['_MARGINALTABLE']._serialized_start=1679
-  _globals['_MARGINALTABLE']._serialized_end=1947
-  _globals['_AGGREGATOR']._serialized_start=2059
-  _globals['_AGGREGATOR']._serialized_end=2612
+  _globals['_REPORT']._serialized_end=468
+  _globals['_REPORTBATCH']._serialized_start=470
+  _globals['_REPORTBATCH']._serialized_end=564
+  _globals['_COLUMNARBATCH']._serialized_start=567
+  _globals['_COLUMNARBATCH']._serialized_end=742
+  _globals['_ACK']._serialized_start=744
+  _globals['_ACK']._serialized_end=787
+  _globals['_CREATECOLLECTIONREQUEST']._serialized_start=790
+  _globals['_CREATECOLLECTIONREQUEST']._serialized_end=1177
+  _globals['_ADMISSION']._serialized_start=1179
+  _globals['_ADMISSION']._serialized_end=1219
+  _globals['_COLLECTION']._serialized_start=1222
+  _globals['_COLLECTION']._serialized_end=1580
+  _globals['_COLLECTIONREF']._serialized_start=1582
+  _globals['_COLLECTIONREF']._serialized_end=1620
+  _globals['_LISTCOLLECTIONSREQUEST']._serialized_start=1622
+  _globals['_LISTCOLLECTIONSREQUEST']._serialized_end=1646
+  _globals['_COLLECTIONLIST']._serialized_start=1648
+  _globals['_COLLECTIONLIST']._serialized_end=1709
+  _globals['_QUERYREQUEST']._serialized_start=1711
+  _globals['_QUERYREQUEST']._serialized_end=1812
+  _globals['_MARGINALTABLE']._serialized_start=1815
+  _globals['_MARGINALTABLE']._serialized_end=2083
+  _globals['_AGGREGATOR']._serialized_start=2195
+  _globals['_AGGREGATOR']._serialized_end=2748
 # @@protoc_insertion_point(module_scope)

@@ -57,18 +57,20 @@ class Plan(_message.Message):
     def __init__(self, schema: _Optional[_Union[Schema, _Mapping]] = ..., epsilon: _Optional[float] = ..., views: _Optional[_Iterable[_Union[View, _Mapping]]] = ..., oracles: _Optional[_Iterable[str]] = ..., shares: _Optional[_Iterable[float]] = ..., seed: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("view", "cell", "bits", "report_id", "pseudonym")
+    __slots__ = ("view", "cell", "bits", "report_id", "pseudonym", "ticket")
     VIEW_FIELD_NUMBER: _ClassVar[int]
     CELL_FIELD_NUMBER: _ClassVar[int]
     BITS_FIELD_NUMBER: _ClassVar[int]
     REPORT_ID_FIELD_NUMBER: _ClassVar[int]
     PSEUDONYM_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     view: int
     cell: int
     bits: bytes
     report_id: bytes
     pseudonym: bytes
-    def __init__(self, view: _Optional[int] = ..., cell: _Optional[int] = ..., bits: _Optional[bytes] = ..., report_id: _Optional[bytes] = ..., pseudonym: _Optional[bytes] = ...) -> None: ...
+    ticket: bytes
+    def __init__(self, view: _Optional[int] = ..., cell: _Optional[int] = ..., bits: _Optional[bytes] = ..., report_id: _Optional[bytes] = ..., pseudonym: _Optional[bytes] = ..., ticket: _Optional[bytes] = ...) -> None: ...
 
 class ReportBatch(_message.Message):
     __slots__ = ("collection_id", "plan_digest", "reports")
@@ -81,7 +83,7 @@ class ReportBatch(_message.Message):
     def __init__(self, collection_id: _Optional[str] = ..., plan_digest: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[Report, _Mapping]]] = ...) -> None: ...
 
 class ColumnarBatch(_message.Message):
-    __slots__ = ("collection_id", "plan_digest", "count", "views", "cells", "bits", "report_ids", "pseudonyms")
+    __slots__ = ("collection_id", "plan_digest", "count", "views", "cells", "bits", "report_ids", "pseudonyms", "tickets")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     PLAN_DIGEST_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +92,7 @@ class ColumnarBatch(_message.Message):
     BITS_FIELD_NUMBER: _ClassVar[int]
     REPORT_IDS_FIELD_NUMBER: _ClassVar[int]
     PSEUDONYMS_FIELD_NUMBER: _ClassVar[int]
+    TICKETS_FIELD_NUMBER: _ClassVar[int]
     collection_id: str
     plan_digest: str
     count: int
@@ -98,7 +101,8 @@ class ColumnarBatch(_message.Message):
     bits: bytes
     report_ids: bytes
     pseudonyms: bytes
-    def __init__(self, collection_id: _Optional[str] = ..., plan_digest: _Optional[str] = ..., count: _Optional[int] = ..., views: _Optional[bytes] = ..., cells: _Optional[bytes] = ..., bits: _Optional[bytes] = ..., report_ids: _Optional[bytes] = ..., pseudonyms: _Optional[bytes] = ...) -> None: ...
+    tickets: bytes
+    def __init__(self, collection_id: _Optional[str] = ..., plan_digest: _Optional[str] = ..., count: _Optional[int] = ..., views: _Optional[bytes] = ..., cells: _Optional[bytes] = ..., bits: _Optional[bytes] = ..., report_ids: _Optional[bytes] = ..., pseudonyms: _Optional[bytes] = ..., tickets: _Optional[bytes] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("accepted", "duplicates")
@@ -109,7 +113,7 @@ class Ack(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
 
 class CreateCollectionRequest(_message.Message):
-    __slots__ = ("collection_id", "schema", "epsilon", "expected_n", "k", "theta", "views", "m", "l", "seed", "planner", "pilot", "reconstruction", "max_reports")
+    __slots__ = ("collection_id", "schema", "epsilon", "expected_n", "k", "theta", "views", "m", "l", "seed", "planner", "pilot", "reconstruction", "admission", "max_reports")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +127,7 @@ class CreateCollectionRequest(_message.Message):
     PLANNER_FIELD_NUMBER: _ClassVar[int]
     PILOT_FIELD_NUMBER: _ClassVar[int]
     RECONSTRUCTION_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_FIELD_NUMBER: _ClassVar[int]
     MAX_REPORTS_FIELD_NUMBER: _ClassVar[int]
     collection_id: str
     schema: Schema
@@ -137,11 +142,20 @@ class CreateCollectionRequest(_message.Message):
     planner: str
     pilot: float
     reconstruction: str
+    admission: Admission
     max_reports: int
-    def __init__(self, collection_id: _Optional[str] = ..., schema: _Optional[_Union[Schema, _Mapping]] = ..., epsilon: _Optional[float] = ..., expected_n: _Optional[int] = ..., k: _Optional[int] = ..., theta: _Optional[float] = ..., views: _Optional[_Iterable[_Union[View, _Mapping]]] = ..., m: _Optional[int] = ..., l: _Optional[int] = ..., seed: _Optional[int] = ..., planner: _Optional[str] = ..., pilot: _Optional[float] = ..., reconstruction: _Optional[str] = ..., max_reports: _Optional[int] = ...) -> None: ...
+    def __init__(self, collection_id: _Optional[str] = ..., schema: _Optional[_Union[Schema, _Mapping]] = ..., epsilon: _Optional[float] = ..., expected_n: _Optional[int] = ..., k: _Optional[int] = ..., theta: _Optional[float] = ..., views: _Optional[_Iterable[_Union[View, _Mapping]]] = ..., m: _Optional[int] = ..., l: _Optional[int] = ..., seed: _Optional[int] = ..., planner: _Optional[str] = ..., pilot: _Optional[float] = ..., reconstruction: _Optional[str] = ..., admission: _Optional[_Union[Admission, _Mapping]] = ..., max_reports: _Optional[int] = ...) -> None: ...
+
+class Admission(_message.Message):
+    __slots__ = ("scheme", "key")
+    SCHEME_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    scheme: str
+    key: bytes
+    def __init__(self, scheme: _Optional[str] = ..., key: _Optional[bytes] = ...) -> None: ...
 
 class Collection(_message.Message):
-    __slots__ = ("collection_id", "state", "plan", "k", "reports", "view_reports", "created_at", "closed_at", "submit_token", "phase", "phase_reports", "pilot_target", "max_reports", "flags", "pilot_check")
+    __slots__ = ("collection_id", "state", "plan", "k", "reports", "view_reports", "created_at", "closed_at", "submit_token", "phase", "phase_reports", "pilot_target", "admission", "max_reports", "flags", "pilot_check")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +168,7 @@ class Collection(_message.Message):
     PHASE_FIELD_NUMBER: _ClassVar[int]
     PHASE_REPORTS_FIELD_NUMBER: _ClassVar[int]
     PILOT_TARGET_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_FIELD_NUMBER: _ClassVar[int]
     MAX_REPORTS_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     PILOT_CHECK_FIELD_NUMBER: _ClassVar[int]
@@ -169,10 +184,11 @@ class Collection(_message.Message):
     phase: int
     phase_reports: _containers.RepeatedScalarFieldContainer[int]
     pilot_target: int
+    admission: str
     max_reports: int
     flags: _containers.RepeatedScalarFieldContainer[str]
     pilot_check: str
-    def __init__(self, collection_id: _Optional[str] = ..., state: _Optional[_Union[CollectionState, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., k: _Optional[int] = ..., reports: _Optional[int] = ..., view_reports: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., submit_token: _Optional[str] = ..., phase: _Optional[int] = ..., phase_reports: _Optional[_Iterable[int]] = ..., pilot_target: _Optional[int] = ..., max_reports: _Optional[int] = ..., flags: _Optional[_Iterable[str]] = ..., pilot_check: _Optional[str] = ...) -> None: ...
+    def __init__(self, collection_id: _Optional[str] = ..., state: _Optional[_Union[CollectionState, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., k: _Optional[int] = ..., reports: _Optional[int] = ..., view_reports: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., submit_token: _Optional[str] = ..., phase: _Optional[int] = ..., phase_reports: _Optional[_Iterable[int]] = ..., pilot_target: _Optional[int] = ..., admission: _Optional[str] = ..., max_reports: _Optional[int] = ..., flags: _Optional[_Iterable[str]] = ..., pilot_check: _Optional[str] = ...) -> None: ...
 
 class CollectionRef(_message.Message):
     __slots__ = ("collection_id",)
