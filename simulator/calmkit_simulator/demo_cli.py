@@ -98,6 +98,7 @@ def _serve_and_collect(pop: Any, args: argparse.Namespace) -> dict[str, Any]:
     from calmkit_aggregator.service.admin import AdminClient
     from calmkit_aggregator.service.server import create_server, graceful_stop
     from calmkit_aggregator.service.storage import Storage
+    from calmkit_client.collector import RetryPolicy
 
     with tempfile.TemporaryDirectory(prefix="calmkit-demo-") as tmp:
         storage = Storage(Path(tmp) / "aggregator.db")
@@ -106,7 +107,9 @@ def _serve_and_collect(pop: Any, args: argparse.Namespace) -> dict[str, Any]:
         _stage(args, f"server on {address}; {pop.n} users report through the client")
         grace = 5.0
         try:
-            with AdminClient(address) as admin:
+            # a query's first answer computes its error bars (a bootstrap of the whole
+            # reconstruction): allow it minutes on a slow machine, not the default 30 s
+            with AdminClient(address, retry=RetryPolicy(timeout=600.0, total=900.0)) as admin:
                 info = admin.create_collection(
                     pop.schema, args.epsilon, pop.n, 3, collection_id="demo", seed=args.seed
                 )

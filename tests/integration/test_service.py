@@ -320,3 +320,37 @@ def test_oversized_batch_is_refused_whole(server: Server) -> None:
     with pytest.raises(CalmkitError, match=rf"reports \({MAX_BATCH + 1} in one batch\)"):
         _submit(server.address, batch, info.submit_token)
     assert int(server.storage.support("c1").n.sum()) == 0
+
+
+def test_a_retried_query_waits_for_the_error_bars_instead_of_recomputing_them(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first answer computes a bootstrap of the whole reconstruction; when that
+    outlasts the client's deadline, the retry used to start it again (and again: on a
+    slow reconstruction no query ever finished). Now a query that arrives while it is
+    computed waits for it: one computation for a deadline-expired call, its retry and
+    a concurrent query."""
+    import threading
+    import time
+
+    from calmkit_aggregator.service import handlers
+
+    info = create_collection(server.address)
+    with Collector(server.address, "c1", info.submit_token, DeviceState.in_memory()) as c:
+        c.submit_many(POP.codes[:3000], IDS[:3000])
+    real, calls = handlers.bootstrap, []
+
+    def slow(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        time.sleep(1.5)  # longer than the first call's deadline below
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(handlers, "bootstrap", slow)
+    answers: list[object] = []
+    policy = RetryPolicy(timeout=0.5, initial=0.1, maximum=0.2, total=30.0)
+    with AdminClient(server.address, retry=policy) as admin:
+        other = threading.Thread(target=lambda: answers.append(admin.query("c1", ["a0", "a1"])))
+        other.start()
+        answers.append(admin.query("c1", ["a0", "a1"]))  # expires at least once, retried
+        other.join()
+    assert len(answers) == 2 and len(calls) == 1

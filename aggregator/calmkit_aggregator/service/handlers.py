@@ -165,6 +165,8 @@ class AggregatorService(wire.AggregatorServicer):
         self._estimates: dict[tuple[str, str], tuple[int, SupportCounts, Estimator]] = {}
         self._bootstraps: dict[tuple[str, str], tuple[int, int, Bootstrap]] = {}
         self._estimate_lock = threading.Lock()
+        # one bootstrap computation at a time per (collection id, reconstruction)
+        self._bootstrap_locks: dict[tuple[str, str], threading.Lock] = {}
         self._advance_lock = threading.Lock()
         self._flag_log = FlagLog()
 
@@ -436,21 +438,28 @@ class AggregatorService(wire.AggregatorServicer):
         replicates: int,
         reconstruction: str = "local",
     ) -> Bootstrap:
-        """Bootstrap replicates of the reconstruction (cached like it; computed outside
-        the lock, so two racing queries may both compute and the later one is kept)."""
+        """Bootstrap replicates of the reconstruction, cached like it. Computed once per
+        collection and reconstruction at a time: a query that arrives while they are
+        being computed (a client's retry after its deadline, say) waits for them
+        rather than starting the same work again, which on a slow reconstruction
+        would never let any of them finish."""
+        key = (collection_id, reconstruction)
         with self._estimate_lock:
-            cached = self._bootstraps.get((collection_id, reconstruction))
-        if cached is not None and cached[:2] == (total, replicates):
-            return cached[2]
-        boot = bootstrap(
-            support,
-            estimator,
-            replicates,
-            rng=_support_seed(support),
-            reconstruction=reconstruction,
-        )
-        with self._estimate_lock:
-            self._bootstraps[(collection_id, reconstruction)] = (total, replicates, boot)
+            flight = self._bootstrap_locks.setdefault(key, threading.Lock())
+        with flight:
+            with self._estimate_lock:
+                cached = self._bootstraps.get(key)
+            if cached is not None and cached[:2] == (total, replicates):
+                return cached[2]
+            boot = bootstrap(
+                support,
+                estimator,
+                replicates,
+                rng=_support_seed(support),
+                reconstruction=reconstruction,
+            )
+            with self._estimate_lock:
+                self._bootstraps[key] = (total, replicates, boot)
         return boot
 
     @_rpc
