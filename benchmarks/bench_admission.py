@@ -1,5 +1,6 @@
 """Ingest with admission tickets: reports/s of a real ``calmkit serve`` (SQLite, a
-fresh database per run) with admission off, hmac-sha256 and ed25519, in one run.
+fresh database per run) with admission off, aes256-prf, hmac-sha256 and ed25519, in
+one run.
 
     python benchmarks/bench_admission.py [--reports 100000] [--clients 4] [--batch 1000]
         [--reps 5]
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("client", "aggregator", "simulator", "protos")
 SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
 VIEWS = ((0, 1), (2, 3), (4, 5), (6, 7), (1, 4))
-MODES = ("off", "hmac-sha256", "ed25519")
+MODES = ("off", "aes256-prf", "hmac-sha256", "ed25519")
 
 
 def _serve(db: Path) -> tuple[subprocess.Popen[str], str]:
@@ -133,7 +134,7 @@ def _run(mode: str, tmp: Path, reports: int, clients: int, batch: int) -> float:
     if mode == "ed25519":
         key, public = generate_ed25519_key()
         admission = (mode, public)
-    elif mode == "hmac-sha256":
+    elif mode in ("hmac-sha256", "aes256-prf"):
         key = generate_hmac_key()
         admission = (mode, key)
     db = tmp / f"{mode}-{time.monotonic_ns()}.db"

@@ -21,14 +21,16 @@ def _verifiers() -> list:
     return [
         TicketIssuer.ed25519(generate_ed25519_key()[0]).verifier(),
         TicketIssuer.hmac(generate_hmac_key()).verifier(),
+        TicketIssuer.aes(generate_hmac_key()).verifier(),
     ]
 
 
 def test_sqlite_keeps_the_admission(tmp_path: Path) -> None:
-    ed, mac = _verifiers()
+    ed, mac, aes = _verifiers()
     with Storage(tmp_path / "a.db") as s:
         s.create_collection("e", PLAN, 2, TOKEN, admission=ed)
         s.create_collection("h", PLAN, 2, TOKEN, admission=mac)
+        s.create_collection("a", PLAN, 2, TOKEN, admission=aes)
         s.create_collection("none", PLAN, 2, TOKEN)
         with pytest.raises(CalmkitError, match=r"admission \('ed25519'\) must be a TicketVerifier"):
             s.create_collection("bad", PLAN, 2, TOKEN, admission="ed25519")  # type: ignore[arg-type]
@@ -36,6 +38,7 @@ def test_sqlite_keeps_the_admission(tmp_path: Path) -> None:
     with Storage(tmp_path / "a.db") as s:
         assert s.get_collection("e").admission == ed
         assert s.get_collection("h").admission == mac
+        assert s.get_collection("a").admission == aes
         assert s.get_collection("none").admission is None
 
 
@@ -61,7 +64,7 @@ def test_postgres_keeps_the_admission_and_migrates_version_3(pg_dsn: str) -> Non
 
     from calmkit_aggregator.service.pg_storage import PG_SCHEMA_VERSION, PgStorage
 
-    ed, mac = _verifiers()
+    ed, mac, _ = _verifiers()
     with PgStorage(pg_dsn) as s:
         s.create_collection("e", PLAN, 2, TOKEN, admission=ed)
         s.create_collection("none", PLAN, 2, TOKEN)

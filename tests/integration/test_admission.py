@@ -55,6 +55,8 @@ def running(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Running]
 def _issuer(scheme: str) -> TicketIssuer:
     if scheme == "ed25519":
         return TicketIssuer.ed25519(generate_ed25519_key()[0])
+    if scheme == "aes256-prf":
+        return TicketIssuer.aes(generate_hmac_key())
     return TicketIssuer.hmac(generate_hmac_key())
 
 
@@ -94,7 +96,7 @@ def _users(info: Any, n: int = N) -> list[tuple[bytes, Report]]:
     return state.reports_for(info.collection_id, info.plan, POP.codes[:n], np.arange(n))
 
 
-@pytest.mark.parametrize("scheme", ["ed25519", "hmac-sha256"])
+@pytest.mark.parametrize("scheme", ["ed25519", "hmac-sha256", "aes256-prf"])
 @pytest.mark.parametrize("columnar", [True, False], ids=["columnar", "reports"])
 def test_only_valid_tickets_are_admitted(running: Running, scheme: str, columnar: bool) -> None:
     issuer = _issuer(scheme)

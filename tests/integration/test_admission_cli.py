@@ -12,6 +12,7 @@ import pytest
 
 from calmkit_client import AdmissionRefused, Collector, DeviceState
 from calmkit_client.cli import main
+from calmkit_client.tickets import TICKET_BYTES
 from tests.integration.servers import Server
 
 CREATE = "collection create --domain 2,3 --epsilon 1 --views 0,1;0;1 --k 2".split()
@@ -24,7 +25,7 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return out
 
 
-@pytest.mark.parametrize("scheme", ["ed25519", "hmac-sha256"])
+@pytest.mark.parametrize("scheme", ["ed25519", "hmac-sha256", "aes256-prf"])
 def test_keygen_issue_create_round_trip(
     server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str], scheme: str
 ) -> None:
@@ -39,7 +40,7 @@ def test_keygen_issue_create_round_trip(
         assert main([*create, "--admission", f"ed25519:{key}"]) == 2
         assert "the private key: give its .pub file" in capsys.readouterr().err
     else:
-        spec = f"hmac:{key}"
+        spec = f"{scheme.split('-')[0].removesuffix('256')}:{key}"  # hmac:, aes:
     out = _run(capsys, *create, "--collection", "cli-adm", "--admission", spec, "--json")
     created = json.loads(out)
     assert created["admission"].startswith(scheme + ":")
@@ -51,7 +52,7 @@ def test_keygen_issue_create_round_trip(
             c.submit([1, 2])
         issue = ["admission", "issue", "--key", key, "--collection", "cli-adm"]
         ticket = _run(capsys, *issue, "--pseudonym", c.pseudonym().hex()).strip()
-        assert len(bytes.fromhex(ticket)) == (64 if scheme == "ed25519" else 32)
+        assert len(bytes.fromhex(ticket)) == TICKET_BYTES[scheme]
         assert c.submit([1, 2], ticket=bytes.fromhex(ticket)).accepted == 1
 
 

@@ -440,8 +440,9 @@ def _collection_options(parser: argparse.ArgumentParser) -> None:
         "--admission",
         default=None,
         metavar="SCHEME:FILE",
-        help="create: every report needs an admission ticket: ed25519:PUBLIC_KEY_FILE or "
-        "hmac:KEY_FILE (mode 0600), made by `calmkit admission keygen`",
+        help="create: every report needs an admission ticket: ed25519:PUBLIC_KEY_FILE, "
+        "hmac:KEY_FILE or aes:KEY_FILE (shared keys, mode 0600), made by `calmkit admission "
+        "keygen`",
     )
     json_option(parser)
 
