@@ -39,7 +39,6 @@ from calmkit_aggregator.service.storage import Storage
 from calmkit_client import CalmkitError, CollectionFull, Plan, make_reports
 from calmkit_client import wire as client_wire
 from calmkit_client.collector import RetryPolicy, call_with_retry
-from calmkit_proto.v1 import calmkit_pb2 as pb
 from calmkit_simulator import synthetic_population
 
 BATCH = 10_000
@@ -61,20 +60,10 @@ class Served:
 
 
 def columns(cid: str, plan: Plan, views: np.ndarray, payloads: list[np.ndarray], rng: Any) -> Any:
+    """A ColumnarBatch of reports in view order, with fresh ids from ``rng``."""
     n = len(views)
-    grr = [o.name == "GRR" for o in plan.view_oracles]
-    cells = [p.astype("<u4") for j, p in enumerate(payloads) if grr[j] and len(p)]
-    bits = [p.astype(np.uint8) for j, p in enumerate(payloads) if not grr[j] and len(p)]
-    return pb.ColumnarBatch(
-        collection_id=cid,
-        plan_digest=plan.digest,
-        count=n,
-        views=views.astype("<u4").tobytes(),
-        cells=np.concatenate(cells).tobytes() if cells else b"",
-        bits=np.concatenate(bits).tobytes() if bits else b"",
-        report_ids=rng.bytes(16 * n),
-        pseudonyms=rng.bytes(16 * n),
-    )
+    ids, pseudonyms = rng.bytes(16 * n), rng.bytes(16 * n)
+    return client_wire.columnar_batch_from_arrays(cid, plan, views, payloads, ids, pseudonyms)
 
 
 def honest(cid: str, plan: Plan, codes: np.ndarray, rng: np.random.Generator) -> list[Any]:

@@ -169,6 +169,33 @@ def columnar_batch_to_proto(
     )
 
 
+def columnar_batch_from_arrays(
+    collection_id: str,
+    plan: Plan,
+    views: np.ndarray,
+    payloads: Sequence[np.ndarray],
+    report_ids: bytes,
+    pseudonyms: bytes,
+) -> Any:
+    """A ``ColumnarBatch`` of reports given as arrays, in view order: ``views`` (n,)
+    ints, ``payloads[j]`` the reports of view ``j`` (GRR: cells; OUE: packed bits,
+    (n_j, ceil(L/8)) uint8), and ``report_ids``, ``pseudonyms`` (16 bytes a report,
+    concatenated). For simulators and load tests, which make reports in bulk."""
+    grr = [o.name == "GRR" for o in plan.view_oracles]
+    cells = [np.asarray(p).astype(_U32) for j, p in enumerate(payloads) if grr[j] and len(p)]
+    bits = [np.asarray(p, np.uint8) for j, p in enumerate(payloads) if not grr[j] and len(p)]
+    return pb.ColumnarBatch(
+        collection_id=collection_id,
+        plan_digest=plan.digest,
+        count=len(views),
+        views=np.asarray(views).astype(_U32).tobytes(),
+        cells=np.concatenate(cells).tobytes() if cells else b"",
+        bits=np.concatenate(bits).tobytes() if bits else b"",
+        report_ids=report_ids,
+        pseudonyms=pseudonyms,
+    )
+
+
 @dataclass(frozen=True)
 class Acknowledgement:
     """Reports the server committed: ``accepted`` new, ``duplicates`` already held."""
