@@ -350,6 +350,13 @@ def summarize(tasks: list[PlannerTask], results: dict[str, dict[str, Any]]) -> l
             best is not None and d_reps.size >= 2 and all(r.size == d_reps.size for r in per_rep)
         )
         lo, hi = ratio_interval(d_reps, np.array(per_rep)) if paired else (math.nan, math.nan)
+        p_reps = np.asarray((paper or {}).get("sse") or [], dtype=float)
+        # default / Algorithm 1, paired the same way (a one-row "grid": its own mean)
+        vs_paper = (
+            ratio_interval(d_reps, p_reps[None, :])
+            if d_reps.size >= 2 and p_reps.size == d_reps.size
+            else (math.nan, math.nan)
+        )
         chosen = (default or {}).get("chosen") or {}
         predicted = [float(x) for x in (default or {}).get("predicted", [])]
         median = [float(x) for x in (default or {}).get("median", [])]
@@ -381,6 +388,8 @@ def summarize(tasks: list[PlannerTask], results: dict[str, dict[str, Any]]) -> l
         row["default_over_best"] = row["default_sse"] / row["best_sse"] if best else math.nan
         row["default_over_best_lo"], row["default_over_best_hi"] = lo, hi
         row["paper_over_best"] = row["paper_sse"] / row["best_sse"] if best else math.nan
+        row["default_over_paper"] = row["default_sse"] / row["paper_sse"]
+        row["default_over_paper_lo"], row["default_over_paper_hi"] = vs_paper
         row["predicted_over_measured"] = row["predicted_sse"] / row["default_sse"]
         row["median_over_measured"] = row["median_sse"] / row["default_sse"]
         rows.append(row)
@@ -487,7 +496,9 @@ def _markdown(
         "*paper / best* divide by it; in parentheses the 90% interval of default / best "
         "by a paired bootstrap over repetitions (repetitions resampled together for every "
         "task, the best grid point chosen afresh in each resample, "
-        f"{_BOOTSTRAP} resamples). *predicted*: the default planner's own prediction "
+        f"{_BOOTSTRAP} resamples). *default / Alg. 1*: the default's mean SSE over "
+        "Algorithm 1's, with its 90% interval by the same paired bootstrap. *predicted*: "
+        "the default planner's own prediction "
         "of its SSE at the pilot profile's median dependence (mean over repetitions) and "
         "its ratio to the measured SSE; *expected*: its expectation over the profile's "
         "dependence quantiles, which the planner's choice weighs (an uninformed pilot's "
@@ -580,6 +591,20 @@ def _verdict(ok: list[dict[str, Any]]) -> list[str]:
         + (", ".join(_label(r) for r in near) or "none")
         + " above it in the mean only (the interval reaches below).",
     ]
+    worse = [r for r in ok if r["default_over_paper_lo"] > 1.0]
+    lines += [
+        "",
+        "Above Algorithm 1's SSE beyond the 90% interval of default / Algorithm 1: "
+        + (
+            ", ".join(
+                f"{r['setting']} eps {r['epsilon']:g} ({r['default_over_paper']:.2f}, "
+                f"{r['default_over_paper_lo']:.2f}-{r['default_over_paper_hi']:.2f})"
+                for r in worse
+            )
+            or "none"
+        )
+        + ".",
+    ]
     return lines
 
 
@@ -589,9 +614,9 @@ def _summary_table(summary: list[dict[str, Any]]) -> list[str]:
     lines: list[str] = []
     lines += [
         "| setting | k | eps | default (l, m) | default SSE | best grid (l, m) | best SSE | "
-        "default / best | Algorithm 1 (l, m) | Alg. 1 SSE | Alg. 1 / best | Uniform | "
-        "predicted | predicted / measured | expected / measured |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "default / best | Algorithm 1 (l, m) | Alg. 1 SSE | Alg. 1 / best | default / Alg. 1 | "
+        "Uniform | predicted | predicted / measured | expected / measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in summary:
         if r["status"] != "ok":
@@ -606,7 +631,9 @@ def _summary_table(summary: list[dict[str, Any]]) -> list[str]:
             f"{_fmt(r['default_sse'])} ± {_fmt(r['default_se'])} | "
             f"({r['best_l']}, {r['best_m']}) | {_fmt(r['best_sse'])} ± {_fmt(r['best_se'])} | "
             f"**{r['default_over_best']:.2f}**{_interval(r)} | ({r['paper_l']}, {r['paper_m']}) | "
-            f"{_fmt(r['paper_sse'])} | {r['paper_over_best']:.2f} | {_fmt(r['uniform_sse'])} | "
+            f"{_fmt(r['paper_sse'])} | {r['paper_over_best']:.2f} | "
+            f"{r['default_over_paper']:.2f}{_interval(r, 'default_over_paper')} | "
+            f"{_fmt(r['uniform_sse'])} | "
             f"{_fmt(r['median_sse'])} | {r['median_over_measured']:.2f} | "
             f"{r['predicted_over_measured']:.2f} |"
         )
@@ -674,9 +701,10 @@ def _time_table(ok: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _interval(row: dict[str, Any]) -> str:
-    """`` (lo-hi)``: the interval of default / best, or nothing when there is none."""
-    lo, hi = row["default_over_best_lo"], row["default_over_best_hi"]
+def _interval(row: dict[str, Any], ratio: str = "default_over_best") -> str:
+    """`` (lo-hi)``: the interval of a ratio (default / best), or nothing when there is
+    none."""
+    lo, hi = row[f"{ratio}_lo"], row[f"{ratio}_hi"]
     return f" ({lo:.2f}-{hi:.2f})" if math.isfinite(lo) else ""
 
 

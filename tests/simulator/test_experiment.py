@@ -255,7 +255,7 @@ def test_planner_experiment_writes_its_own_report(tmp_path: Path) -> None:
     summary = [
         line
         for line in text.splitlines()
-        if line.startswith("| synthetic d=8, n=2^12 | 3 |") and line.count("|") == 16
+        if line.startswith("| synthetic d=8, n=2^12 | 3 |") and line.count("|") == 17
     ]
     assert len(summary) == 2  # eps 0.5 and 2
     for line in summary:
@@ -263,7 +263,15 @@ def test_planner_experiment_writes_its_own_report(tmp_path: Path) -> None:
         assert found, line
         ratio, lo, hi = map(float, found.groups())
         assert lo <= ratio <= hi
+        # default / Algorithm 1: the two SSE columns' ratio, inside its own interval
+        cells = [c.strip() for c in line.split("|")]
+        d_sse, p_sse = float(cells[5].split(" ± ")[0]), float(cells[10])
+        vs = re.fullmatch(r"([\d.]+) \(([\d.]+)-([\d.]+)\)", cells[12])
+        assert vs, cells[12]
+        ratio, lo, hi = map(float, vs.groups())
+        assert ratio == pytest.approx(d_sse / p_sse, rel=0.02) and lo <= ratio <= hi
     assert "Above the target of 1.15 x the best grid point:" in text
+    assert "Above Algorithm 1's SSE beyond the 90% interval of default / Algorithm 1:" in text
     with (out / "data" / "planner.csv").open() as fh:
         roles = {row["role"] for row in csv.DictReader(fh)}
     assert roles == {"default", "paper", "grid"}
