@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 
@@ -21,12 +22,22 @@ IDS = np.arange(POP.n, dtype=np.uint64)
 
 class Server:
     """A running service; ``stop()`` (or leaving a ``with`` block) stops it and closes
-    its store."""
+    its store. ``options`` go to ``create_server`` (``metrics_address="127.0.0.1:0"``,
+    ``console_address=...``: their bound ports are ``metrics_port`` and
+    ``console_port``)."""
 
-    def __init__(self, tmp: Path, admin_token: str | None = None) -> None:
+    def __init__(self, tmp: Path, admin_token: str | None = None, **options: Any) -> None:
         self.storage = Storage(tmp / "agg.db")
-        self.server, self.port = create_server("127.0.0.1:0", self.storage, admin_token)
+        try:
+            self.server, self.port = create_server(
+                "127.0.0.1:0", self.storage, admin_token, **options
+            )
+        except BaseException:
+            self.storage.close()
+            raise
         self.address = f"127.0.0.1:{self.port}"
+        self.metrics_port = self.server.metrics_port
+        self.console_port = self.server.console_port
 
     def stop(self) -> None:
         graceful_stop(self.server, 2.0)
