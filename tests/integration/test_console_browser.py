@@ -117,7 +117,7 @@ def _screenshot(driver: object, name: str) -> None:
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         height = driver.execute_script("return document.body.scrollHeight")  # type: ignore[attr-defined]
-        driver.set_window_size(1280, max(700, int(height) + 40))  # type: ignore[attr-defined]
+        driver.set_window_size(1280, max(700, int(height) + 200))  # type: ignore[attr-defined]
         driver.save_screenshot(str(Path(folder) / name))  # type: ignore[attr-defined]
         driver.set_window_size(1280, 1400)  # type: ignore[attr-defined]
 

@@ -121,3 +121,32 @@ def test_serve_refuses_before_creating_anything(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and "could not be bound" in err[0]
     assert os.listdir(tmp_path) == ["token"]
+
+
+def test_a_loopback_endpoint_answers_only_loopback_host_names(tmp_path: Path) -> None:
+    """A page whose own domain resolves to 127.0.0.1 (DNS rebinding) reads nothing."""
+    with Storage(tmp_path / "a.db") as storage:
+        server, _ = create_server(
+            "127.0.0.1:0",
+            storage,
+            None,
+            metrics_address="127.0.0.1:0",
+            console_address="127.0.0.1:0",
+        )
+        try:
+            for port, path in ((server.metrics_port, "/metrics"), (server.console_port, "/")):
+                url = f"http://127.0.0.1:{port}{path}"
+                for host, status in (
+                    (f"evil.example:{port}", 421),
+                    (f"localhost:{port}", 200),
+                    (f"127.0.0.1:{port}", 200),
+                ):
+                    request = urllib.request.Request(url, headers={"Host": host})
+                    try:
+                        with urllib.request.urlopen(request, timeout=10) as response:
+                            got = response.status
+                    except urllib.error.HTTPError as refused:
+                        got = refused.code
+                    assert got == status, (url, host)
+        finally:
+            graceful_stop(server, 1.0)

@@ -91,15 +91,15 @@ def _link(collection_id: str) -> str:
 def _progress(row: Row) -> str:
     info = row.info
     target, what = row.expected, "expected users (--n)"
-    if target is None and info.max_reports:
+    if target is None and info.max_reports:  # --n of a collection without a pilot is not stored
         target, what = info.max_reports, "the report cap"
     if not target:
         return f'<span class="reports">{info.reports:,}</span>'
     share = min(info.reports / target, 1.0)
     return (
         f'<progress max="{target}" value="{min(info.reports, target)}"></progress> '
-        f'<span class="reports">{info.reports:,}</span> of {target:,} {what} '
-        f"({100 * share:.1f}%)"
+        f'<span class="reports">{info.reports:,}</span> of {target:,} ({what}): '
+        f"{100 * share:.1f}%"
     )
 
 

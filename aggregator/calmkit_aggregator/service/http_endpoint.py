@@ -11,6 +11,9 @@ it may read.
 - **Tokens** are compared as SHA-256 digests with :func:`hmac.compare_digest`
   (:func:`token_matches`); a request's bearer token comes only from its
   ``Authorization`` header, never from a URL.
+- **Host names**: an endpoint bound to loopback answers only requests addressed to a
+  loopback name (``Host: 127.0.0.1:PORT``, ``localhost``, ``[::1]``), so a web page
+  that points its own domain name at 127.0.0.1 (DNS rebinding) cannot read it.
 - **Requests** get a bounded time to arrive (:data:`REQUEST_TIMEOUT_S`), each
   response carries headers that keep it out of caches, frames and other origins, and
   each request is logged as one JSON line without its query string or any header.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import os
 import ssl
 import tempfile
@@ -40,6 +44,7 @@ __all__ = [
     "HttpEndpoint",
     "bearer_token",
     "cross_site",
+    "loopback_host",
     "tls_context",
     "token_hash",
     "token_matches",
@@ -54,6 +59,17 @@ SECURITY_HEADERS = (
     ("Cache-Control", "no-store"),
     ("X-Frame-Options", "DENY"),
 )
+
+
+def loopback_host(host: str) -> bool:
+    """Whether ``HOST[:PORT]`` (an address, or a ``Host`` header) names loopback."""
+    name = urlsplit("//" + host.strip()).hostname or ""
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def token_hash(token: str) -> bytes:
@@ -110,8 +126,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = False  # a port in use is refused, as on the gRPC port
 
-    def __init__(self, address: tuple[str, int], handler: type, context: Any) -> None:
+    def __init__(
+        self, address: tuple[str, int], handler: type, context: Any, loopback: bool
+    ) -> None:
         self.endpoint_context = context  # what the handler reads (the service, tokens)
+        self.loopback = loopback  # bound to loopback: answer only loopback Host names
         super().__init__(address, handler)
 
 
@@ -132,6 +151,17 @@ class EndpointHandler(BaseHTTPRequestHandler):
     @property
     def over_tls(self) -> bool:
         return isinstance(self.connection, ssl.SSLSocket)
+
+    def parse_request(self) -> bool:
+        """http.server's parsing, then the Host check of a loopback endpoint."""
+        if not super().parse_request():
+            return False
+        if self.server.loopback and not loopback_host(self.headers.get("Host", "")):  # type: ignore[attr-defined]
+            self.close_connection = True
+            body = b"misdirected request: this endpoint answers only to a loopback host name\n"
+            self.send_body(421, body, "text/plain")
+            return False
+        return True
 
     def send_body(
         self,
@@ -183,7 +213,9 @@ class HttpEndpoint:
     ) -> None:
         host, port = check_address(address)
         try:
-            self._httpd = _Server((host.strip("[]"), port), handler, context)
+            self._httpd = _Server(
+                (host.strip("[]"), port), handler, context, loopback_host(address)
+            )
         except OSError as exc:
             raise CalmkitError(
                 f"{option} ({address!r}) could not be bound: the port is in use or the "
