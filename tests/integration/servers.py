@@ -4,11 +4,13 @@ test_service.py and test_service_columnar.py."""
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from calmkit_aggregator.service.admin import AdminClient
 from calmkit_aggregator.service.server import create_server, graceful_stop
@@ -62,3 +64,25 @@ def create_collection(
         return admin.create_collection(
             POP.schema, 1.0, POP.n, 3, collection_id=collection_id, seed=7, **opts
         )
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(port: int, token: str | None = None) -> Samples:
+    """Every sample of one scrape of a server's metrics endpoint, keyed by (name,
+    labels)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode("utf-8")
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def sample(samples: Samples, name: str, **labels: str) -> float:
+    """One sample's value (0 when absent: a labelled counter not yet incremented)."""
+    return samples.get((name, frozenset(labels.items())), 0.0)

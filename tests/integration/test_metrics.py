@@ -12,7 +12,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from calmkit_aggregator.service.admin import AdminClient
 from calmkit_client import CalmkitError
@@ -20,27 +19,14 @@ from calmkit_client import wire as client_wire
 from calmkit_client.collector import Collector, RetryPolicy, call_with_retry, open_channel
 from calmkit_client.device import DeviceState
 from calmkit_client.errors import AccessDenied, PlanMismatch, RateLimited
-from tests.integration.servers import IDS, POP, Server
+from tests.integration import servers
+from tests.integration.servers import IDS, POP, Samples, Server, sample
 
 TOKEN = "metrics-admin-token-0123456789"
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def scrape(port: int, token: str | None = TOKEN) -> Samples:
-    """Every sample of one scrape, keyed by (name, labels)."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
-    with urllib.request.urlopen(request, timeout=10) as response:
-        text = response.read().decode("utf-8")
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
+    return servers.scrape(port, token)
 
 
 def _create(address: str, token: str | None = TOKEN) -> client_wire.CollectionInfo:
@@ -66,11 +52,11 @@ def test_counters_equal_what_the_client_was_acknowledged(tmp_path: Path) -> None
                 ack = client.submit_many(POP.codes[lo:hi], IDS[lo:hi])
                 acked, batches = acked + ack.accepted, batches + -(-(hi - lo) // 250)
                 got = scrape(server.metrics_port)
-                assert value(got, "calmkit_reports_accepted_total") == acked == hi
-                assert value(got, "calmkit_batches_total") == batches
-                assert value(got, "calmkit_ingest_seconds_count") == batches
-                assert value(got, "calmkit_storage_commit_seconds_count") == batches
-                assert value(got, "calmkit_collection_reports", collection="c1") == hi
+                assert sample(got, "calmkit_reports_accepted_total") == acked == hi
+                assert sample(got, "calmkit_batches_total") == batches
+                assert sample(got, "calmkit_ingest_seconds_count") == batches
+                assert sample(got, "calmkit_storage_commit_seconds_count") == batches
+                assert sample(got, "calmkit_collection_reports", collection="c1") == hi
             # the rest in a background thread, scraped while it runs
             done = threading.Event()
 
@@ -85,8 +71,8 @@ def test_counters_equal_what_the_client_was_acknowledged(tmp_path: Path) -> None
             seen = []
             while not done.is_set():
                 got = scrape(server.metrics_port)
-                counted = value(got, "calmkit_reports_accepted_total")
-                stored = value(got, "calmkit_collection_reports", collection="c1")
+                counted = sample(got, "calmkit_reports_accepted_total")
+                stored = sample(got, "calmkit_collection_reports", collection="c1")
                 assert counted <= stored  # counted after the commit, gauges read after
                 seen.append(counted)
             worker.join()
@@ -95,11 +81,11 @@ def test_counters_equal_what_the_client_was_acknowledged(tmp_path: Path) -> None
             again = client.submit_many(POP.codes[:500], IDS[:500])
         assert (again.accepted, again.duplicates) == (0, 500)
         got = scrape(server.metrics_port)
-        assert value(got, "calmkit_reports_accepted_total") == POP.n
-        assert value(got, "calmkit_reports_duplicate_total") == 500
-        assert value(got, "calmkit_collection_reports", collection="c1") == POP.n
-        assert value(got, "calmkit_collection_open", collection="c1") == 1
-        assert value(got, "calmkit_collection_max_reports", collection="c1") == 2 * POP.n
+        assert sample(got, "calmkit_reports_accepted_total") == POP.n
+        assert sample(got, "calmkit_reports_duplicate_total") == 500
+        assert sample(got, "calmkit_collection_reports", collection="c1") == POP.n
+        assert sample(got, "calmkit_collection_open", collection="c1") == 1
+        assert sample(got, "calmkit_collection_max_reports", collection="c1") == 2 * POP.n
         # refused batches, by status code and error class
         device = DeviceState.in_memory()
         items = device.reports_for("c1", info.plan, POP.codes[:7], IDS[:7])
@@ -113,16 +99,16 @@ def test_counters_equal_what_the_client_was_acknowledged(tmp_path: Path) -> None
             admin.close_collection("c1")
         got = scrape(server.metrics_port)
         refused = ("calmkit_reports_refused_total", "calmkit_refused_total")
-        assert value(got, refused[0], code="FAILED_PRECONDITION", error="PlanMismatch") == 7
-        assert value(got, refused[0], code="UNAUTHENTICATED", error="AccessDenied") == 7
+        assert sample(got, refused[0], code="FAILED_PRECONDITION", error="PlanMismatch") == 7
+        assert sample(got, refused[0], code="UNAUTHENTICATED", error="AccessDenied") == 7
         rpc = "SubmitReports"
         assert (
-            value(got, refused[1], rpc=rpc, code="FAILED_PRECONDITION", error="PlanMismatch") == 1
+            sample(got, refused[1], rpc=rpc, code="FAILED_PRECONDITION", error="PlanMismatch") == 1
         )
-        assert value(got, refused[1], rpc=rpc, code="UNAUTHENTICATED", error="AccessDenied") == 1
-        assert value(got, "calmkit_reports_accepted_total") == POP.n  # nothing of them
-        assert value(got, "calmkit_rate_limited_total") == 0
-        assert value(got, "calmkit_collection_open", collection="c1") == 0
+        assert sample(got, refused[1], rpc=rpc, code="UNAUTHENTICATED", error="AccessDenied") == 1
+        assert sample(got, "calmkit_reports_accepted_total") == POP.n  # nothing of them
+        assert sample(got, "calmkit_rate_limited_total") == 0
+        assert sample(got, "calmkit_collection_open", collection="c1") == 0
 
 
 def test_rate_limit_refusals_are_counted(tmp_path: Path) -> None:
@@ -142,14 +128,14 @@ def test_rate_limit_refusals_are_counted(tmp_path: Path) -> None:
         with pytest.raises(RateLimited):  # the burst is spent: about 15 s to refill
             _raw_submit(server.address, second, token)
         got = scrape(server.metrics_port)
-        assert value(got, "calmkit_rate_limited_total") == 1
+        assert sample(got, "calmkit_rate_limited_total") == 1
         assert (
-            value(
+            sample(
                 got, "calmkit_reports_refused_total", code="RESOURCE_EXHAUSTED", error="RateLimited"
             )
             == 15
         )
-        assert value(got, "calmkit_reports_accepted_total") == 20
+        assert sample(got, "calmkit_reports_accepted_total") == 20
 
 
 def test_each_server_counts_in_its_own_registry(tmp_path: Path) -> None:
@@ -162,8 +148,8 @@ def test_each_server_counts_in_its_own_registry(tmp_path: Path) -> None:
         info = _create(a.address, None)
         with Collector(a.address, "c1", info.submit_token, DeviceState.in_memory()) as client:
             client.submit_many(POP.codes[:300], IDS[:300])
-        assert value(scrape(a.metrics_port, None), "calmkit_reports_accepted_total") == 300
-        assert value(scrape(b.metrics_port, None), "calmkit_reports_accepted_total") == 0
+        assert sample(scrape(a.metrics_port, None), "calmkit_reports_accepted_total") == 300
+        assert sample(scrape(b.metrics_port, None), "calmkit_reports_accepted_total") == 0
         assert ("calmkit_collection_reports", frozenset({("collection", "c1")})) not in scrape(
             b.metrics_port, None
         )
