@@ -1,9 +1,11 @@
 """Ingest with admission tickets: reports/s of a real ``calmkit serve`` (SQLite, a
 fresh database per run) with admission off, aes256-prf, hmac-sha256 and ed25519, in
-one run.
+one run; and (mode ``observed``) admission off with the metrics endpoint and the web
+console on, both read every ``--poll`` seconds during ingest.
 
     python benchmarks/bench_admission.py [--reports 100000] [--clients 4] [--batch 1000]
-        [--reps 5]
+        [--reps 5] [--modes off,aes256-prf,hmac-sha256,ed25519] [--poll 1.0]
+    python benchmarks/bench_admission.py --modes off,observed --reports 300000 --reps 7
 
 Like benchmarks/bench_service.py: ``--clients`` client processes each send pre-built
 ``SubmitColumnar`` batches of ``--batch`` reports back to back over loopback gRPC. The
@@ -24,7 +26,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +40,20 @@ PACKAGES = ("client", "aggregator", "simulator", "protos")
 SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
 VIEWS = ((0, 1), (2, 3), (4, 5), (6, 7), (1, 4))
 MODES = ("off", "aes256-prf", "hmac-sha256", "ed25519")
+OBSERVED = "observed"  # admission off; metrics and console on and read during ingest
 
 
-def _serve(db: Path) -> tuple[subprocess.Popen[str], str]:
-    """A ``calmkit serve`` of this checkout on ``db``, and its address."""
+def _serve(db: Path, observed: bool = False) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """A ``calmkit serve`` of this checkout on ``db``, its address, and (``observed``)
+    the URLs of its metrics and console."""
     path = [str(ROOT / p) for p in PACKAGES]
     boot = (
         f"import sys; sys.path[:0] = {path!r}; "
         "from calmkit_client.cli import main; raise SystemExit(main())"
     )
+    extra = ["--metrics-address", "127.0.0.1:0", "--console", "127.0.0.1:0"] if observed else []
     proc = subprocess.Popen(
-        [sys.executable, "-c", boot, "serve", "--address", "127.0.0.1:0", "--db", str(db)],
+        [sys.executable, "-c", boot, "serve", "--address", "127.0.0.1:0", "--db", str(db), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -55,13 +62,31 @@ def _serve(db: Path) -> tuple[subprocess.Popen[str], str]:
     match = re.search(r"listening on (\S+)", proc.stdout.readline())
     if not match:
         raise SystemExit("server did not start")
-    return proc, match.group(1)
+    urls = []
+    for _ in range(2 if observed else 0):
+        found = re.search(r" on (http\S+)", proc.stdout.readline())
+        if not found:
+            raise SystemExit("server did not start its metrics or console")
+        urls.append(found.group(1))
+    return proc, match.group(1), urls
+
+
+def _poll(urls: list[str], every: float, stop: threading.Event, reads: list[int]) -> None:
+    """Read every URL (the metrics scrape, the console's collections page) every
+    ``every`` seconds until ``stop``; count the reads."""
+    while True:
+        for url in urls:
+            with urllib.request.urlopen(url, timeout=30) as response:
+                response.read()
+            reads[0] += 1
+        if stop.wait(every):
+            return
 
 
 def _issuer(mode: str, key: bytes) -> Any:
     from calmkit_client.tickets import TicketIssuer
 
-    return TicketIssuer(mode, key) if mode != "off" else None
+    return TicketIssuer(mode, key) if mode not in ("off", OBSERVED) else None
 
 
 def _batches(plan_json: str, count: int, batch: int, seed: int, mode: str, key: bytes) -> list:
@@ -123,7 +148,7 @@ def _client(
     out.put(time.time())
 
 
-def _run(mode: str, tmp: Path, reports: int, clients: int, batch: int) -> float:
+def _run(mode: str, tmp: Path, reports: int, clients: int, batch: int, poll: float = 1.0) -> float:
     """Reports/s of one fresh server in ``mode``."""
     from calmkit_aggregator.service.admin import AdminClient
     from calmkit_client import Schema
@@ -138,7 +163,9 @@ def _run(mode: str, tmp: Path, reports: int, clients: int, batch: int) -> float:
         key = generate_hmac_key()
         admission = (mode, key)
     db = tmp / f"{mode}-{time.monotonic_ns()}.db"
-    server, address = _serve(db)
+    server, address, urls = _serve(db, observed=mode == OBSERVED)
+    stop, reads = threading.Event(), [0]
+    poller = threading.Thread(target=_poll, args=(urls, poll, stop, reads), daemon=True)
     try:
         with AdminClient(address) as admin:
             info = admin.create_collection(
@@ -166,7 +193,12 @@ def _run(mode: str, tmp: Path, reports: int, clients: int, batch: int) -> float:
             p.start()
         ready.wait()
         t0 = time.time()
+        poller.start()
         last = max(out.get() for _ in procs)
+        stop.set()
+        poller.join()
+        if urls and not reads[0]:
+            raise SystemExit(f"{mode}: ingest ended before the first read of {urls}")
         for p in procs:
             p.join()
         with AdminClient(address) as admin:
@@ -185,13 +217,18 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--modes", default=",".join(MODES), help="modes, comma-separated")
+    parser.add_argument("--poll", type=float, default=1.0, help="observed: seconds between reads")
     args = parser.parse_args()
-    rates: dict[str, list[float]] = {m: [] for m in MODES}
+    modes = tuple(args.modes.split(","))
+    if modes[0] != "off" or not set(modes) <= {*MODES, OBSERVED}:
+        raise SystemExit(f"modes ({args.modes!r}) must start with off, of {[*MODES, OBSERVED]}")
+    rates: dict[str, list[float]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as folder:
         for rep in range(args.reps):
-            order = MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)]
+            order = modes[rep % len(modes) :] + modes[: rep % len(modes)]
             for mode in order:
-                rate = _run(mode, Path(folder), args.reports, args.clients, args.batch)
+                rate = _run(mode, Path(folder), args.reports, args.clients, args.batch, args.poll)
                 rates[mode].append(rate)
                 print(f"rep {rep} {mode:12s} {rate:10,.0f} reports/s", flush=True)
     base = statistics.median(rates["off"])
@@ -199,8 +236,8 @@ def main() -> None:
         f"\n{args.reports} reports, {args.clients} clients, batch {args.batch}, "
         f"{args.reps} reps (medians)"
     )
-    print(f"{'admission':12s} {'reports/s':>10s} {'vs off':>7s}  runs")
-    for mode in MODES:
+    print(f"{'mode':12s} {'reports/s':>10s} {'vs off':>7s}  runs")
+    for mode in modes:
         median = statistics.median(rates[mode])
         runs = ", ".join(f"{r:,.0f}" for r in rates[mode])
         print(f"{mode:12s} {median:10,.0f} {median / base:6.2f}x  {runs}")

@@ -25,7 +25,7 @@ from calmkit_client import CollectionFull, Plan, make_reports
 from calmkit_client import wire as client_wire
 from calmkit_client.collector import RetryPolicy, call_with_retry
 from calmkit_simulator import synthetic_population
-from tests.integration.servers import Server
+from tests.integration.servers import Server, sample, scrape
 
 # 8 disjoint views of 2 x 4 = 8 cells: GRR at epsilon 1 (L < 3 e + 2)
 SIZES = (2, 4) * 8
@@ -92,7 +92,10 @@ def test_a_five_percent_attack_on_one_cell_is_flagged_and_bounded(
 ) -> None:
     caplog.set_level(logging.INFO, logger="calmkit.aggregator")
     fakes = round(0.05 * N / 0.95)  # 5% of all reports, all on view 0's cell 0
-    with Server(tmp_path) as server, AdminClient(server.address) as admin:
+    with (
+        Server(tmp_path, metrics_address="127.0.0.1:0") as server,
+        AdminClient(server.address) as admin,
+    ):
         made = {
             cid: admin.create_collection(
                 POP.schema, 1.0, N, 2, collection_id=cid, views=VIEWS, seed=3
@@ -119,6 +122,14 @@ def test_a_five_percent_attack_on_one_cell_is_flagged_and_bounded(
         assert honest.flags == () and attacked.flags == status.flags
         admin.query("attacked", names)
         admin.get_collection("attacked")
+        assert server.metrics_port is not None  # the flags counted (once each) and stored
+        counted = scrape(server.metrics_port)
+        flags = "calmkit_manipulation_flags_total"
+        assert (
+            sample(counted, flags, scope="batch") == sample(counted, flags, scope="collection") == 1
+        )
+        assert sample(counted, "calmkit_collection_flags", collection="attacked") == 1
+        assert sample(counted, "calmkit_collection_flags", collection="honest") == 0
     logged = _events(caplog, "manipulation")
     # the batch once, the collection's flagged state once (not per query or status)
     assert sorted(e["scope"] for e in logged) == ["batch", "collection"]

@@ -3,6 +3,8 @@
 protobuf), storage backends behind one interface (:mod:`.store`: the interface, its
 records and the checks both backends share; :mod:`.storage`: SQLite, embedded;
 :mod:`.pg_storage`: PostgreSQL, shared by replicas; columnar batches :mod:`.columns`,
-dedupe tables :mod:`.keyset`), the admin client (:mod:`.admin`), rate limits, and the
-operator commands (:mod:`.cli`: serve, collection, query). The estimation engine
+dedupe tables :mod:`.keyset`), the admin client (:mod:`.admin`), rate limits, the
+operator commands (:mod:`.cli`: serve, collection, query), and the HTTP endpoints
+beside the gRPC port (:mod:`.endpoints`: Prometheus metrics, :mod:`.metrics`, and the
+web console, :mod:`.console`, sharing :mod:`.http_endpoint`'s rules). The estimation engine
 (calmkit_aggregator's other modules) imports none of this."""

@@ -233,6 +233,21 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
         "larger batches are refused and the client splits them (default: one second's "
         "worth of --rate-limit)",
     )
+    parser.add_argument(
+        "--metrics-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http(s)://HOST:PORT/metrics, under --address's "
+        "rules (off loopback: --token-file, whose token scrapes need as a bearer token, "
+        "and TLS) (default: none, no metrics endpoint)",
+    )
+    parser.add_argument(
+        "--console",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve the read-only web console at http(s)://HOST:PORT/, under --address's "
+        "rules; with --token-file it asks for the admin token (default: none, no console)",
+    )
 
 
 def _read_db_password(args: argparse.Namespace) -> str | None:
@@ -309,7 +324,12 @@ def _serve(args: argparse.Namespace) -> int:
     if args.rate_burst is not None and args.rate_limit is None:
         raise CalmkitError(f"rate_burst ({args.rate_burst}) must go with --rate-limit")
     check_exposure(args.address, token, tls, args.insecure)  # before anything is created
-    probe_bind(args.address)  # a port in use: refused before the store creates anything
+    extra = {"metrics_address": args.metrics_address, "console": args.console}
+    for option, address in extra.items():
+        if address is not None:
+            check_exposure(address, token, tls, args.insecure, option=option)
+    for address in (args.address, *(a for a in extra.values() if a is not None)):
+        probe_bind(address)  # a port in use: refused before the store creates anything
     password = _read_db_password(args)
     snapshots = getattr(args, "key_snapshots", None)
     created = [] if is_postgres_url(args.db) else _new_paths(args.db)
@@ -324,6 +344,8 @@ def _serve(args: argparse.Namespace) -> int:
                 insecure=args.insecure,
                 rate_limit=args.rate_limit,
                 rate_burst=args.rate_burst,
+                metrics_address=args.metrics_address,
+                console_address=args.console,
             )
         except BaseException:
             storage.close()
@@ -337,6 +359,13 @@ def _serve(args: argparse.Namespace) -> int:
     host = args.address.rsplit(":", 1)[0]
     scheme = "TLS" if tls is not None else "plaintext"
     print(f"calmkit serve: listening on {host}:{port} ({scheme}, db {storage.path})", flush=True)
+    web = "https" if tls is not None else "http"
+    for what, address, port_of, path in (
+        ("metrics", args.metrics_address, server.metrics_port, "/metrics"),
+        ("console", args.console, server.console_port, "/"),
+    ):
+        if address is not None:
+            print(f"calmkit serve: {what} on {web}://{address.rsplit(':', 1)[0]}:{port_of}{path}")
     if token is None:
         print(
             "calmkit serve: no --token-file, so admin calls are open; bound to loopback only",
@@ -350,6 +379,8 @@ def _serve(args: argparse.Namespace) -> int:
         tls=tls is not None,
         rate_limit=args.rate_limit,
         rate_burst=args.rate_burst,
+        metrics_port=server.metrics_port,
+        console_port=server.console_port,
     )
     # a timed wait: a signal delivered to another thread (gRPC's) only marks the Python
     # handler as pending, and a main thread blocked without a timeout would never run it
@@ -604,55 +635,15 @@ def _query_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _format_table(answer: Any, fmt: str) -> str:
-    from itertools import product
-
-    import numpy as np
-
-    values, variance = answer.values, answer.variance
-    cells = list(product(*(range(s) for s in values.shape)))
-    if fmt == "json":
-        return json.dumps(
-            {
-                "attributes": list(answer.attributes),
-                "shape": list(values.shape),
-                "values": values.reshape(-1).tolist(),
-                "variance": [None if np.isnan(v) else v for v in variance.reshape(-1).tolist()],
-                "method": answer.method,
-                "reports": answer.reports,
-                "state": answer.state,
-                "variance_method": answer.variance_method,
-                "replicates": answer.replicates,
-            }
-        )
-    if fmt == "csv":
-        lines = [",".join([*answer.attributes, "fraction", "total_error"])]
-        for c in cells:
-            se = "" if np.isnan(variance[c]) else f"{np.sqrt(variance[c]):.6g}"
-            lines.append(",".join([*map(str, c), f"{values[c]:.6g}", se]))
-        return "\n".join(lines)
-    header = "  ".join(f"{a:>10s}" for a in answer.attributes) + "    fraction  total.err"
-    lines = [header]
-    for c in cells:
-        se = "        n/a" if np.isnan(variance[c]) else f"{np.sqrt(variance[c]):11.4f}"
-        lines.append("  ".join(f"{x:>10d}" for x in c) + f"  {values[c]:10.4f}{se}")
-    note = "" if answer.state == "closed" else " (collection open: provisional)"
-    lines.append(f"{answer.method}, {answer.reports} reports{note}")
-    if answer.variance_method:
-        lines.append(
-            f"total.err: root of the {answer.variance_method}; fraction +- 1.96 "
-            "total.err is a ~95% interval"
-        )
-    return "\n".join(lines)
-
-
 def _query(args: argparse.Namespace) -> int:
     attrs = [a.strip() for a in args.attrs.split(",") if a.strip()]
     with _admin(args) as admin:
         answer = admin.query(
             args.collection, attrs, args.replicates, getattr(args, "reconstruct", "")
         )
-    print(_format_table(answer, args.format))
+    from calmkit_aggregator.service.answer_format import format_answer
+
+    print(format_answer(answer, args.format))
     return 0
 
 

@@ -43,10 +43,12 @@ from calmkit_client.errors import (
     StorageFull,
 )
 from calmkit_client.ids import check_collection_id
+from calmkit_client.wire import CollectionInfo, MarginalAnswer
 
 from ..phases import PhasedDesign, combine_phases
 from ..planning.collection import plan_collection
 from ..planning.pilot import pilot_plan, pilot_size, plan_next_phase
+from ..reconstruction.methods import check_reconstruction
 from ..reconstruction.pipeline import Estimator, reconstruct_by
 from ..reconstruction.support import SupportCounts
 from ..reconstruction.uncertainty import MAX_REPLICATES, Bootstrap, bootstrap
@@ -61,6 +63,7 @@ from .manipulation import (
     default_cap,
     pilot_result,
 )
+from .metrics import NO_METRICS, NullMetrics
 from .rate_limit import RateLimit, submitter_of
 from .store import ReportStore, batch_columns
 
@@ -107,6 +110,9 @@ def _rpc(method: Callable[..., Any]) -> Callable[..., Any]:
         except CalmkitError as exc:
             code = next(c for cls, c in _CODES if isinstance(exc, cls))
             detail = bounded(str(exc))
+            self.metrics.refused(
+                method.__name__, code.name, type(exc).__name__, wire.batch_size(request)
+            )
             log_json("refused", rpc=method.__name__, code=code.name, error=detail)
             context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__),))
             context.abort(code, detail)
@@ -114,6 +120,9 @@ def _rpc(method: Callable[..., Any]) -> Callable[..., Any]:
             fault = as_fault(exc)
             if fault is not None:  # full disk, lost database: a code the client retries
                 code = next(c for cls, c in _CODES if isinstance(fault, cls))
+                self.metrics.refused(
+                    method.__name__, code.name, type(fault).__name__, wire.batch_size(request)
+                )
                 log_json(
                     "storage_fault", rpc=method.__name__, code=code.name, error=fault_detail(exc)
                 )
@@ -157,8 +166,10 @@ class AggregatorService(wire.AggregatorServicer):
         admin_token: str | None = None,
         rate_limit: float | None = None,
         rate_burst: int | None = None,
+        metrics: NullMetrics = NO_METRICS,
     ) -> None:
         self.storage = storage
+        self.metrics = metrics  # counters of a metrics endpoint (none: counts nothing)
         self._rate = RateLimit(rate_limit, burst=rate_burst) if rate_limit is not None else None
         self._admin_hash = _hash_token(admin_token) if admin_token else None
         # keyed by (collection id, reconstruction)
@@ -206,6 +217,8 @@ class AggregatorService(wire.AggregatorServicer):
         parts = [self.storage.phase_support(collection_id, i) for i in range(len(record.plans))]
         result = check_parts(parts)
         if self._flag_log.is_new(collection_id, result):
+            if not result.passed:
+                self.metrics.flag("collection")
             log_json(
                 "manipulation",
                 collection=collection_id,
@@ -331,7 +344,9 @@ class AggregatorService(wire.AggregatorServicer):
             reports = batch_columns(record.plans[phase], reports)
             tickets = wire.tickets_from_proto(request)
             admit(record.admission, request.collection_id, record.plans[phase], reports, tickets)
+        t_commit = time.perf_counter()
         outcome = self.storage.add_reports(request.collection_id, request.plan_digest, reports)
+        commit = time.perf_counter() - t_commit
         log_json(
             "submitted",
             collection=request.collection_id,
@@ -344,6 +359,8 @@ class AggregatorService(wire.AggregatorServicer):
             self._check_batch(request.collection_id, record.plans[phase], reports, context)
         if record.design is not None and record.phase == 0:  # a pilot that may be done
             self._maybe_advance(request.collection_id)
+        seconds = time.perf_counter() - t0
+        self.metrics.batch(outcome.accepted, outcome.duplicates, seconds, commit)
         return wire.ack_to_proto(outcome.accepted, outcome.duplicates)
 
     def _check_batch(
@@ -355,6 +372,7 @@ class AggregatorService(wire.AggregatorServicer):
         if flag is None:
             return
         log_json("manipulation", collection=collection_id, scope="batch", reason=flag)
+        self.metrics.flag("batch")
         self.storage.add_flag(collection_id, flag)
 
     def _maybe_advance(self, collection_id: str) -> None:
@@ -377,6 +395,7 @@ class AggregatorService(wire.AggregatorServicer):
             self.storage.set_pilot_check(collection_id, check)
             if not passed:  # fakes may have written the pilot: plan without it
                 log_json("manipulation", collection=collection_id, scope="pilot", reason=check)
+                self.metrics.flag("pilot")
                 plan = _safe_plan(design, pilot)
                 self.storage.add_phase(collection_id, 1, plan)
                 log_json(
@@ -465,7 +484,25 @@ class AggregatorService(wire.AggregatorServicer):
     @_rpc
     def Query(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._require_admin(context)
-        collection_id, names, replicates, reconstruction = wire.query_from_proto(request)
+        return self._query(*wire.query_from_proto(request))
+
+    def answer(
+        self, collection_id: str, names: list[str], replicates: int = 0, reconstruction: str = ""
+    ) -> MarginalAnswer:
+        """What ``Query`` answers, as ``calmkit query`` reads it (the web console's
+        marginals: the same numbers, from the same caches)."""
+        reconstruction = check_reconstruction(reconstruction or "local")
+        if not names:
+            raise CalmkitError("attributes (empty) must name at least one attribute")
+        return wire.marginal_answer(self._query(collection_id, names, replicates, reconstruction))
+
+    def status(self, collection_id: str) -> CollectionInfo:
+        """What ``GetCollection`` answers, as ``calmkit collection status`` reads it."""
+        return wire.collection_info(self._collection(collection_id))
+
+    def _query(
+        self, collection_id: str, names: list[str], replicates: int, reconstruction: str
+    ) -> Any:
         if replicates > MAX_REPLICATES or replicates == 1:
             raise CalmkitError(
                 f"replicates ({replicates}) must be 0 (default {DEFAULT_REPLICATES}) or in "

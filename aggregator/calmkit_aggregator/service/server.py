@@ -17,6 +17,10 @@ a ``grpc.aio`` server in its own event-loop thread behind a blocking facade
   sharing the traffic.
 - **TLS** with a PEM certificate chain and key (:class:`ServerTls`). A bind beyond
   loopback without TLS is refused unless ``insecure=True``.
+- **Metrics and console** (``metrics_address``, ``console_address``): HTTP endpoints
+  in the same process (:mod:`.endpoints`), under the same rules as the gRPC port and
+  over TLS with its certificate; their bound ports are ``Server.metrics_port`` and
+  ``Server.console_port``.
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ from calmkit_client.collector import MAX_MESSAGE_BYTES
 
 from . import wire
 from .address import check_address
+from .endpoints import Endpoints, start_endpoints
 from .handlers import AggregatorService
 from .limits import Guard
+from .metrics import NO_METRICS, ServiceMetrics
 from .store import ReportStore
 
 __all__ = [
@@ -135,6 +141,7 @@ class Server:
         workers: futures.ThreadPoolExecutor,
         port: int,
         tls: bool,
+        endpoints: Endpoints | None = None,
     ) -> None:
         self._loop = loop
         self._thread = thread
@@ -145,6 +152,9 @@ class Server:
         self.tls = tls
         self._stopped: futures.Future[None] | None = None
         self._lock = threading.Lock()
+        self._endpoints = endpoints or Endpoints()
+        self.metrics_port = self._endpoints.metrics_port
+        self.console_port = self._endpoints.console_port
 
     def _call(self, coro: object) -> futures.Future[object]:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
@@ -168,6 +178,7 @@ class Server:
     def _shutdown(self, grace: float | None) -> None:
         assert self._stopped is not None
         try:
+            self._endpoints.stop()
             if self._loop.is_running():
                 self._call(self._stop(grace)).result()
                 self._loop.call_soon_threadsafe(self._loop.stop)
@@ -245,20 +256,29 @@ async def _start(
 
 
 def check_exposure(
-    address: str, admin_token: str | None, tls: ServerTls | None, insecure: bool
+    address: str,
+    admin_token: str | None,
+    tls: ServerTls | None,
+    insecure: bool,
+    option: str = "address",
 ) -> None:
     """Refuse what :func:`create_server` would refuse about ``address`` before it binds
     (a malformed address; beyond loopback, no admin token, or no TLS unless
-    ``insecure``), so a caller can check before it creates anything."""
-    check_address(address)
+    ``insecure``), so a caller can check before it creates anything. ``option`` names
+    the address in the message (the metrics and console endpoints follow the same
+    rules)."""
+    try:
+        check_address(address)
+    except CalmkitError as exc:
+        raise CalmkitError(str(exc).replace("address", option, 1)) from None
     if admin_token is None and not is_loopback(address):
         raise CalmkitError(
-            f"address ({address!r}) must be loopback (127.0.0.1, ::1, localhost) when no "
+            f"{option} ({address!r}) must be loopback (127.0.0.1, ::1, localhost) when no "
             "token file protects the admin calls"
         )
     if tls is None and not insecure and not is_loopback(address):
         raise CalmkitError(
-            f"address ({address!r}) is not loopback, so tokens and reports would cross the "
+            f"{option} ({address!r}) is not loopback, so tokens and reports would cross the "
             "network in clear: give a TLS certificate and key (--tls-cert/--tls-key), or "
             "insecure=True (--insecure) if a proxy or private network protects them"
         )
@@ -275,6 +295,9 @@ def create_server(
     max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
     rate_limit: float | None = None,
     rate_burst: int | None = None,
+    metrics_address: str | None = None,
+    console_address: str | None = None,
+    console_sample_seconds: float = 5.0,
 ) -> tuple[Server, int]:
     """Start the service on ``address`` (``HOST:0`` picks a free port); return
     ``(server, port)``.
@@ -284,11 +307,28 @@ def create_server(
     proxy, a private network) protects the bearer tokens on the wire. ``rate_limit``
     caps each client address at that many reports per second per collection, at most
     ``rate_burst`` at once (default: one second's worth); None: no cap.
+    ``metrics_address`` serves Prometheus metrics, ``console_address`` the web console
+    (sampling the ingest rate every ``console_sample_seconds``); both follow the
+    address's rules and are off when None.
     """
     check_exposure(address, admin_token, tls, insecure)
+    for option, extra in (("metrics_address", metrics_address), ("console", console_address)):
+        if extra is not None:
+            check_exposure(extra, admin_token, tls, insecure, option=option)
     if not 1 <= max_workers <= 256:
         raise CalmkitError(f"max_workers ({max_workers}) must be in [1, 256]")
-    service = AggregatorService(storage, admin_token, rate_limit=rate_limit, rate_burst=rate_burst)
+    metrics = NO_METRICS if metrics_address is None else ServiceMetrics(storage)
+    service = AggregatorService(
+        storage, admin_token, rate_limit=rate_limit, rate_burst=rate_burst, metrics=metrics
+    )
+    endpoints = start_endpoints(
+        service,
+        admin_token,
+        None if tls is None else (tls.certificate_chain, tls.private_key),
+        metrics_address,
+        console_address,
+        console_sample_seconds,
+    )
     workers = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="calmkit-rpc")
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True, name="calmkit-grpc")
@@ -303,8 +343,12 @@ def create_server(
         thread.join()
         loop.close()
         workers.shutdown(wait=False)
+        endpoints.stop()
         raise
-    return Server(loop, thread, server, health_servicer, workers, port, tls is not None), port
+    running = Server(
+        loop, thread, server, health_servicer, workers, port, tls is not None, endpoints
+    )
+    return running, port
 
 
 def graceful_stop(server: Server, grace: float = 10.0) -> None:

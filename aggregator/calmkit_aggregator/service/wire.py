@@ -17,7 +17,14 @@ from calmkit_client import CalmkitError, Plan
 from calmkit_client.errors import AdmissionRefused
 from calmkit_client.report import REPORT_ID_BYTES
 from calmkit_client.tickets import TicketVerifier
-from calmkit_client.wire import plan_to_proto, schema_from_proto
+from calmkit_client.wire import (
+    CollectionInfo,
+    MarginalAnswer,
+    collection_from_proto,
+    marginal_from_proto,
+    plan_to_proto,
+    schema_from_proto,
+)
 from calmkit_proto.v1 import calmkit_pb2 as pb
 from calmkit_proto.v1 import calmkit_pb2_grpc as pb_grpc
 
@@ -315,3 +322,23 @@ def query_from_proto(msg: Any) -> tuple[str, list[str], int, str]:
     reconstruction = str(msg.reconstruction) or "local"
     check_reconstruction(reconstruction)
     return msg.collection_id, list(msg.attributes), int(msg.replicates), reconstruction
+
+
+def batch_size(msg: Any) -> int:
+    """The reports a SubmitReports or SubmitColumnar request carries (a columnar
+    batch: its report ids, however many it claims), 0 for any other request."""
+    if isinstance(msg, pb.ReportBatch):
+        return len(msg.reports)
+    if isinstance(msg, pb.ColumnarBatch):
+        return min(int(msg.count), len(msg.report_ids) // REPORT_ID_BYTES)
+    return 0
+
+
+def marginal_answer(msg: Any) -> MarginalAnswer:
+    """A served marginal as ``calmkit query`` reads it off the wire."""
+    return marginal_from_proto(msg)
+
+
+def collection_info(msg: Any) -> CollectionInfo:
+    """A served collection as ``calmkit collection status`` reads it off the wire."""
+    return collection_from_proto(msg)

@@ -1,0 +1,97 @@
+"""The web console's access rules over plain HTTP (the browser test covers the pages):
+logins posted from another site are refused, failed logins are limited, a session
+ends at logout on the server (a replayed cookie opens nothing), every page forbids
+scripts and framing, and an unknown collection is a 404 that quotes it escaped."""
+
+from __future__ import annotations
+
+import http.client
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+
+from calmkit_aggregator.service.console import MAX_FAILED_LOGINS
+from tests.integration.servers import Server
+
+TOKEN = "console-http-admin-token-42a7c1"
+
+
+def _request(
+    port: int, method: str, path: str, body: str = "", **headers: str
+) -> http.client.HTTPResponse:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    sent = {k.replace("_", "-"): v for k, v in headers.items()}
+    if body:
+        sent["Content-Type"] = "application/x-www-form-urlencoded"
+    conn.request(method, path, body=body.encode(), headers=sent)
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    return response
+
+
+def _login(port: int, token: str, **headers: str) -> http.client.HTTPResponse:
+    return _request(port, "POST", "/login", urlencode({"token": token}), **headers)
+
+
+def _session(response: http.client.HTTPResponse) -> str:
+    cookie = response.getheader("Set-Cookie") or ""
+    return cookie.split(";", 1)[0]
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> Iterator[Server]:
+    with Server(tmp_path, TOKEN, console_address="127.0.0.1:0") as server:
+        yield server
+
+
+def test_a_login_from_another_site_is_refused(console: Server) -> None:
+    port = console.console_port
+    assert port is not None
+    for headers in (
+        {"Origin": "http://evil.example"},
+        {"Sec_Fetch_Site": "cross-site"},
+        {"Sec_Fetch_Site": "same-site", "Origin": f"http://127.0.0.1:{port}"},
+    ):
+        refused = _login(port, TOKEN, **headers)
+        assert refused.status == 403 and refused.getheader("Set-Cookie") is None
+    for headers in (
+        {"Origin": f"http://127.0.0.1:{port}"},
+        {"Sec_Fetch_Site": "same-origin"},
+        {},  # no browser sent it
+    ):
+        ok = _login(port, TOKEN, **headers)
+        assert ok.status == 303 and ok.getheader("Location") == "/"
+
+
+def test_sessions_end_at_logout_and_pages_forbid_scripts(console: Server) -> None:
+    port = console.console_port
+    assert port is not None
+    response = _login(port, TOKEN)
+    cookie = _session(response)
+    name, value = cookie.split("=", 1)
+    assert name == "calmkit_session" and len(value) >= 40 and TOKEN not in value
+    page = _request(port, "GET", "/", Cookie=cookie)
+    assert page.status == 200
+    policy = page.getheader("Content-Security-Policy") or ""
+    assert "default-src 'none'" in policy and "script-src" not in policy
+    assert "frame-ancestors 'none'" in policy and page.getheader("X-Frame-Options") == "DENY"
+    assert page.getheader("Cache-Control") == "no-store"
+    missing = _request(port, "GET", "/collections/%3Cscript%3E", Cookie=cookie)
+    assert missing.status == 404
+    assert _request(port, "POST", "/logout", Cookie=cookie).status == 303
+    replayed = _request(port, "GET", "/", Cookie=cookie)
+    assert (replayed.status, replayed.getheader("Location")) == (303, "/login")
+    forged = _request(port, "GET", "/", Cookie="calmkit_session=" + "A" * 43)
+    assert (forged.status, forged.getheader("Location")) == (303, "/login")
+
+
+def test_failed_logins_are_limited(console: Server) -> None:
+    port = console.console_port
+    assert port is not None
+    for _ in range(MAX_FAILED_LOGINS):
+        assert _login(port, "not-the-token-not-the-token").status == 401
+    throttled = _login(port, TOKEN)  # for a minute, even the right one
+    assert throttled.status == 429 and throttled.getheader("Set-Cookie") is None
