@@ -67,6 +67,7 @@ NOT_RUN = {
         "docs/evaluate.md",
         "calmkit datasets fetch all                              # download + verify (~20 MB)",
     ),
+    ("docs/operate.md", "pg_dump -Fc --file calmkit.dump postgresql://calmkit@db.example/calmkit"),
 }
 
 
