@@ -36,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,13 +234,17 @@ class PageSession:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 continue
-        for pid in map(int, pids.read_text().split()):  # reaped by init: wait until gone
-            for _ in range(200):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                subprocess.run(["sleep", "0.05"], check=False)
+        deadline = time.monotonic() + 30
+        for pid in map(int, pids.read_text().split()):  # gone, or a zombie: stopped
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 @pytest.fixture(scope="module")

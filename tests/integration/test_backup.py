@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,6 +93,7 @@ def test_backup_during_ingest_holds_every_acknowledged_report(
     server, state, progress = ingesting
     while int(progress["acked"]) < 10_000:  # type: ignore[call-overload]
         assert progress["error"] is None, progress["error"]
+        time.sleep(0.001)
     before = int(progress["acked"])  # type: ignore[call-overload]
     info = backup(server.storage.path, tmp_path / "backup.db")
     after = int(progress["acked"])  # type: ignore[call-overload]
