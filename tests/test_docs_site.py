@@ -27,6 +27,7 @@ GUIDES = [
             "embed.md",
             "operate.md",
             "how-calm-works.md",
+            "wire-protocol.md",
             "security.md",
         )
     ),

@@ -139,6 +139,8 @@ def test_version_is_the_projects_on_the_base_install() -> None:
 INVOCATIONS = {
     "demo": ["demo", "--users", "2000", "--json"],
     "serve": ["serve", "--db", "{tmp}/agg.db"],
+    "backup": ["backup", "--db", "{tmp}/agg.db", "{tmp}/backup.db"],
+    "restore": ["restore", "{tmp}/backup.db", "--db", "{tmp}/restored.db"],
     "collection": ["collection", "list", "--address", "127.0.0.1:9"],
     "query": ["query", "--address", "127.0.0.1:9", "--collection", "c", "--attrs", "a0"],
     "datasets": ["datasets", "list", "--json", "--data-dir", "{tmp}"],
@@ -206,14 +208,31 @@ def test_a_command_without_its_extra_names_it(command: str, tmp_path: Path) -> N
     assert (shown.returncode, shown.stderr) in ((0, ""), (2, out.stderr)), shown.stderr
 
 
-# query needs a running service: the service test below runs it on the base install
+# query needs a running service: the service test below runs it on the base install;
+# backup and restore need a database: the test after next runs them there
 @pytest.mark.parametrize(
-    "command", sorted(c for c, p in COMMANDS.items() if not p.extra and c != "query")
+    "command",
+    sorted(
+        c for c, p in COMMANDS.items() if not p.extra and c not in ("query", "backup", "restore")
+    ),
 )
 def test_a_command_without_an_extra_runs_on_the_base_install(command: str, tmp_path: Path) -> None:
     out = _run(_argv(command, tmp_path), NO_EXTRAS)
     assert (out.returncode, out.stderr) == (0, "")
     assert json.loads(out.stdout)
+
+
+def test_backup_and_restore_run_on_the_base_install(tmp_path: Path) -> None:
+    from calmkit_aggregator.service.storage import Storage
+    from calmkit_client import Plan, Schema
+
+    with Storage(tmp_path / "agg.db") as storage:
+        plan = Plan(Schema.from_sizes((2, 3)), 1.0, [[0, 1]])
+        storage.create_collection("c1", plan, 2, bytes(32))
+    for argv in (INVOCATIONS["backup"], INVOCATIONS["restore"]):
+        out = _run([a.replace("{tmp}", str(tmp_path)) for a in argv], NO_EXTRAS)
+        assert (out.returncode, out.stderr) == (0, ""), out.stderr
+        assert "1 collection(s), 0 reports" in out.stdout
 
 
 def _only(extra: str) -> set[str]:

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .datasets import DatasetError, default_data_dir, user_data_dir
+from .datasets import DatasetError, default_data_dir, fetch_dir, user_data_dir
 
 __all__ = [
     "CATALOG",
@@ -397,12 +397,13 @@ def fetch(
     progress: Callable[[str], None] | None = None,
 ) -> Fetched:
     """Download, verify and unpack dataset ``name`` into ``folder`` (default
-    :func:`user_data_dir`). Files already there and verified are kept as they are.
+    ``$CALMKIT_DATA`` when set, else the per-user folder). Files already there and
+    verified are kept as they are.
     Raises :class:`DatasetError` (nothing written) on any failed check."""
     source = _source(name)
     if not source.fetchable:
         raise DatasetError(f"dataset ({name!r}) cannot be fetched automatically: {source.manual}")
-    target = Path(folder) if folder is not None else user_data_dir()
+    target = Path(folder) if folder is not None else fetch_dir()
     if _present(source, target):
         return Fetched(name, target, tuple(target / r for r in source.outputs), True)
     mirror = mirror if mirror is not None else os.environ.get(MIRROR_ENV) or None

@@ -856,14 +856,14 @@ def _datasets_options(parser: argparse.ArgumentParser) -> None:
 
 def _datasets(args: argparse.Namespace) -> int:
     from .catalog import CATALOG, dataset_path, fetch
-    from .datasets import default_data_dir, user_data_dir
+    from .datasets import default_data_dir, fetch_dir
 
     if args.action == "path" and len(args.names) != 1:
         raise CalmkitError(f"datasets path takes one NAME ({len(args.names)} given)")
     if args.action == "fetch" and not args.names:
         raise CalmkitError("datasets fetch needs NAME... (or all)")
     if args.action == "list":
-        return _list_datasets(args, CATALOG, dataset_path, default_data_dir, user_data_dir)
+        return _list_datasets(args, CATALOG, dataset_path, default_data_dir, fetch_dir)
     if args.action == "path":
         print(dataset_path(args.names[0], args.data_dir))
         return 0
@@ -885,7 +885,7 @@ def _datasets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _list_datasets(args, catalog, dataset_path, default_data_dir, user_data_dir) -> int:  # type: ignore[no-untyped-def]
+def _list_datasets(args, catalog, dataset_path, default_data_dir, fetch_dir) -> int:  # type: ignore[no-untyped-def]
     rows = []
     for src in catalog.values():
         where = dataset_path(src.name, args.data_dir)
@@ -909,8 +909,8 @@ def _list_datasets(args, catalog, dataset_path, default_data_dir, user_data_dir)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    folder = args.data_dir or default_data_dir() or user_data_dir()
-    print(f"data folder: {folder}  (fetch writes to {args.data_dir or user_data_dir()})")
+    folder = args.data_dir or default_data_dir() or fetch_dir()
+    print(f"data folder: {folder}  (fetch writes to {args.data_dir or fetch_dir()})")
     for src, row in zip(catalog.values(), rows):
         size = sum(d.size or 0 for d in src.downloads)
         state = "present" if row["present"] else "fetchable" if src.fetchable else "manual"

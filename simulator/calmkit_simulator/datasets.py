@@ -64,6 +64,13 @@ def user_data_dir() -> Path:
     return platformdirs.user_data_path("calmkit", appauthor=False) / "datasets"
 
 
+def fetch_dir() -> Path:
+    """Where ``calmkit datasets fetch`` writes without ``--data-dir``: ``$CALMKIT_DATA``
+    when set (the folder the loaders then read), else :func:`user_data_dir`."""
+    env = os.environ.get("CALMKIT_DATA")
+    return Path(env) if env else user_data_dir()
+
+
 def default_data_dir() -> Path | None:
     """``$CALMKIT_DATA``, else the per-user folder :func:`user_data_dir` if it exists
     (what ``calmkit datasets fetch`` fills), else a ``../shared/datasets`` beside the

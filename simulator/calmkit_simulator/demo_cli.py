@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from calmkit_client.commands import NON_NEGATIVE, POSITIVE, add_command, json_option, positive_float
 
@@ -62,13 +64,7 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         run = _serve_and_collect(pop, args)
     except KeyboardInterrupt:
-        print(
-            "calmkit demo: interrupted; nothing is kept (the demo's server and database "
-            "were temporary and are removed)",
-            file=sys.stderr,
-            flush=True,
-        )
-        return INTERRUPTED
+        _exit_interrupted()
     info, closed = run["info"], run["closed"]
     phases = [{"reports": int(r)} for r in closed.phase_reports]
     phases[0]["views"] = info.plan.m
@@ -100,12 +96,12 @@ def _serve_and_collect(pop: Any, args: argparse.Namespace) -> dict[str, Any]:
     from calmkit_aggregator.service.storage import Storage
     from calmkit_client.collector import RetryPolicy
 
-    with tempfile.TemporaryDirectory(prefix="calmkit-demo-") as tmp:
+    tmp = tempfile.mkdtemp(prefix="calmkit-demo-")
+    try:
         storage = Storage(Path(tmp) / "aggregator.db")
         server, port = create_server("127.0.0.1:0", storage)
         address = f"127.0.0.1:{port}"
         _stage(args, f"server on {address}; {pop.n} users report through the client")
-        grace = 5.0
         try:
             # a query's first answer computes its error bars (a bootstrap of the whole
             # reconstruction): allow it minutes on a slow machine, not the default 30 s
@@ -121,11 +117,16 @@ def _serve_and_collect(pop: Any, args: argparse.Namespace) -> dict[str, Any]:
                     for q in DEMO_QUERIES
                 ]
         except KeyboardInterrupt:
-            grace = 0.0  # ^C: stop at once, not after in-flight calls
+            # ^C: cancel the calls in flight and leave at once. A server thread may be
+            # busy (planning phase 1, a bootstrap) and would hold the store's lock: the
+            # store is not closed, its files are removed below, the process exits
+            # without waiting for that thread (_exit_interrupted)
+            server.stop(0)
             raise
-        finally:
-            graceful_stop(server, grace)
-            storage.close()
+        graceful_stop(server, 5.0)
+        storage.close()
+    finally:
+        _remove_tree(tmp)
     return {
         "info": info,
         "closed": closed,
@@ -165,6 +166,31 @@ def _report(pop: Any, address: str, info: Any, args: argparse.Namespace) -> int:
 
 
 INTERRUPTED = 130
+
+
+def _remove_tree(path: str) -> None:
+    """Remove the demo's temporary folder, also while a cancelled server thread may
+    still create a file in it (a second pass removes what the first missed)."""
+    for _ in range(3):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            return
+    print(f"calmkit demo: could not remove {path}: remove it by hand", file=sys.stderr)
+
+
+def _exit_interrupted() -> NoReturn:
+    """After ^C: say what was kept (nothing: the temporary folder is gone), flush, and
+    end the process with status 130 at once. ``os._exit``, not ``return``: a server
+    thread still busy (the phase-1 planner, a bootstrap) would otherwise be joined at
+    interpreter exit, seconds later."""
+    print(
+        "calmkit demo: interrupted; nothing is kept (the demo's server is stopped and its "
+        "temporary database removed)",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    os._exit(INTERRUPTED)
 
 
 def _stage(args: argparse.Namespace, text: str) -> None:

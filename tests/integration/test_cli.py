@@ -99,20 +99,76 @@ def test_demo_piped_shows_its_stages_as_they_happen(tmp_path: Path) -> None:
     assert "8 views of 1 attribute for" in out  # not "of 1 attributes"
 
 
-def test_demo_interrupted_says_nothing_is_kept_and_exits_130() -> None:
+DEMO_PILOT = 20_000  # the demo's 100,000 users: 20% report in the pilot phase
+
+
+def _demo_db_state(tmp: Path) -> tuple[int, int, bool] | None:
+    """(pilot reports, phase-1 reports, phase 1 planned) in the running demo's
+    temporary database (read-only; None until it exists)."""
+    import sqlite3
+
+    found = list(tmp.glob("calmkit-demo-*/aggregator.db"))
+    if not found:
+        return None
+    try:
+        with sqlite3.connect(f"file:{found[0]}?mode=ro", uri=True, timeout=0.1) as conn:
+            rows = dict(conn.execute("SELECT phase, SUM(count) FROM batches GROUP BY phase"))
+            planned = conn.execute("SELECT COUNT(*) FROM phases").fetchone()[0] > 0
+    except sqlite3.Error:  # not created yet, or busy: ask again
+        return None
+    return int(rows.get(0, 0)), int(rows.get(1, 0)), planned
+
+
+# when to press ^C: each test waits until the demo is at that point, then signals
+INTERRUPT_POINTS = {
+    "pilot": lambda db, err: db is not None and 0 < db[0] < DEMO_PILOT,
+    "planning": lambda db, err: db is not None and db[0] >= DEMO_PILOT and not db[2],
+    "main phase": lambda db, err: db is not None and db[2] and 0 < db[1] < 60_000,
+    "queries": lambda db, err: "answering the queries" in err,
+}
+
+
+def _interrupt_demo(tmp_path: Path, point: str) -> tuple[float, str, str, int]:
+    """Run the demo, press ^C at ``point``; (seconds from the signal to exit, stdout,
+    stderr, exit status)."""
+    import os
+    import threading
+
     proc = subprocess.Popen(
-        [sys.executable, "-m", "calmkit_client.cli", "demo", "--users", "400000"],
+        [sys.executable, "-m", "calmkit_client.cli", "demo"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )
-    assert proc.stderr is not None and "server on" in proc.stderr.readline()
-    time.sleep(1.0)  # reporting is under way
+    lines: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    deadline = time.monotonic() + 120
+    while not INTERRUPT_POINTS[point](_demo_db_state(tmp_path), "".join(lines)):
+        assert proc.poll() is None, f"the demo ended before {point}: {''.join(lines)}"
+        assert time.monotonic() < deadline, f"the demo never reached {point}"
+        time.sleep(0.02)
+    t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130
+    proc.wait(timeout=30)
+    seconds = time.monotonic() - t0
+    out = proc.stdout.read() if proc.stdout else ""
+    reader.join(timeout=5)
+    return seconds, out, "".join(lines), proc.returncode
+
+
+@pytest.mark.parametrize("point", list(INTERRUPT_POINTS))
+def test_demo_interrupted_exits_within_a_second_and_keeps_nothing(
+    tmp_path: Path, point: str
+) -> None:
+    seconds, out, err, status = _interrupt_demo(tmp_path, point)
+    assert status == 130, err
+    assert seconds < 1.0, f"^C during the {point}: exited {seconds:.2f} s after the signal"
     assert "interrupted; nothing is kept" in err and "Traceback" not in err
     assert out == ""
+    assert list(tmp_path.iterdir()) == []  # the temporary database is gone
 
 
 def test_population_describes_own_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

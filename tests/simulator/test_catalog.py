@@ -219,3 +219,24 @@ def test_missing_files_get_advice_that_fits(tmp_path: Path) -> None:
         load_dataset("retail", tmp_path)
     with pytest.raises(DatasetError, match=r"run `calmkit datasets fetch plants`"):
         load_dataset("plants", tmp_path)
+
+
+def test_fetch_writes_to_calmkit_data_when_set(
+    datasets_dir: Path,
+    http_folder: tuple[Path, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the guides say: point CALMKIT_DATA at a folder, fetch, and the loaders read it;
+    # fetch used to write to the per-user folder instead, which CALMKIT_DATA hides
+    www, url = http_folder
+    _serve_sources(datasets_dir, www)
+    target = tmp_path / "chosen"
+    monkeypatch.setenv("CALMKIT_DATA", str(target))
+    monkeypatch.setattr(catalog, "user_data_dir", lambda: tmp_path / "per-user")
+    assert main(["datasets", "fetch", "adult", "--mirror", url]) == 0
+    assert (
+        sha256_of(target / "adult" / "adult.data") == CATALOG["adult"].outputs["adult/adult.data"]
+    )
+    assert not (tmp_path / "per-user").exists()
+    assert load_dataset("adult").n > 30_000

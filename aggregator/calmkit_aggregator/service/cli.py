@@ -36,6 +36,7 @@ from calmkit_client.commands import (
 
 from .admission_cli import admission_spec
 from .admission_cli import register as register_admission
+from .backup_cli import register as register_backup
 
 if TYPE_CHECKING:
     from calmkit_client import Schema
@@ -677,3 +678,4 @@ def register(subparsers: Any) -> None:
         extra=None,
     )
     register_admission(subparsers)
+    register_backup(subparsers)
