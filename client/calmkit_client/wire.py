@@ -219,7 +219,7 @@ class CollectionInfo:
     ``max_reports``: the report cap (0: none); ``flags``: manipulation flags (counts
     no honest population explains); ``pilot_check``: the pilot's feasibility check;
     ``admission``: the admission-ticket scheme and key fingerprint ("" when reports
-    need no ticket)."""
+    need no ticket); ``expected_n``: the users it was planned for (0: not given)."""
 
     collection_id: str
     state: str
@@ -237,6 +237,7 @@ class CollectionInfo:
     flags: tuple[str, ...] = ()
     pilot_check: str = ""
     admission: str = ""
+    expected_n: int = 0
 
 
 def collection_from_proto(msg: Any) -> CollectionInfo:
@@ -257,6 +258,7 @@ def collection_from_proto(msg: Any) -> CollectionInfo:
         flags=tuple(str(f) for f in msg.flags),
         pilot_check=str(msg.pilot_check),
         admission=str(msg.admission),
+        expected_n=int(msg.expected_n),
     )
 
 

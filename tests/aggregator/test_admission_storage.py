@@ -48,13 +48,14 @@ def test_a_version_4_sqlite_file_gets_the_admissions_table(tmp_path: Path) -> No
         s.create_collection("old", PLAN, 2, TOKEN)
     with sqlite3.connect(path) as conn:  # as a version 4 file was
         conn.execute("DROP TABLE admissions")
+        conn.execute("ALTER TABLE collections DROP COLUMN expected_n")
         conn.execute("PRAGMA user_version = 4")
     (ed,) = _verifiers()[:1]
     with Storage(path) as s:
         assert s.get_collection("old").admission is None
         s.create_collection("new", PLAN, 2, TOKEN, admission=ed)
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     with Storage(path) as s:
         assert s.get_collection("new").admission == ed
 
@@ -74,11 +75,12 @@ def test_postgres_keeps_the_admission_and_migrates_version_3(pg_dsn: str) -> Non
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as a version 3 database was
         conn.execute("DELETE FROM admissions")
         conn.execute("DROP TABLE admissions")
+        conn.execute("ALTER TABLE collections DROP COLUMN expected_n")
         conn.execute("UPDATE calmkit_schema SET version = 3")
     with PgStorage(pg_dsn) as s:
         assert s.get_collection("e").admission is None
         s.create_collection("h", PLAN, 2, TOKEN, admission=mac)
         assert s.get_collection("h").admission == mac
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        assert conn.execute("SELECT version FROM calmkit_schema").fetchone()[0] == 4
-    assert PG_SCHEMA_VERSION == 4
+        assert conn.execute("SELECT version FROM calmkit_schema").fetchone()[0] == 5
+    assert PG_SCHEMA_VERSION == 5

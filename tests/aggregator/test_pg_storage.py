@@ -381,7 +381,7 @@ def test_a_version_1_database_is_migrated(pg_dsn: str, tmp_path: Path) -> None:
         more = simulate(PLAN, 20, seed=30)[1]
         assert store.add_reports("old", PLAN.digest, more) == BatchOutcome(20, 0)
     with psycopg.connect(pg_dsn) as conn:
-        assert conn.execute("SELECT version FROM calmkit_schema").fetchone() == (4,)
+        assert conn.execute("SELECT version FROM calmkit_schema").fetchone() == (5,)
         assert conn.execute("SELECT to_regclass('reports')").fetchone() == (None,)
     with PgStorage(pg_dsn) as again:  # opening a migrated database changes nothing
         assert again.get_collection("old").reports == 320
@@ -409,7 +409,7 @@ def test_refuses_a_newer_or_foreign_database(pg_dsn: str, pg_server: object) -> 
         conn.execute("CREATE TABLE calmkit_schema (version INTEGER NOT NULL)")
         conn.execute("INSERT INTO calmkit_schema VALUES (9)")
     with pytest.raises(
-        CalmkitError, match=r"schema version \(9\) .* must be 4 \(or 1, 2 or 3, which"
+        CalmkitError, match=r"schema version \(9\) .* must be 5 \(or 1, 2, 3 or 4, which"
     ):
         PgStorage(pg_dsn)
     foreign = pg_server.create_database()  # type: ignore[attr-defined]

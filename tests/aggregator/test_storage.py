@@ -170,7 +170,7 @@ def test_schema_and_pragmas(tmp_path: Path, plan: Plan) -> None:
     raw = sqlite3.connect(path)
     try:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         cols = [r[1] for r in raw.execute("PRAGMA table_info(batches)")]
         assert cols == [
             "seq",

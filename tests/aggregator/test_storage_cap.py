@@ -88,7 +88,8 @@ def test_a_version_3_file_is_migrated_with_no_cap(tmp_path: Path) -> None:
     raw.executescript(
         "ALTER TABLE collections DROP COLUMN max_reports; "
         "ALTER TABLE collections DROP COLUMN pilot_check; DROP TABLE flags; "
-        "DROP TABLE admissions; PRAGMA user_version = 3;"
+        "DROP TABLE admissions; ALTER TABLE collections DROP COLUMN expected_n; "
+        "PRAGMA user_version = 3;"
     )
     raw.close()
     with Storage(path) as s:
@@ -96,7 +97,7 @@ def test_a_version_3_file_is_migrated_with_no_cap(tmp_path: Path) -> None:
         assert (record.max_reports, record.flags, record.pilot_check) == (0, (), "")
         assert s.add_reports("old", plan.digest, reports[10:]) == BatchOutcome(20, 0)
     raw = sqlite3.connect(path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 6
     raw.close()
 
 
@@ -170,7 +171,8 @@ def test_a_version_2_postgres_database_is_migrated_with_no_cap(pg_dsn: str) -> N
         s.add_reports("old", plan.digest, reports[:10])
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(
-            "ALTER TABLE collections DROP COLUMN max_reports, DROP COLUMN pilot_check; "
+            "ALTER TABLE collections DROP COLUMN max_reports, DROP COLUMN pilot_check, "
+            "DROP COLUMN expected_n; "
             "DROP TABLE flags; DROP TABLE admissions; UPDATE calmkit_schema SET version = 2"
         )
     with PgStorage(pg_dsn) as s:
@@ -181,4 +183,4 @@ def test_a_version_2_postgres_database_is_migrated_with_no_cap(pg_dsn: str) -> N
     with PgStorage(pg_dsn) as s:
         assert s.get_collection("old").flags == ("kept",)
     with psycopg.connect(pg_dsn) as conn:
-        assert conn.execute("SELECT version FROM calmkit_schema").fetchone() == (4,)
+        assert conn.execute("SELECT version FROM calmkit_schema").fetchone() == (5,)

@@ -6,14 +6,18 @@ scripts and framing, and an unknown collection is a 404 that quotes it escaped."
 from __future__ import annotations
 
 import http.client
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
 
+from calmkit_aggregator.service.admin import AdminClient
 from calmkit_aggregator.service.console import MAX_FAILED_LOGINS
-from tests.integration.servers import Server
+from calmkit_client.collector import Collector
+from calmkit_client.device import DeviceState
+from tests.integration.servers import IDS, POP, Server
 
 TOKEN = "console-http-admin-token-42a7c1"
 
@@ -95,3 +99,35 @@ def test_failed_logins_are_limited(console: Server) -> None:
         assert _login(port, "not-the-token-not-the-token").status == 401
     throttled = _login(port, TOKEN)  # for a minute, even the right one
     assert throttled.status == 429 and throttled.getheader("Set-Cookie") is None
+
+
+def test_a_3_way_marginal_is_drawn_as_one_heatmap_per_category(console: Server) -> None:
+    """One heatmap of the last two attributes per category of the first, on one colour
+    scale, each cell the gRPC Query's value (a panel of the wrong slice, or a missing
+    one, fails)."""
+    port = console.console_port
+    assert port is not None
+    with AdminClient(console.address, TOKEN) as admin:
+        info = admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id="c3", pilot=0.0)
+    token = info.submit_token
+    assert token is not None
+    with Collector(console.address, "c3", token, DeviceState.in_memory()) as client:
+        client.submit_many(POP.codes[:4000], IDS[:4000])
+    with AdminClient(console.address, TOKEN) as admin:
+        admin.close_collection("c3")
+        expected = admin.query("c3", ["a0", "a1", "a2"])
+    cookie = _session(_login(port, TOKEN))
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/collections/c3?attr=a0&attr=a1&attr=a2", headers={"Cookie": cookie})
+    page = conn.getresponse().read().decode("utf-8")
+    conn.close()
+    panels = re.findall(r'<figure class="panel"><figcaption>(.*?)</figcaption>(.*?)</figure>', page)
+    categories = POP.schema.attributes[0].categories
+    assert [caption for caption, _ in panels] == [f"a0 = {c}" for c in categories]
+    for first, (_, svg) in enumerate(panels):
+        cells = re.findall(
+            r'data-row="(\d+)" data-col="(\d+)">.*?fill="#?\w+">([\d.]+)</text>', svg
+        )
+        assert len(cells) == expected.values[first].size
+        for i, j, shown in cells:
+            assert float(shown) == pytest.approx(expected.values[first, int(i), int(j)], abs=5e-5)

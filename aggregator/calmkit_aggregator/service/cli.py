@@ -521,6 +521,7 @@ def _info_dict(info: Any) -> dict[str, Any]:
         "phase_reports": list(info.phase_reports),
         "pilot_target": info.pilot_target,
         "max_reports": info.max_reports,
+        "expected_n": info.expected_n,
         "flags": list(info.flags),
         "pilot_check": info.pilot_check,
         "admission": info.admission,
@@ -567,7 +568,8 @@ def _collection(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"collection {out['collection_id']}: {out['state']}, {out['reports']} reports")
+    expected = f" of {out['expected_n']} expected (--n)" if out["expected_n"] else ""
+    print(f"collection {out['collection_id']}: {out['state']}, {out['reports']} reports{expected}")
     if out["pilot_target"] and out["phase"] == 0:
         print(
             f"  phase 0 (pilot): {out['reports']} of {out['pilot_target']} reports; then the "

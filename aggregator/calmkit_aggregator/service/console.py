@@ -118,8 +118,7 @@ class ConsoleState:
 
     def row(self, collection_id: str) -> Row:
         info = self.service.status(collection_id)
-        design = self.service.storage.get_collection(collection_id).design
-        expected = None if design is None else design.expected_n
+        expected = info.expected_n or None
         return Row(info, expected, self.rate.rates(collection_id))
 
 

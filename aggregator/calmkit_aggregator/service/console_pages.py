@@ -14,7 +14,7 @@ import numpy as np
 
 from calmkit_client.wire import CollectionInfo, MarginalAnswer
 
-from .console_svg import bars, heatmap, rate_line
+from .console_svg import bars, heatmap, heatmap_panels, rate_line
 
 __all__ = [
     "CSS",
@@ -37,6 +37,7 @@ th{background:#edf2f7;text-align:left} td.n{text-align:right;font-variant-numeri
 progress{width:160px} .flag{color:#9b2c2c;font-weight:bold} .error{color:#9b2c2c}
 .note{color:#555;font-size:90%} fieldset{display:inline-block;margin:4px 0}
 .box{background:#fff;border:1px solid #ddd;padding:8px 12px;margin:12px 0}
+figure.panel{display:inline-block;margin:4px 16px 4px 0} figcaption{font-weight:bold}
 """
 
 
@@ -91,7 +92,9 @@ def _link(collection_id: str) -> str:
 def _progress(row: Row) -> str:
     info = row.info
     target, what = row.expected, "expected users (--n)"
-    if target is None and info.max_reports:  # --n of a collection without a pilot is not stored
+    if (
+        target is None and info.max_reports
+    ):  # --n not given (or a collection from before it was stored)
         target, what = info.max_reports, "the report cap"
     if not target:
         return f'<span class="reports">{info.reports:,}</span>'
@@ -224,7 +227,8 @@ def _cells_table(answer: MarginalAnswer, labels: Sequence[Sequence[str]]) -> str
 def marginal_section(
     collection_id: str, answer: MarginalAnswer, labels: Sequence[Sequence[str]], reconstruct: str
 ) -> str:
-    """The chosen marginal: its chart (heatmap for 2 attributes, bars for 1), the
+    """The chosen marginal: its chart (bars for 1 attribute, a heatmap for 2, a heatmap
+    of the last two per category combination of the others for more), the
     errors against Uniform's, the method, downloads, and every cell in a table."""
     values, se = answer.values, np.sqrt(answer.variance)
     if values.ndim == 2:
@@ -234,7 +238,7 @@ def marginal_section(
     elif values.ndim == 1:
         chart = bars(values, se, answer.attributes[0], labels[0])
     else:
-        chart = '<p class="note">No chart for more than 2 attributes: the table has them.</p>'
+        chart = heatmap_panels(values, se, answer.attributes, labels)
     ours, uni = uniform_error(answer.values, answer.variance)
     verdict = (
         '<p class="flag" id=noise>Mostly noise: this answer is expected to be no closer '

@@ -11,7 +11,9 @@ from html import escape
 
 import numpy as np
 
-__all__ = ["bars", "heatmap", "rate_line"]
+__all__ = ["bars", "heatmap", "heatmap_panels", "rate_line"]
+
+MAX_PANELS = 24  # heatmaps drawn for one marginal of 3+ attributes (the table has every cell)
 
 CELL_W, CELL_H = 96, 44
 LABEL_CHARS = 24  # longer labels are cut (the full one is the element's tooltip)
@@ -45,13 +47,17 @@ def heatmap(
     names: tuple[str, str],
     rows: Sequence[str],
     cols: Sequence[str],
+    peak: float | None = None,
 ) -> str:
     """A 2-way marginal: rows are the first attribute's categories, columns the
-    second's; each cell shows its fraction and total error (standard error)."""
+    second's; each cell shows its fraction and total error (standard error). Colours
+    scale to ``peak`` (default: the largest value)."""
     left, top = _margin(rows) + 18, 58
     width = left + CELL_W * len(cols) + 10
     height = top + CELL_H * len(rows) + 10
-    peak = float(np.nanmax(values)) if values.size and np.nanmax(values) > 0 else 1.0
+    if peak is None:
+        peak = float(np.nanmax(values)) if values.size else 0.0
+    peak = peak if peak > 0 else 1.0
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'role="img" aria-label="heatmap of {escape(names[0])} by {escape(names[1])}" {FONT}>',
@@ -85,6 +91,31 @@ def heatmap(
                 f'fill="{ink}" font-size="10">{_se_text(float(se[i, j]))}</text></g>'
             )
     out.append("</svg>")
+    return "".join(out)
+
+
+def heatmap_panels(
+    values: np.ndarray, se: np.ndarray, names: Sequence[str], labels: Sequence[Sequence[str]]
+) -> str:
+    """A marginal of 3+ attributes: one heatmap of the last two attributes per category
+    combination of the others (fractions of the whole table, one colour scale), at most
+    :data:`MAX_PANELS` of them."""
+    lead = values.shape[:-2]
+    peak = float(np.nanmax(values)) if values.size else 0.0
+    out = []
+    for count, index in enumerate(np.ndindex(*lead)):
+        if count == MAX_PANELS:
+            out.append(
+                f'<p class="note">{int(np.prod(lead)) - MAX_PANELS} more panels: see the table.</p>'
+            )
+            break
+        where = ", ".join(f"{names[a]} = {labels[a][i]}" for a, i in enumerate(index))
+        chart = heatmap(
+            values[index], se[index], (names[-2], names[-1]), labels[-2], labels[-1], peak
+        )
+        out.append(
+            f'<figure class="panel"><figcaption>{escape(where)}</figcaption>{chart}</figure>'
+        )
     return "".join(out)
 
 

@@ -281,6 +281,7 @@ class AggregatorService(wire.AggregatorServicer):
             design,
             max_reports=cap,
             admission=params.admission,
+            expected_n=params.expected_n,
         )
         log_json(
             "created",

@@ -72,7 +72,7 @@ class CollectionGauges(Collector):
             ),
             "expected": GaugeMetricFamily(
                 "calmkit_collection_expected_reports",
-                "Users expected (--n) of a collection with a pilot; 0 when not stored",
+                "Users the collection was planned for (--n); 0 when not given",
                 labels=labels,
             ),
             "cap": GaugeMetricFamily(
@@ -97,7 +97,7 @@ class CollectionGauges(Collector):
             design = record.design
             values = {
                 "reports": record.reports,
-                "expected": 0 if design is None else design.expected_n,
+                "expected": record.expected_users,
                 "cap": record.max_reports,
                 "phase": record.phase,
                 "pilot": 0 if design is None else design.pilot_reports,

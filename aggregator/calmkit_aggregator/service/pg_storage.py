@@ -16,7 +16,9 @@ The database holds what SQLite holds (schema version :data:`PG_SCHEMA_VERSION`):
 - ``collections`` and ``phases``: as in SQLite, with ``max_reports`` (the report cap)
   and ``pilot_check``; ``flags``: manipulation flags raised at ingest. Version 2
   databases gain them on open, with no cap on their existing collections;
-  ``admissions`` (version 4; older databases get the empty table on open).
+  ``admissions`` (version 4; older databases get the empty table on open);
+  ``collections.expected_n``, the users a collection was planned for (version 5; 0 on
+  older databases' collections).
 
 The cap is checked in the transaction that holds the collection's row lock, against
 the key tables just brought up to date (every stored report of the collection, from
@@ -121,7 +123,7 @@ from .store import (
 
 __all__ = ["PG_SCHEMA_VERSION", "PgStorage", "is_postgres_url"]
 
-PG_SCHEMA_VERSION = 4
+PG_SCHEMA_VERSION = 5
 _I64 = np.dtype("<i8")
 _LOG_COLUMNS = ("report_ids", "pseudonyms", "views", "cells", "bits")
 # Reports committed in one transaction at most (group commit takes waiting batches up
@@ -199,6 +201,8 @@ CREATE TABLE IF NOT EXISTS flags (
     flag TEXT NOT NULL
 );
 """
+# Version 4 -> 5 (and part of a new database's schema): the expected number of users.
+_MIGRATE_4 = "ALTER TABLE collections ADD COLUMN IF NOT EXISTS expected_n BIGINT NOT NULL DEFAULT 0"
 _LOCK = "SELECT state, max_reports FROM collections WHERE id = %s FOR NO KEY UPDATE"
 _TAIL = (
     "SELECT seq, report_ids, pseudonyms FROM batches WHERE collection_id = %s "
@@ -414,15 +418,16 @@ class PgStorage(SnapshotSchedule):
             cur.execute(_LOG_SETUP)
             cur.execute(_MIGRATE_2)
             cur.execute(_ADMISSIONS)
+            cur.execute(_MIGRATE_4)
             cur.execute("INSERT INTO calmkit_schema VALUES (%s)", (PG_SCHEMA_VERSION,))
             return
         cur.execute("SELECT version FROM calmkit_schema")
         row = cur.fetchone()
         version = None if row is None else row[0]
-        if version not in (1, 2, 3, PG_SCHEMA_VERSION):
+        if version not in (1, 2, 3, 4, PG_SCHEMA_VERSION):
             raise CalmkitError(
                 f"schema version ({version}) of {self.path!r} must be {PG_SCHEMA_VERSION} "
-                "(or 1, 2 or 3, which are migrated)"
+                "(or 1, 2, 3 or 4, which are migrated)"
             )
         if version == 1:
             self._migrate_1(cur)
@@ -430,6 +435,8 @@ class PgStorage(SnapshotSchedule):
             cur.execute(_MIGRATE_2)  # version 2 -> 3: the cap, the pilot check, flags
         if version in (1, 2, 3):
             cur.execute(_ADMISSIONS)  # version 3 -> 4: admission tickets
+        if version in (1, 2, 3, 4):
+            cur.execute(_MIGRATE_4)  # version 4 -> 5: the expected number of users
             cur.execute("UPDATE calmkit_schema SET version = %s", (PG_SCHEMA_VERSION,))
 
     def _migrate_1(self, cur: Any) -> None:
@@ -490,13 +497,13 @@ class PgStorage(SnapshotSchedule):
             raise CollectionNotFound(f"collection_id ({_show(collection_id)}) not found")
         cur.execute(
             "SELECT plan_json, digest, k, state, submit_token_hash, created_at, closed_at, "
-            "design_json, max_reports, pilot_check FROM collections WHERE id = %s",
+            "design_json, max_reports, pilot_check, expected_n FROM collections WHERE id = %s",
             (collection_id,),
         )
         row = cur.fetchone()
         if row is None:
             raise CollectionNotFound(f"collection_id ({_show(collection_id)}) not found")
-        plan_json, digest, k, state, token_hash, created, closed, design_json, cap, check = row
+        plan_json, digest, k, state, token_hash, created, closed, design_json, cap, check, n = row
         plans = [self._plan(collection_id, 0, plan_json, digest)]
         cur.execute(
             "SELECT phase, plan_json, digest FROM phases WHERE collection_id = %s ORDER BY phase",
@@ -526,6 +533,7 @@ class PgStorage(SnapshotSchedule):
             flags=flags,
             pilot_check=check,
             admission=admission,
+            expected_n=int(n),
         )
         with self._keys_lock:
             self._records[collection_id] = record
@@ -585,15 +593,18 @@ class PgStorage(SnapshotSchedule):
         design: PhasedDesign | None = None,
         max_reports: int = 0,
         admission: TicketVerifier | None = None,
+        expected_n: int = 0,
     ) -> CollectionRecord:
         """Create an open collection (see :meth:`.storage.Storage.create_collection`)."""
-        check_collection_args(collection_id, plan, k, submit_token_hash, design, max_reports)
+        check_collection_args(
+            collection_id, plan, k, submit_token_hash, design, max_reports, expected_n
+        )
         check_admission(admission)
         with self._lock, self._transaction(self._live("_conn")) as cur:
             cur.execute(
                 "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash, "
-                "created_at, closed_at, design_json, max_reports) VALUES (%s, %s, %s, %s, %s, %s, "
-                "%s, NULL, %s, %s) ON CONFLICT (id) DO NOTHING",
+                "created_at, closed_at, design_json, max_reports, expected_n) VALUES (%s, %s, %s, "
+                "%s, %s, %s, %s, NULL, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
                 (
                     collection_id,
                     plan.to_json(),
@@ -604,6 +615,7 @@ class PgStorage(SnapshotSchedule):
                     time.time(),
                     None if design is None else design.to_json(),
                     int(max_reports),
+                    int(expected_n),
                 ),
             )
             if cur.rowcount == 0:

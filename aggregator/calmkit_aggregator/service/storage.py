@@ -38,6 +38,9 @@ Tables (schema version :data:`SCHEMA_VERSION` in ``PRAGMA user_version``):
   given: a public key for ed25519, the shared secret for hmac-sha256 (see
   :func:`~.store.stored_admission`). Added in version 5 (an older file gets the
   empty table on open).
+- ``collections.expected_n``: the number of users the collection was planned for
+  (``--n``), shown as its progress target. Added in version 6; existing collections
+  get 0 (not stored).
 
 Report ids (retries are idempotent) and pseudonyms (a user reports once per
 collection, over all phases) are unique per collection: the key tables are rebuilt
@@ -110,7 +113,7 @@ from .store import (
 
 __all__ = ["SCHEMA_VERSION", "Storage"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 log = logging.getLogger("calmkit.aggregator")
 # Reports per batch-log row when a version 1/2 file is migrated.
 _MIGRATE_CHUNK = 10_000
@@ -187,6 +190,12 @@ PRAGMA user_version = 2;
 _MIGRATE_4 = f"""
 {_ADMISSIONS}
 PRAGMA user_version = 5;
+"""
+# Version 5 -> 6 (and part of a new file's schema): the expected number of users (--n);
+# existing collections get 0 (not stored).
+_MIGRATE_5 = """
+ALTER TABLE collections ADD COLUMN expected_n INTEGER NOT NULL DEFAULT 0;
+PRAGMA user_version = 6;
 """
 
 
@@ -325,8 +334,10 @@ class Storage(SnapshotSchedule):
             tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
             if tables:
                 raise CalmkitError(f"database ({self.path!r}) is not a calmkit store")
-            conn.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} {_MIGRATE_3} {_MIGRATE_4} COMMIT;")
-        elif version in (1, 2, 3, 4):
+            conn.executescript(
+                f"BEGIN IMMEDIATE; {_SCHEMA} {_MIGRATE_3} {_MIGRATE_4} {_MIGRATE_5} COMMIT;"
+            )
+        elif version in (1, 2, 3, 4, 5):
             with _transaction(conn):
                 if version == 1:
                     _execute_script(conn, _MIGRATE_1)
@@ -334,11 +345,13 @@ class Storage(SnapshotSchedule):
                     _migrate_rows_to_log(conn)
                 if version < 4:
                     _execute_script(conn, _MIGRATE_3)
-                _execute_script(conn, _MIGRATE_4)
+                if version < 5:
+                    _execute_script(conn, _MIGRATE_4)
+                _execute_script(conn, _MIGRATE_5)
         elif version != SCHEMA_VERSION:
             raise CalmkitError(
                 f"schema version ({version}) of {self.path!r} must be {SCHEMA_VERSION} (or 1, "
-                "2, 3 or 4, which are migrated)"
+                "2, 3, 4 or 5, which are migrated)"
             )
 
     def _load(self, conn: sqlite3.Connection) -> None:
@@ -347,9 +360,9 @@ class Storage(SnapshotSchedule):
         for cid, flag in conn.execute("SELECT collection_id, flag FROM flags ORDER BY seq"):
             flags.setdefault(cid, []).append(flag)
         extra = {
-            cid: (cap, check)
-            for cid, cap, check in conn.execute(
-                "SELECT id, max_reports, pilot_check FROM collections"
+            cid: (cap, check, expected)
+            for cid, cap, check, expected in conn.execute(
+                "SELECT id, max_reports, pilot_check, expected_n FROM collections"
             )
         }
         admissions = {
@@ -359,7 +372,7 @@ class Storage(SnapshotSchedule):
             )
         }
         for cid, plans, k, state, token_hash, created, closed, design in _read_collections(conn):
-            cap, pilot_check = extra[cid]
+            cap, pilot_check, expected = extra[cid]
             entry = _Entry.empty(
                 CollectionRecord(
                     cid,
@@ -375,6 +388,7 @@ class Storage(SnapshotSchedule):
                     flags=tuple(flags.get(cid, ())),
                     pilot_check=pilot_check,
                     admission=admissions.get(cid),
+                    expected_n=expected,
                 )
             )
             for phase, n_blob, counts_blob in conn.execute(
@@ -516,12 +530,16 @@ class Storage(SnapshotSchedule):
         design: PhasedDesign | None = None,
         max_reports: int = 0,
         admission: TicketVerifier | None = None,
+        expected_n: int = 0,
     ) -> CollectionRecord:
         """Create an open collection whose first phase uses ``plan`` (``design``: how
         the next phase is planned, None for one phase; ``max_reports``: the report cap,
-        0 for none; ``admission``: the tickets its reports need, None for none);
+        0 for none; ``admission``: the tickets its reports need, None for none;
+        ``expected_n``: the users it was planned for, 0 if not given);
         :class:`CollectionExists` if the id is taken."""
-        check_collection_args(collection_id, plan, k, submit_token_hash, design, max_reports)
+        check_collection_args(
+            collection_id, plan, k, submit_token_hash, design, max_reports, expected_n
+        )
         check_admission(admission)
         record = CollectionRecord(
             collection_id,
@@ -535,6 +553,7 @@ class Storage(SnapshotSchedule):
             design,
             max_reports=int(max_reports),
             admission=admission,
+            expected_n=int(expected_n),
         )
         with self._lock:
             conn = self._connection()
@@ -544,8 +563,8 @@ class Storage(SnapshotSchedule):
             with _transaction(conn):
                 conn.execute(
                     "INSERT INTO collections (id, plan_json, digest, k, state, submit_token_hash,"
-                    " created_at, closed_at, design_json, max_reports) VALUES (?, ?, ?, ?, ?, ?, ?,"
-                    " NULL, ?, ?)",
+                    " created_at, closed_at, design_json, max_reports, expected_n) VALUES (?, ?, ?,"
+                    " ?, ?, ?, ?, NULL, ?, ?, ?)",
                     (
                         collection_id,
                         plan.to_json(),
@@ -556,6 +575,7 @@ class Storage(SnapshotSchedule):
                         record.created_at,
                         None if design is None else design.to_json(),
                         record.max_reports,
+                        record.expected_n,
                     ),
                 )
                 _write_support(conn, collection_id, 0, entry, insert=True)

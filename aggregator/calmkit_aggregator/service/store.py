@@ -106,7 +106,9 @@ class CollectionRecord:
     ``plans``: the plan of each phase so far (the last is the current one); ``state``:
     :data:`OPEN` or :data:`CLOSED`; ``design``: how the next phase is planned (None:
     one phase); ``reports``, ``phase_reports``: reports counted, in all and per
-    phase; ``max_reports``: the report cap (0: none); ``flags``: manipulation flags
+    phase; ``max_reports``: the report cap (0: none); ``expected_n``: the number of
+    users the collection was planned for (``--n``; 0: not given, or created before it was
+    stored); ``flags``: manipulation flags
     stored at ingest (one line each, oldest first); ``pilot_check``: the pilot's
     feasibility check ("" before it ran)."""
 
@@ -124,6 +126,7 @@ class CollectionRecord:
     flags: tuple[str, ...] = ()
     pilot_check: str = ""
     admission: TicketVerifier | None = None
+    expected_n: int = 0
 
     def __post_init__(self) -> None:
         plans = self.plans
@@ -141,6 +144,12 @@ class CollectionRecord:
     def phase(self) -> int:
         """The current phase (0-based)."""
         return len(self.plans) - 1
+
+    @property
+    def expected_users(self) -> int:
+        """The users the collection was planned for: ``expected_n``, else its phased
+        design's (a collection stored before ``expected_n`` was); 0 when not known."""
+        return self.expected_n or (0 if self.design is None else self.design.expected_n)
 
     def phase_of(self, plan_digest: str) -> int:
         """The phase whose plan has ``plan_digest``; :class:`PlanMismatch` if none."""
@@ -189,6 +198,7 @@ class ReportStore(Protocol):
         design: PhasedDesign | None = None,
         max_reports: int = 0,
         admission: TicketVerifier | None = None,
+        expected_n: int = 0,
     ) -> CollectionRecord: ...
     def add_flag(self, collection_id: str, flag: str) -> None: ...
     def set_pilot_check(self, collection_id: str, result: str) -> None: ...
@@ -249,9 +259,11 @@ def check_collection_args(
     token_hash: bytes,
     design: PhasedDesign | None,
     max_reports: int = 0,
+    expected_n: int = 0,
 ) -> None:
     """The arguments of ``create_collection``: a valid id, a plan, ``k`` in [1, d], the
-    submit token's SHA-256 and a :class:`PhasedDesign` or None."""
+    submit token's SHA-256, a :class:`PhasedDesign` or None, the cap and the expected
+    number of users (ints >= 0)."""
     check_collection_id(collection_id)
     check_plan(plan)
     if not is_int(k) or not 1 <= k <= plan.schema.d:
@@ -264,6 +276,8 @@ def check_collection_args(
         raise CalmkitError(f"design ({_show(design)}) must be a PhasedDesign or None")
     if not is_int(max_reports) or not 0 <= max_reports < 2**63:
         raise CalmkitError(f"max_reports ({_show(max_reports)}) must be an int >= 0 (0: no cap)")
+    if not is_int(expected_n) or not 0 <= expected_n < 2**63:
+        raise CalmkitError(f"expected_n ({_show(expected_n)}) must be an int >= 0 (0: not given)")
 
 
 MAX_FLAGS = 100  # flags kept per collection (the first ones: later ones are only logged)

@@ -276,6 +276,7 @@ def collection_to_proto(
         flags=list(flags),
         pilot_check=record.pilot_check,
         admission="" if record.admission is None else record.admission.fingerprint,
+        expected_n=record.expected_users,
     )
 
 

@@ -155,7 +155,7 @@ class Admission(_message.Message):
     def __init__(self, scheme: _Optional[str] = ..., key: _Optional[bytes] = ...) -> None: ...
 
 class Collection(_message.Message):
-    __slots__ = ("collection_id", "state", "plan", "k", "reports", "view_reports", "created_at", "closed_at", "submit_token", "phase", "phase_reports", "pilot_target", "admission", "max_reports", "flags", "pilot_check")
+    __slots__ = ("collection_id", "state", "plan", "k", "reports", "view_reports", "created_at", "closed_at", "submit_token", "phase", "phase_reports", "pilot_target", "admission", "max_reports", "flags", "pilot_check", "expected_n")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,7 @@ class Collection(_message.Message):
     MAX_REPORTS_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     PILOT_CHECK_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_N_FIELD_NUMBER: _ClassVar[int]
     collection_id: str
     state: CollectionState
     plan: Plan
@@ -188,7 +189,8 @@ class Collection(_message.Message):
     max_reports: int
     flags: _containers.RepeatedScalarFieldContainer[str]
     pilot_check: str
-    def __init__(self, collection_id: _Optional[str] = ..., state: _Optional[_Union[CollectionState, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., k: _Optional[int] = ..., reports: _Optional[int] = ..., view_reports: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., submit_token: _Optional[str] = ..., phase: _Optional[int] = ..., phase_reports: _Optional[_Iterable[int]] = ..., pilot_target: _Optional[int] = ..., admission: _Optional[str] = ..., max_reports: _Optional[int] = ..., flags: _Optional[_Iterable[str]] = ..., pilot_check: _Optional[str] = ...) -> None: ...
+    expected_n: int
+    def __init__(self, collection_id: _Optional[str] = ..., state: _Optional[_Union[CollectionState, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., k: _Optional[int] = ..., reports: _Optional[int] = ..., view_reports: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., closed_at: _Optional[float] = ..., submit_token: _Optional[str] = ..., phase: _Optional[int] = ..., phase_reports: _Optional[_Iterable[int]] = ..., pilot_target: _Optional[int] = ..., admission: _Optional[str] = ..., max_reports: _Optional[int] = ..., flags: _Optional[_Iterable[str]] = ..., pilot_check: _Optional[str] = ..., expected_n: _Optional[int] = ...) -> None: ...
 
 class CollectionRef(_message.Message):
     __slots__ = ("collection_id",)
