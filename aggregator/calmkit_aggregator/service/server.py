@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import ipaddress
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from . import wire
 from .address import check_address
 from .endpoints import Endpoints, start_endpoints
 from .handlers import AggregatorService
+from .http_endpoint import loopback_host
 from .limits import Guard
 from .metrics import NO_METRICS, ServiceMetrics
 from .store import ReportStore
@@ -65,14 +65,9 @@ MAX_CONNECTION_AGE_GRACE_S = 60  # in-flight calls get this long to finish
 
 
 def is_loopback(address: str) -> bool:
-    """Whether ``HOST:PORT`` binds only the loopback interface."""
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    """Whether ``HOST:PORT`` binds only the loopback interface (``localhost``, or a
+    loopback address such as ``127.0.0.1`` or ``[::1]``)."""
+    return loopback_host(address)
 
 
 @dataclass(frozen=True, repr=False)
