@@ -15,8 +15,11 @@ components ``W_S``, one per attribute subset ``S``, of dimension
 2. **Norm-Sub.** Where a view's noise reaches its smallest cells, Norm-Sub clips it,
    which both lowers the noise and biases the table towards the interior. For such
    views the bias vector and the variance of every component after Norm-Sub are
-   measured by simulating the view (its truth the product of the profile's
-   marginals, its counts drawn exactly as the oracle draws them; a fixed seed).
+   measured by simulating the view (its truth a table with the profile's marginals
+   and its pair dependence, :mod:`.view_tables`, at the profile's dependence: on
+   dependent data a view of many attributes holds many near-empty cells, which the
+   product of the marginals does not; its counts drawn exactly as the oracle draws
+   them; a fixed seed).
 3. **Consistency** averages each component over all views holding it with the
    pipeline's weights ``w_j ∝ 1/(L_j var_j)``, each divided by the share ``k_j`` of
    its raw variance the component keeps after Norm-Sub: ``e_S = (sum w_j |b_j|)^2 +
@@ -81,6 +84,7 @@ from calmkit_client.validation import check_int
 from ..reconstruction.consistency import norm_sub_rows
 from ..reconstruction.methods import check_reconstruction
 from .profile import DataProfile, marginal_pair_weights
+from .view_tables import view_tables
 
 __all__ = ["ErrorPrediction", "Workload", "predict_error", "predict_errors"]
 
@@ -396,21 +400,13 @@ def _norm_sub(model: _Views, comps: _Components, profile: DataProfile, seed: int
     simulated up to :data:`_SIMULATED` at a time; the others take the values of the
     simulated view with the nearest truth. Views above :data:`_SIMULATE_MAX_CELLS`
     cells keep the analytic values."""
-    width = max(p.size for p in profile.marginals)
-    padded = np.zeros((len(profile.marginals), width))
-    for a, p in enumerate(profile.marginals):
-        padded[a, : p.size] = p
     gen = np.random.default_rng(seed)
     for key, (idx, patterns, rows) in comps.blocks.items():
         shape, _ = key
         if math.prod(shape) > _SIMULATE_MAX_CELLS:
             continue
-        # truths: outer products of the representative marginals, (B, L)
-        views = model.shapes[key][1]
-        truth = np.ones((len(idx), 1))
-        for col, size in enumerate(shape):
-            stacked = padded[views[:, col], :size]
-            truth = (truth[:, :, None] * stacked[:, None, :]).reshape(len(idx), -1)
+        # truths (B, L): the profile's margins joined with its pair dependence
+        truth = view_tables(profile, model.shapes[key][1], shape, profile.dependence)
         users = model.users[idx]
         sd = np.sqrt(model.var[idx] + 1.0 / users)
         active = truth.min(axis=1) < _CLIP_SDS * sd
