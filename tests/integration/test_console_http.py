@@ -23,9 +23,9 @@ TOKEN = "console-http-admin-token-42a7c1"
 
 
 def _request(
-    port: int, method: str, path: str, body: str = "", **headers: str
+    port: int, method: str, path: str, body: str = "", source: str = "127.0.0.1", **headers: str
 ) -> http.client.HTTPResponse:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(source, 0))
     sent = {k.replace("_", "-"): v for k, v in headers.items()}
     if body:
         sent["Content-Type"] = "application/x-www-form-urlencoded"
@@ -36,8 +36,10 @@ def _request(
     return response
 
 
-def _login(port: int, token: str, **headers: str) -> http.client.HTTPResponse:
-    return _request(port, "POST", "/login", urlencode({"token": token}), **headers)
+def _login(
+    port: int, token: str, source: str = "127.0.0.1", **headers: str
+) -> http.client.HTTPResponse:
+    return _request(port, "POST", "/login", urlencode({"token": token}), source, **headers)
 
 
 def _session(response: http.client.HTTPResponse) -> str:
@@ -99,6 +101,9 @@ def test_failed_logins_are_limited(console: Server) -> None:
         assert _login(port, "not-the-token-not-the-token").status == 401
     throttled = _login(port, TOKEN)  # for a minute, even the right one
     assert throttled.status == 429 and throttled.getheader("Set-Cookie") is None
+    # per client address: another client (here 127.0.0.2) is not locked out
+    other = _login(port, TOKEN, source="127.0.0.2")
+    assert other.status == 303 and other.getheader("Set-Cookie")
 
 
 def test_a_3_way_marginal_is_drawn_as_one_heatmap_per_category(console: Server) -> None:

@@ -14,7 +14,8 @@ Access (docs/operate.md "Web console"):
   browser gets a random session id (:func:`secrets.token_urlsafe`) in a cookie that
   is ``HttpOnly``, ``SameSite=Strict`` and, over TLS, ``Secure``. The server keeps
   only the ids' digests. Failed logins are limited to :data:`MAX_FAILED_LOGINS` a
-  minute.
+  minute per client address (an IPv6 client's /64), so no client can lock the others
+  out; a token of >= 16 characters is out of reach of guessing at that rate.
 - POSTs (log in, log out) from another site are refused
   (:func:`~.http_endpoint.cross_site`); every other request is a read.
 - Pages carry no script, and a content security policy forbids any.
@@ -50,13 +51,15 @@ from .console_pages import (
 from .handlers import AggregatorService, log_json
 from .http_endpoint import EndpointHandler, cross_site, token_matches
 from .ingest_rate import IngestRate
+from .rate_limit import address_key
 
 __all__ = ["COOKIE", "MAX_FAILED_LOGINS", "SESSION_SECONDS", "ConsoleHandler", "ConsoleState"]
 
 COOKIE = "calmkit_session"
 SESSION_SECONDS = 12 * 3600
 MAX_SESSIONS = 1000  # beyond: the oldest session ends
-MAX_FAILED_LOGINS = 20  # a minute, all clients together
+MAX_FAILED_LOGINS = 20  # a minute, per client address
+MAX_TRACKED_CLIENTS = 10_000  # addresses with recent failed logins kept (beyond: the oldest go)
 CSP = (
     "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'"
@@ -76,7 +79,7 @@ class ConsoleState:
     token_hash: bytes | None
     rate: IngestRate
     sessions: dict[str, float] = field(default_factory=dict)  # id digest -> expiry
-    failures: collections.deque[float] = field(default_factory=collections.deque)
+    failures: dict[str, collections.deque[float]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def new_session(self) -> str:
@@ -104,17 +107,21 @@ class ConsoleState:
             with self.lock:
                 self.sessions.pop(_digest(session_id), None)
 
-    def throttled(self) -> bool:
-        """Whether too many logins failed in the last minute."""
+    def throttled(self, client: str) -> bool:
+        """Whether too many logins from ``client`` (:func:`~.rate_limit.address_key`)
+        failed in the last minute."""
         now = time.time()
         with self.lock:
-            while self.failures and self.failures[0] < now - 60:
-                self.failures.popleft()
-            return len(self.failures) >= MAX_FAILED_LOGINS
+            recent = self.failures.get(client)
+            while recent and recent[0] < now - 60:
+                recent.popleft()
+            return recent is not None and len(recent) >= MAX_FAILED_LOGINS
 
-    def failed(self) -> None:
+    def failed(self, client: str) -> None:
         with self.lock:
-            self.failures.append(time.time())
+            if client not in self.failures and len(self.failures) >= MAX_TRACKED_CLIENTS:
+                del self.failures[next(iter(self.failures))]  # the longest tracked
+            self.failures.setdefault(client, collections.deque()).append(time.time())
 
     def row(self, collection_id: str) -> Row:
         info = self.service.status(collection_id)
@@ -239,7 +246,8 @@ class ConsoleHandler(EndpointHandler):
         if state.token_hash is None:
             self._redirect("/")
             return
-        if state.throttled():
+        client = address_key(self.client_address[0])
+        if state.throttled(client):
             self._html(429, login_page("too many failed logins: wait a minute"))
             return
         try:
@@ -248,7 +256,7 @@ class ConsoleHandler(EndpointHandler):
             form = {}
         token = (form.get("token") or [""])[0].strip()
         if not token_matches(token, state.token_hash):
-            state.failed()
+            state.failed(client)
             self._html(401, login_page("wrong token"))
             return
         session = state.new_session()

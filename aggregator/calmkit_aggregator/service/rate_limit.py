@@ -31,7 +31,7 @@ from urllib.parse import unquote
 from calmkit_client.errors import BatchTooLarge, CalmkitError, RateLimited
 from calmkit_client.validation import is_int
 
-__all__ = ["RateLimit", "submitter_of"]
+__all__ = ["RateLimit", "address_key", "submitter_of"]
 
 _MAX_BUCKETS = 100_000
 
@@ -43,11 +43,17 @@ def submitter_of(peer: str) -> str:
     kind, _, rest = unquote(peer).partition(":")
     if kind not in ("ipv4", "ipv6"):
         return peer
-    host = rest.rpartition(":")[0].strip("[]")
+    return address_key(rest.rpartition(":")[0])
+
+
+def address_key(host: str) -> str:
+    """What one client address counts as: an IPv4 address itself, an IPv6 address its
+    /64 (one subscriber's allocation; an IPv4-mapped one its IPv4 address), anything
+    that is not an address (``[::1]`` brackets allowed) as itself."""
     try:
-        ip = ipaddress.ip_address(host)
+        ip = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        return peer
+        return host
     if isinstance(ip, ipaddress.IPv6Address):
         if ip.ipv4_mapped is not None:
             return str(ip.ipv4_mapped)
