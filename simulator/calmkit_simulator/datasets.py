@@ -32,7 +32,7 @@ import platformdirs
 from calmkit_client import Attribute, CalmkitError, Schema
 
 from .population import Population
-from .synthetic import synthetic_population
+from .synthetic import demo_population, synthetic_population
 
 __all__ = [
     "DATASETS",
@@ -421,6 +421,7 @@ def load_kosarak(data_dir: Path | str, d: int = 16) -> Population:
 DATASETS: dict[str, str] = {
     "synthetic": "random Bayesian network, d binary attributes (default, needs no files)",
     "synthetic:LO-HI": "the same with LO to HI categories per attribute (drawn uniformly)",
+    "demo": "the population of `calmkit demo`: 100,000 users, 8 attributes of 2-4 categories",
     "adult": "UCI Adult, 15 attributes, numeric ones bucketized",
     "nltcs": "NLTCS, 16 binary attributes",
     "acs": "ACS (PrivBayes binarization), 23 binary attributes",
@@ -475,6 +476,8 @@ def load_dataset(
     if name == "synthetic" or name.startswith("synthetic:"):
         sizes = _synthetic_sizes(name, d or 8, rng)
         pop = synthetic_population(n=1 << 16, sizes=sizes, rng=rng)
+    elif name == "demo":
+        pop = demo_population(100_000, rng=0 if rng is None else rng)
     elif name.startswith("csv:"):
         path = Path(name[4:])
         sidecar = path.with_suffix(".domains.json")

@@ -18,9 +18,8 @@ from calmkit_client.commands import NON_NEGATIVE, POSITIVE, add_command, json_op
 
 from .progress import Progress
 
-__all__ = ["DEMO_QUERIES", "DEMO_SIZES", "compare_to_uniform", "register"]
+__all__ = ["DEMO_QUERIES", "compare_to_uniform", "register"]
 
-DEMO_SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
 DEMO_QUERIES = [(0, 1), (2, 4), (5, 7), (0, 1, 2), (3, 4, 6), (1, 5, 7)]
 DEMO_WAVES = 20
 
@@ -57,10 +56,10 @@ def _demo(args: argparse.Namespace) -> int:
     """Everything on one machine: an embedded server on a free loopback port with a
     temporary SQLite database, a synthetic population reporting through the real
     client over gRPC, then 2- and 3-way marginals beside the truth."""
-    from .synthetic import synthetic_population
+    from .synthetic import demo_population
 
     t0 = time.perf_counter()
-    pop = synthetic_population(n=args.users, sizes=DEMO_SIZES, strength=1.5, rng=args.seed)
+    pop = demo_population(n=args.users, rng=args.seed)
     try:
         run = _serve_and_collect(pop, args)
     except KeyboardInterrupt:

@@ -86,6 +86,10 @@ SETTINGS = (
         n=100_000,
         max_l=3,
     ),
+    # the demo's own population (8 attributes of 2-4 categories, strong dependence), at
+    # the demo's default size and at 20,000 users
+    Setting("demo", "demo population, n=10^5", 3, (1.0,)),
+    Setting("demo", "demo population, n=20,000", 3, (1.0,), n=20_000),
 )
 QUICK_SETTINGS = (Setting("synthetic", "synthetic d=8, n=2^12", 3, (0.5, 2.0), d=8, n=1 << 12),)
 

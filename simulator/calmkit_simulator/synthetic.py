@@ -18,7 +18,10 @@ from calmkit_client.randomness import RngLike
 
 from .population import Population, cells_of
 
-__all__ = ["BayesianNetwork", "synthetic_population"]
+__all__ = ["DEMO_SIZES", "BayesianNetwork", "demo_population", "synthetic_population"]
+
+# The demo's attributes: 8, of 2-4 categories (`calmkit demo`, dataset "demo").
+DEMO_SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
 
 _BLOCK = 1 << 18  # users per block when sampling
 
@@ -109,3 +112,9 @@ def synthetic_population(
         f"synthetic Bayesian network: strength {strength}, max {max_parents} parents, seed {rng!r}"
     )
     return Population(net.schema, net.sample(n, gen), "synthetic", (note,))
+
+
+def demo_population(n: int = 100_000, rng: RngLike = 0) -> Population:
+    """The population ``calmkit demo --users n --seed rng`` collects from: n users of a
+    random Bayesian network over :data:`DEMO_SIZES` (strength 1.5)."""
+    return synthetic_population(n=n, sizes=DEMO_SIZES, strength=1.5, rng=rng)

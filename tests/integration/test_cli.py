@@ -14,15 +14,13 @@ import numpy as np
 import pytest
 
 from calmkit_client.cli import main
-from calmkit_simulator import synthetic_population
 
 
 def test_demo_json_counts_every_acknowledged_report(capsys: pytest.CaptureFixture[str]) -> None:
-    from calmkit_simulator.demo_cli import DEMO_QUERIES, DEMO_SIZES
+    from calmkit_simulator.demo_cli import DEMO_QUERIES
+    from calmkit_simulator.synthetic import demo_population
 
-    # the main job as CI runs it (100,000 users); at 20,000 users and seed 0 the
-    # pilot leads the planner to 56 views of 5 attributes, whose error bars take
-    # minutes to compute (see the closing notes of issue 34)
+    # the main job as CI runs it (100,000 users)
     assert main(["demo", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"users", "epsilon", "seed", "acknowledged", "counted", "phases", "queries"}
@@ -32,7 +30,7 @@ def test_demo_json_counts_every_acknowledged_report(capsys: pytest.CaptureFixtur
     assert pilot["reports"] >= 20_000 and pilot["reports"] + main_phase["reports"] == 100_000
     assert pilot["views"] == 4 and main_phase["views"] >= 1
     assert [len(q["attrs"]) for q in out["queries"]] == [len(q) for q in DEMO_QUERIES]
-    pop = synthetic_population(n=100_000, sizes=DEMO_SIZES, strength=1.5, rng=0)
+    pop = demo_population(100_000, rng=0)
     uniform = [((pop.marginal(q) - 1 / pop.marginal(q).size) ** 2).sum() for q in DEMO_QUERIES]
     assert np.mean([q["sse"] for q in out["queries"]]) < np.mean(uniform)
     # every table, labelled: the cells' true values are the population's marginal

@@ -133,3 +133,15 @@ def test_an_unbinned_numeric_column_gets_a_hint_and_bad_bins_are_named(tmp_path:
         load_csv(path, bins={"age": 1})
     with pytest.raises(DatasetError, match=r"apply to a csv: dataset only"):
         load_dataset("synthetic", bins={"a0": 2})
+
+
+def test_the_demo_dataset_is_the_population_the_demo_collects_from() -> None:
+    # `calmkit simulate --dataset demo` (and the planner benchmark's demo settings)
+    # replay exactly the users `calmkit demo` sends through the service at seed 0
+    from calmkit_simulator.synthetic import DEMO_SIZES, demo_population
+
+    pop = load_dataset("demo")
+    assert pop.n == 100_000 and pop.schema.sizes == DEMO_SIZES
+    np.testing.assert_array_equal(pop.codes, demo_population(100_000, rng=0).codes)
+    other = load_dataset("demo", rng=1)
+    assert not np.array_equal(other.codes, pop.codes)
