@@ -347,7 +347,7 @@ def _print_pipeline_plan(out: dict[str, Any], chosen: Any, ranked: list[Any], pl
     if pilot is not None:
         print(
             f"pilot: {pilot['users']} users ({pilot['fraction']:.0%}) report on "
-            f"{len(pilot['views'])} disjoint attribute pairs; the views below are chosen "
+            f"{len(pilot['views'])} attribute pairs; the views below are chosen "
             "again from their reports"
         )
         print("second phase, as planned from the prior (before any report):")

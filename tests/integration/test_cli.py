@@ -17,20 +17,22 @@ from calmkit_client.cli import main
 
 
 def test_demo_json_counts_every_acknowledged_report(capsys: pytest.CaptureFixture[str]) -> None:
+    from calmkit_aggregator.planning.pilot import pilot_plan
     from calmkit_simulator.demo_cli import DEMO_QUERIES
     from calmkit_simulator.synthetic import demo_population
 
     # the main job as CI runs it (100,000 users)
     assert main(["demo", "--json"]) == 0
+    pop = demo_population(100_000, rng=0)
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"users", "epsilon", "seed", "acknowledged", "counted", "phases", "queries"}
     assert out["acknowledged"] == out["counted"] == 100_000
     # a pilot of 20% of the expected users, then the second phase's views
     pilot, main_phase = out["phases"]
     assert pilot["reports"] >= 20_000 and pilot["reports"] + main_phase["reports"] == 100_000
-    assert pilot["views"] == 4 and main_phase["views"] >= 1
+    expected = pilot_plan(pop.schema, 1.0, seed=0, users=20_000)  # the server's pilot
+    assert pilot["views"] == expected.m and main_phase["views"] >= 1
     assert [len(q["attrs"]) for q in out["queries"]] == [len(q) for q in DEMO_QUERIES]
-    pop = demo_population(100_000, rng=0)
     uniform = [((pop.marginal(q) - 1 / pop.marginal(q).size) ** 2).sum() for q in DEMO_QUERIES]
     assert np.mean([q["sse"] for q in out["queries"]]) < np.mean(uniform)
     # every table, labelled: the cells' true values are the population's marginal
@@ -262,7 +264,9 @@ def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
         "warnings",
         "seconds",
     }
-    assert out["planner"] == "pipeline" and out["chosen"]["pilot_m"] == 3
+    # a pilot of 20% of the users on pairs: one matching of the 6 attributes at least
+    assert out["planner"] == "pipeline" and out["chosen"]["pilot_users"] == 4000
+    assert out["chosen"]["pilot_m"] >= 3
     assert [set(r) for r in out["reps"]] == [{"sse", "uniform_sse", "queries"}] * 2
     assert out["sse_mean"] == pytest.approx(sum(r["sse"] for r in out["reps"]) / 2)
     assert out["n"] == 20000 and out["d"] == 6 and out["sse_mean"] < out["uniform_sse_mean"]

@@ -3,7 +3,8 @@
 The pipeline planner's error model needs to know how skewed the attributes are and
 how strongly they depend on each other (:mod:`.profile`). Before any report it can
 only assume; so a fraction of the users (default :data:`PILOT_FRACTION`) reports
-first on disjoint pairs of attributes (every attribute once), the aggregator
+first on pairs of attributes (random matchings: every attribute once per matching,
+as many matchings as the pilot's reports keep every pair informative), the aggregator
 estimates the profile from their tables, and the remaining users report on the views
 the planner then chooses (:func:`plan_next_phase`, for a collection's
 :class:`~..phases.PhasedDesign`). Each user still reports exactly once, under one of
@@ -31,6 +32,7 @@ from .profile import CONTINGENCY_PRIOR, DataProfile, estimate_profile
 from .search import PlannedViews, choose_plan, fewest_users
 
 __all__ = [
+    "MAX_MATCHINGS",
     "PILOT_FRACTION",
     "MainPlan",
     "informative_pair",
@@ -42,6 +44,9 @@ __all__ = [
 ]
 
 PILOT_FRACTION = 0.2
+# Random matchings a pilot measures at most (each adds d/2 pairs, and splits the
+# pilot's reports over them).
+MAX_MATCHINGS = 4
 
 
 def pilot_size(n: int, fraction: float = PILOT_FRACTION) -> int:
@@ -57,16 +62,27 @@ def pilot_plan(schema: Schema, epsilon: float, seed: int = 0, users: int | None 
     """The pilot: a random matching of the attributes with >= 2 categories into pairs
     (:func:`~.designs.pilot_views`), equal shares.
 
-    With ``users`` (the pilot's expected reports), two attributes are paired only if
-    their pair view can tell a typical dependence from none (:func:`informative_pair`);
-    the others are measured alone, which also gives their margins in full (a margin
-    read from a pair view of ``L_a x L_b`` cells carries ``L_b`` cells' noise per
-    category)."""
+    With ``users`` (the pilot's expected reports):
+
+    - as many random matchings (up to :data:`MAX_MATCHINGS`, each pair once) as keep
+      every pair of every matching informative (:func:`informative_pair`) at the
+      reports split over all of them. One matching sees d/2 of the d(d-1)/2 pairs;
+      where dependence sits on a few pairs, or a few attributes, more pairs show more
+      of where (measured in the planner notes: "How many pairs the pilot measures");
+    - else one matching, in which two attributes are paired only if their pair view
+      can tell a typical dependence from none; the others are measured alone, which
+      also gives their margins in full (a margin read from a pair view of
+      ``L_a x L_b`` cells carries ``L_b`` cells' noise per category)."""
     collect = [a for a, size in enumerate(schema.sizes) if size > 1]
     if not collect:
         raise PlanError(
             f"every attribute ({schema.d}) has one category: there is nothing to collect"
         )
+    if users is not None and len(collect) >= 4:
+        for count in range(MAX_MATCHINGS, 1, -1):
+            views = _matchings(schema.sizes, collect, epsilon, seed, int(users), count)
+            if views:
+                return Plan(schema, epsilon, views, seed=seed)
     pairable = None
     if users is not None:
         per_view = max(1, int(users) // max(1, len(collect) // 2))
@@ -76,6 +92,23 @@ def pilot_plan(schema: Schema, epsilon: float, seed: int = 0, users: int | None 
             return informative_pair(sizes[a], sizes[b], epsilon, per_view)
 
     return Plan(schema, epsilon, pilot_views(collect, rng=seed, pairable=pairable), seed=seed)
+
+
+def _matchings(
+    sizes: tuple[int, ...], collect: list[int], epsilon: float, seed: int, users: int, count: int
+) -> tuple[tuple[int, ...], ...]:
+    """``count`` random perfect matchings of ``collect`` (seeded ``[seed, r]``), each pair
+    once, if every pair is informative at ``users`` split over ``count`` matchings'
+    views; else ``()``."""
+    per_view = max(1, users // (count * (len(collect) // 2)))
+    views: dict[tuple[int, ...], None] = {}
+    for r in range(count):
+        for view in pilot_views(collect, rng=[seed, r]):
+            a, b = view
+            if not informative_pair(sizes[a], sizes[b], epsilon, per_view):
+                return ()
+            views[view] = None
+    return tuple(views)
 
 
 def informative_pair(size_a: int, size_b: int, epsilon: float, users: int) -> bool:
