@@ -81,16 +81,8 @@ def xxh64_u64(ids: npt.ArrayLike, seed: int) -> np.ndarray:
     lane = np.asarray(ids).astype(np.uint64, copy=False)
     with np.errstate(over="ignore"):
         h = np.full(lane.shape, np.uint64(_check_seed(seed)), dtype=np.uint64) + _P5
-        h = h + np.uint64(8)
-        k1 = _rotl(lane * _P2, 31) * _P1
-        h = h ^ k1
-        h = _rotl(h, 27) * _P1 + _P4
-        h ^= h >> np.uint64(33)
-        h *= _P2
-        h ^= h >> np.uint64(29)
-        h *= _P3
-        h ^= h >> np.uint64(32)
-    return h
+        h = _lane_round(h + np.uint64(8), lane)
+        return _avalanche(h)
 
 
 def xxh64_u128(keys: npt.ArrayLike, seed: int) -> np.ndarray:
@@ -108,15 +100,24 @@ def xxh64_u128(keys: npt.ArrayLike, seed: int) -> np.ndarray:
         h = np.full(raw.shape[0], np.uint64(_check_seed(seed)), dtype=np.uint64) + _P5
         h = h + np.uint64(16)
         for j in range(2):
-            k1 = _rotl(lanes[:, j] * _P2, 31) * _P1
-            h = h ^ k1
-            h = _rotl(h, 27) * _P1 + _P4
-        h ^= h >> np.uint64(33)
-        h *= _P2
-        h ^= h >> np.uint64(29)
-        h *= _P3
-        h ^= h >> np.uint64(32)
-    return h
+            h = _lane_round(h, lanes[:, j])
+        return _avalanche(h)
+
+
+def _lane_round(h: np.ndarray, lane: np.ndarray) -> np.ndarray:
+    """xxh64's step for one 8-byte lane of a short input (uint64 arrays, wrapping)."""
+    out: np.ndarray = _rotl(h ^ (_rotl(lane * _P2, 31) * _P1), 27) * _P1 + _P4
+    return out
+
+
+def _avalanche(h: np.ndarray) -> np.ndarray:
+    """xxh64's final mix (uint64 arrays, wrapping)."""
+    h = h ^ (h >> np.uint64(33))
+    h = h * _P2
+    h = h ^ (h >> np.uint64(29))
+    h = h * _P3
+    out: np.ndarray = h ^ (h >> np.uint64(32))
+    return out
 
 
 def hash_user_ids(user_ids: Sequence[UserId] | np.ndarray, seed: int) -> np.ndarray:
