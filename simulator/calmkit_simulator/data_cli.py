@@ -345,9 +345,15 @@ def _plan_pipeline(args: argparse.Namespace, schema: Any) -> int:
 def _print_pipeline_plan(out: dict[str, Any], chosen: Any, ranked: list[Any], plan: Any) -> None:
     pilot = out["pilot"]
     if pilot is not None:
+        pairs = sum(len(view) > 1 for view in pilot["views"])
+        what = (
+            f"{pairs} attribute pair{'s' * (pairs != 1)}"
+            if pairs
+            else "single attributes (margins only)"
+        )
         print(
             f"pilot: {pilot['users']} users ({pilot['fraction']:.0%}) report on "
-            f"{len(pilot['views'])} attribute pairs; the views below are chosen "
+            f"{len(pilot['views'])} views, {what}; the views below are chosen "
             "again from their reports"
         )
         print("second phase, as planned from the prior (before any report):")

@@ -370,6 +370,27 @@ def test_plan_accounts_for_the_chosen_reconstruction(capsys: pytest.CaptureFixtu
     assert main([*base, "--reconstruct", "nearest"]) == 2
 
 
+@pytest.mark.parametrize(
+    ("domain", "says"),
+    [
+        ("2,2,2,2", "report on 4 views, 4 attribute pairs;"),
+        ("30,30,30,30", "report on 4 views, single attributes (margins only);"),
+    ],
+)
+def test_plan_says_what_the_pilot_measures(
+    capsys: pytest.CaptureFixture[str], domain: str, says: str
+) -> None:
+    # binary pairs from 500 reports each (two matchings) can show dependence; 30 x 30
+    # tables cannot, and the pilot measures each attribute alone
+    args = ["plan", "--domain", domain, "--n", "10000", "--k", "2", "--epsilon", "1"]
+    assert main(args) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert (
+        first
+        == f"pilot: 2000 users (20%) {says} the views below are chosen again from their reports"
+    )
+
+
 def test_a_closed_pipe_ends_the_output_quietly() -> None:
     import subprocess
     import sys
