@@ -3,7 +3,8 @@
     python benchmarks/bench_coverage.py [--reps 5] [--queries 20] [--settings demo,nltcs]
 
 Each setting is collected ``--reps`` times (seeds 1..reps) as the service collects
-it: a pilot of 20% of the users on pairs, then the views the pipeline planner
+it: a pilot of 20% of the users on pairs (in two rounds where half of it can measure
+pairs), then the views the pipeline planner
 chooses for 3-way marginals from the pilot's reports (epsilon 1), every report drawn
 from the oracles' exact law. Per run, up to ``--queries`` 2- and 3-way queries of
 each answer kind (projection of a view, maximum entropy) are drawn at random, and
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from calmkit_aggregator.phases import PhasedDesign, combine_phases
-from calmkit_aggregator.planning.pilot import pilot_plan, pilot_size, plan_next_phase
+from calmkit_aggregator.planning.pilot import plan_next_phase, start_pilot
 from calmkit_aggregator.reconstruction.pipeline import Estimator, reconstruct_by
 from calmkit_aggregator.reconstruction.support import SupportCounts
 from calmkit_aggregator.reconstruction.uncertainty import bootstrap
@@ -47,6 +48,7 @@ from calmkit_simulator import (
     load_dataset,
     synthetic_population,
 )
+from calmkit_simulator.mechanisms.calm import collect_pilot
 
 EPSILON, K, REPLICATES = 1.0, 3, 32
 DEMO_SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
@@ -66,13 +68,14 @@ def populations(data_dir: str | None) -> dict[str, Callable[[int], Population]]:
 
 
 def collect(pop: Population, seed: int) -> SupportCounts:
-    """The service's two phases: a pilot on pairs, then the planner's views."""
-    pilot_n = pilot_size(pop.n)
-    first = pilot_plan(pop.schema, EPSILON, seed=seed, users=pilot_n)
+    """The service's phases: a pilot on pairs (one round or two), then the planner's
+    views."""
+    start = start_pilot(pop.schema, EPSILON, pop.n, seed=seed)
+    design = PhasedDesign(pop.n, start.reports, K, seed, first_round=start.first_round)
     order = np.random.default_rng(seed + 1000).permutation(pop.n)
-    pilot = collect_support(pop, first, rng=seed, rows=order[:pilot_n])
-    main = plan_next_phase(PhasedDesign(pop.n, pilot_n, K, seed), pilot)
-    rest = collect_support(pop, main.plan, rng=seed + 1, rows=order[pilot_n:])
+    pilot = collect_pilot(pop, start, design, order, rng=seed)
+    main = plan_next_phase(design, pilot)
+    rest = collect_support(pop, main.plan, rng=seed + 1, rows=order[start.reports :])
     return combine_phases([pilot, rest])
 
 

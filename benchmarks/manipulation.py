@@ -14,9 +14,10 @@
    the genuine reports (duplicates, none refused).
 3. **Pilot hijack.** The default planner (pilot 20% of --pilot-n, 8 attributes, k 2):
    the pilot filled by fakes (cell 0 of every GRR view, all ones on every OUE view),
-   then the genuine users under phase 1's plan. Mean L1 error over all 2-way
+   500 at a time under each pilot round's plan as the server serves it, then the
+   genuine users under the main phase's plan. Mean L1 error over all 2-way
    marginals against the population, for a genuine pilot, the fake pilot with the
-   check (phase 1 by Algorithm 1, the pilot left out of the answers), and the fake
+   check (the main phase by Algorithm 1, the pilot left out of the answers), and the fake
    pilot with the check switched off in this process (as before the check).
 """
 
@@ -42,6 +43,7 @@ from calmkit_client.collector import RetryPolicy, call_with_retry
 from calmkit_simulator import synthetic_population
 
 BATCH = 10_000
+PILOT_BATCH = 500  # reports per batch while the pilot runs: each round fills in turn
 
 
 class Served:
@@ -174,16 +176,18 @@ def pilot_error(srv: Served, n: int, seed: int, cid: str, fake: bool) -> tuple[f
     pop = synthetic_population(n=n, sizes=sizes, strength=1.5, rng=seed)
     rng = np.random.default_rng(seed + 2)
     info = srv.admin.create_collection(pop.schema, 1.0, n, 2, collection_id=cid, seed=seed)
-    target, pilot = info.pilot_target, info.plan
-    if fake:
-        per_view = {j: target // pilot.m + (j < target % pilot.m) for j in range(pilot.m)}
-        send(srv.address, info.submit_token, fakes(cid, pilot, per_view, rng))
-        rest = pop.codes[: n - target]
-    else:
-        for b in honest(cid, pilot, pop.codes[:target], rng):
-            send(srv.address, info.submit_token, b)
-        rest = pop.codes[target:]
-    status = srv.admin.get_collection(cid)
+    status, used = info, 0
+    while status.in_pilot:  # each round's plan as the server serves it, PILOT_BATCH at a time
+        plan, size = status.plan, PILOT_BATCH
+        if fake:
+            per_view = {j: size // plan.m + (j < size % plan.m) for j in range(plan.m)}
+            send(srv.address, info.submit_token, fakes(cid, plan, per_view, rng))
+        else:
+            for b in honest(cid, plan, pop.codes[used : used + size], rng):
+                send(srv.address, info.submit_token, b)
+            used += size
+        status = srv.admin.get_collection(cid)
+    rest = pop.codes[used : used + n - status.reports]
     for b in honest(cid, status.plan, rest, rng):
         send(srv.address, info.submit_token, b)
     errors = []
@@ -200,7 +204,7 @@ def hijack(srv: Served, n: int, seed: int) -> None:
     guarded, check = pilot_error(srv, n, seed, "guarded", fake=True)
     print(f"   fake pilot, checked: {guarded:.4f} (pilot check {check[:110]}...)")
     real = handlers.pilot_result
-    handlers.pilot_result = lambda support: (True, "passed (check off)")
+    handlers.pilot_result = lambda parts, phase: (True, "passed (check off)")
     try:
         unguarded, _ = pilot_error(srv, n, seed, "unguarded", fake=True)
     finally:

@@ -1,9 +1,10 @@
 """A collection in phases: what storage keeps of the design, and how the phases' counts
 combine into one estimate.
 
-A two-phase collection first asks a pilot share of the users for disjoint attribute
-pairs, then plans the other users' views from what the pilot showed
-(:mod:`.planning.pilot` does the planning). Storage keeps the :class:`PhasedDesign`
+A phased collection first asks a pilot share of the users for attribute pairs (in
+one round, or two: the second round's pairs chosen from the first round's reports),
+then plans the other users' views from what the pilot showed (:mod:`.planning.pilot`
+does the planning). Storage keeps the :class:`PhasedDesign`
 beside the collection and each phase's support counts under that phase's own plan;
 :func:`combine_phases` joins them for the reconstruction, so no pilot report is
 wasted. This module loads neither the planner nor the reconstruction: the storage
@@ -49,12 +50,15 @@ def combine_phases(parts: Sequence[SupportCounts]) -> SupportCounts:
 
 @dataclass(frozen=True)
 class PhasedDesign:
-    """How a collection's second phase is planned: once ``pilot_reports`` reports
-    arrived under the pilot plan, :func:`~.planning.pilot.plan_next_phase` chooses the
-    views of the remaining ``expected_n`` users for the ``k``-way workload (``l``/``m``
-    fixed if given), with seed ``seed + 1``, for answers reconstructed by
-    ``reconstruction`` ("local" or "global"; designs stored without it were planned for
-    "local")."""
+    """How a collection's phases after the first are planned. With ``first_round``
+    (> 0) the pilot reports in two rounds: once that many reports arrived under the
+    first plan, :func:`~.planning.pilot.plan_pilot_round` chooses the second round's
+    pairs from them (seed ``seed + 2``). Once ``pilot_reports`` reports arrived in the
+    whole pilot, :func:`~.planning.pilot.plan_next_phase` chooses the views of the
+    remaining ``expected_n`` users for the ``k``-way workload (``l``/``m`` fixed if
+    given), with seed ``seed + 1``, for answers reconstructed by ``reconstruction``
+    ("local" or "global"; designs stored without it were planned for "local", and
+    without ``first_round`` had a pilot of one round)."""
 
     expected_n: int
     pilot_reports: int
@@ -63,13 +67,33 @@ class PhasedDesign:
     l: int | None = None  # noqa: E741
     m: int | None = None
     reconstruction: str = "local"
+    first_round: int = 0
 
     def __post_init__(self) -> None:
         for name in ("expected_n", "pilot_reports", "k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise CalmkitError(f"{name} ({value!r}) must be an int >= 1")
+        first = self.first_round
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise CalmkitError(f"first_round ({first!r}) must be an int >= 0")
+        if first >= self.pilot_reports:
+            raise CalmkitError(
+                f"first_round ({first}) must be below pilot_reports ({self.pilot_reports})"
+            )
         check_reconstruction(self.reconstruction)
+
+    @property
+    def pilot_phases(self) -> int:
+        """How many phases the pilot takes: 2 with a first round, else 1."""
+        return 2 if self.first_round else 1
+
+    def phase_target(self, phase: int) -> int | None:
+        """The reports (over every phase so far) that end pilot phase ``phase``; None
+        past the pilot."""
+        if phase >= self.pilot_phases:
+            return None
+        return self.first_round if phase < self.pilot_phases - 1 else self.pilot_reports
 
     def to_json(self) -> str:
         """The design as canonical JSON (sorted keys), as storage keeps it."""

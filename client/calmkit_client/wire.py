@@ -215,7 +215,8 @@ def ack_from_proto(msg: Any) -> Acknowledgement:
 class CollectionInfo:
     """A collection as the server describes it (``submit_token`` only on creation).
     ``plan`` is the current phase's plan; ``phase_reports`` counts each phase's
-    reports; ``pilot_target``: pilot reports that start phase 1 (0: no pilot);
+    reports; ``pilot_target``: the pilot's reports (in one phase or two), after which
+    the main phase starts (0: no pilot);
     ``max_reports``: the report cap (0: none); ``flags``: manipulation flags (counts
     no honest population explains); ``pilot_check``: the pilot's feasibility check;
     ``admission``: the admission-ticket scheme and key fingerprint ("" when reports
@@ -238,6 +239,23 @@ class CollectionInfo:
     pilot_check: str = ""
     admission: str = ""
     expected_n: int = 0
+
+    @property
+    def in_pilot(self) -> bool:
+        """Whether the current phase is one of the pilot's: the phases before it hold
+        fewer than ``pilot_target`` reports, and no pilot check failed (the phase after
+        a failed check is the main phase)."""
+        if not self.pilot_target or self.pilot_check.startswith("failed"):
+            return False
+        return sum(self.phase_reports[: self.phase]) < self.pilot_target
+
+    @property
+    def pilot_reports(self) -> int:
+        """Reports in the pilot's phases (those in the current phase too while it is one
+        of them)."""
+        if not self.pilot_target:
+            return 0
+        return self.reports if self.in_pilot else sum(self.phase_reports[: self.phase])
 
 
 def collection_from_proto(msg: Any) -> CollectionInfo:

@@ -285,7 +285,7 @@ def _plan_pipeline(args: argparse.Namespace, schema: Any) -> int:
     """``calmkit plan`` with the default planner: a pilot on attribute pairs (unless l
     and m are fixed), then the views of the lowest predicted error."""
     from calmkit_aggregator.planning.collection import workload_of
-    from calmkit_aggregator.planning.pilot import pilot_plan, pilot_size
+    from calmkit_aggregator.planning.pilot import start_pilot
     from calmkit_aggregator.planning.search import choose_plan
     from calmkit_client import Plan
 
@@ -294,11 +294,12 @@ def _plan_pipeline(args: argparse.Namespace, schema: Any) -> int:
     fixed: tuple[tuple[int, ...], ...] = ()
     users: list[float] = []
     n_main = args.n
+    first_round = 0
     if pilot > 0:
-        cut = pilot_size(args.n, pilot)
-        first = pilot_plan(schema, args.epsilon, users=cut)
-        fixed, n_main = first.views, args.n - cut
-        users = [cut / first.m] * first.m
+        start = start_pilot(schema, args.epsilon, args.n, pilot)
+        first_round = start.first_round
+        fixed, n_main = start.plan.views, args.n - start.reports
+        users = [(first_round or start.reports) / start.plan.m] * start.plan.m
     chosen = choose_plan(
         schema.sizes,
         args.epsilon,
@@ -329,6 +330,7 @@ def _plan_pipeline(args: argparse.Namespace, schema: Any) -> int:
         else {
             "fraction": pilot,
             "users": args.n - n_main,
+            "first_round": first_round,
             "views": [list(v) for v in fixed],
         },
         "not_collected": [names[a] for a in (*chosen.single, *chosen.predicted.uncollected)],
@@ -351,12 +353,19 @@ def _print_pipeline_plan(out: dict[str, Any], chosen: Any, ranked: list[Any], pl
             if pairs
             else "single attributes (margins only)"
         )
-        print(
-            f"pilot: {pilot['users']} users ({pilot['fraction']:.0%}) report on "
-            f"{len(pilot['views'])} views, {what}; the views below are chosen "
-            "again from their reports"
-        )
-        print("second phase, as planned from the prior (before any report):")
+        views = f"{len(pilot['views'])} views, {what}"
+        if pilot["first_round"]:
+            print(
+                f"pilot: {pilot['users']} users ({pilot['fraction']:.0%}) in two rounds: "
+                f"{pilot['first_round']} report on {views}, the others on pairs chosen "
+                "from their reports; the views below are chosen again from all of them"
+            )
+        else:
+            print(
+                f"pilot: {pilot['users']} users ({pilot['fraction']:.0%}) report on "
+                f"{views}; the views below are chosen again from their reports"
+            )
+        print("main phase, as planned from the prior (before any report):")
     print(
         f"l = {chosen.l}, m = {plan.m} ({chosen.design}), predicted SSE "
         f"{chosen.predicted.sse:.3g} (noise {chosen.predicted.noise:.3g}, "

@@ -252,13 +252,19 @@ def _print_demo(
     print(f"calmkit demo: {pop.describe().splitlines()[0]} (seed {out['seed']})")
     print(f"  server on {address}, SQLite storage in a temporary directory")
     print(f"  collection {closed.collection_id}, epsilon {out['epsilon']} per user")
+    if len(phases) > 2:
+        print(
+            f"  pilot, two rounds: {phases[0]['reports']} users reported on "
+            f"{_plural(info.plan.m, 'view')} (random attribute pairs), then "
+            f"{phases[1]['reports']} on\n  pairs chosen from their reports"
+        )
+    elif len(phases) > 1:
+        print(f"  pilot: {phases[0]['reports']} users reported on {_plural(info.plan.m, 'view')}")
     if len(phases) > 1:
         print(
-            f"  pilot: {phases[0]['reports']} users reported on "
-            f"{_plural(info.plan.m, 'attribute pair')}; from their reports\n  the server "
-            f"chose {_plural(plan.m, 'view')} of "
-            f"{_plural(max(len(v) for v in plan.views), 'attribute')} for the other "
-            f"{phases[1]['reports']} users (plan {plan.digest[:12]})"
+            f"  from the pilot's reports the server chose {_plural(plan.m, 'view')} of "
+            f"{_plural(max(len(v) for v in plan.views), 'attribute')}\n  for the other "
+            f"{phases[-1]['reports']} users (plan {plan.digest[:12]})"
         )
     else:
         print(f"  one phase: {_plural(plan.m, 'view')} (plan {plan.digest[:12]})")

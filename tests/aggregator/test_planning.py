@@ -216,18 +216,22 @@ def test_the_phased_design_round_trips_and_validates() -> None:
     assert PhasedDesign.from_json(design.to_json()) == design
     # stored as canonical JSON: sorted keys, so equal designs store equal text
     assert design.to_json() == (
-        '{"expected_n": 10000, "k": 3, "l": null, "m": 40, "pilot_reports": 1000, '
-        '"reconstruction": "local", "seed": 5}'
+        '{"expected_n": 10000, "first_round": 0, "k": 3, "l": null, "m": 40, '
+        '"pilot_reports": 1000, "reconstruction": "local", "seed": 5}'
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         design.k = 4  # type: ignore[misc]
-    assert PhasedDesign(1, 1, 1).to_json().startswith('{"expected_n": 1, "k": 1,')  # all >= 1
+    assert PhasedDesign(1, 1, 1).to_json().startswith('{"expected_n": 1, "first_round": 0, "k": 1,')
     for bad in (2.5, "3", True, 0):
         message = rf"^k \({re.escape(repr(bad))}\) must be an int >= 1"
         with pytest.raises(CalmkitError, match=message):
             PhasedDesign(10_000, 1000, bad)  # type: ignore[arg-type]
     with pytest.raises(CalmkitError, match=r"pilot_reports \(0\) must be an int >= 1"):
         PhasedDesign(10_000, 0, 3)
+    with pytest.raises(CalmkitError, match=r"^first_round \(-1\) must be an int >= 0"):
+        PhasedDesign(10_000, 1000, 3, first_round=-1)
+    with pytest.raises(CalmkitError, match=r"^first_round \(1000\) must be below pilot_reports"):
+        PhasedDesign(10_000, 1000, 3, first_round=1000)
     with pytest.raises(CalmkitError, match="design_json"):
         PhasedDesign.from_json('{"expected_n": 5}')
     # a long invalid text is quoted to its first 80 characters
@@ -235,6 +239,15 @@ def test_the_phased_design_round_trips_and_validates() -> None:
     with pytest.raises(CalmkitError) as err:
         PhasedDesign.from_json(text)
     assert str(err.value).startswith(f"design_json ({text[:80]!r}) is invalid: ")
+
+
+def test_a_pilot_of_two_rounds_ends_each_phase_at_its_target() -> None:
+    one = PhasedDesign(10_000, 2000, 3)
+    assert one.pilot_phases == 1 and one.phase_target(0) == 2000 and one.phase_target(1) is None
+    two = PhasedDesign(10_000, 2000, 3, first_round=1000)
+    assert PhasedDesign.from_json(two.to_json()) == two
+    assert two.pilot_phases == 2
+    assert [two.phase_target(p) for p in range(3)] == [1000, 2000, None]
 
 
 def test_the_phased_design_keeps_its_reconstruction_and_old_designs_load_as_local() -> None:
@@ -245,7 +258,7 @@ def test_the_phased_design_keeps_its_reconstruction_and_old_designs_load_as_loca
     old = '{"expected_n": 10000, "k": 3, "l": null, "m": 40, "pilot_reports": 1000, "seed": 5}'
     loaded = PhasedDesign.from_json(old)
     assert loaded == PhasedDesign(10_000, 1000, 3, seed=5, m=40)
-    assert loaded.reconstruction == "local"
+    assert loaded.reconstruction == "local" and loaded.first_round == 0  # one pilot round
     for bad in ("nearest", "", "Global", None, 1):
         message = rf"^reconstruction \({re.escape(repr(bad))}\) must be one of \['local', 'gl"
         with pytest.raises(CalmkitError, match=message):

@@ -17,7 +17,7 @@ from calmkit_client.cli import main
 
 
 def test_demo_json_counts_every_acknowledged_report(capsys: pytest.CaptureFixture[str]) -> None:
-    from calmkit_aggregator.planning.pilot import pilot_plan
+    from calmkit_aggregator.planning.pilot import start_pilot
     from calmkit_simulator.demo_cli import DEMO_QUERIES
     from calmkit_simulator.synthetic import demo_population
 
@@ -27,11 +27,12 @@ def test_demo_json_counts_every_acknowledged_report(capsys: pytest.CaptureFixtur
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"users", "epsilon", "seed", "acknowledged", "counted", "phases", "queries"}
     assert out["acknowledged"] == out["counted"] == 100_000
-    # a pilot of 20% of the expected users, then the second phase's views
-    pilot, main_phase = out["phases"]
-    assert pilot["reports"] >= 20_000 and pilot["reports"] + main_phase["reports"] == 100_000
-    expected = pilot_plan(pop.schema, 1.0, seed=0, users=20_000)  # the server's pilot
-    assert pilot["views"] == expected.m and main_phase["views"] >= 1
+    # a pilot of 20% of the expected users, then the main phase's views
+    first, second, main_phase = out["phases"]  # the pilot in two rounds, then the rest
+    assert first["reports"] >= 10_000 and first["reports"] + second["reports"] >= 20_000
+    assert sum(p["reports"] for p in out["phases"]) == 100_000
+    expected = start_pilot(pop.schema, 1.0, 100_000).plan  # the server's first round
+    assert first["views"] == expected.m and main_phase["views"] >= 1
     assert [len(q["attrs"]) for q in out["queries"]] == [len(q) for q in DEMO_QUERIES]
     uniform = [((pop.marginal(q) - 1 / pop.marginal(q).size) ** 2).sum() for q in DEMO_QUERIES]
     assert np.mean([q["sse"] for q in out["queries"]]) < np.mean(uniform)
@@ -96,14 +97,26 @@ def test_demo_piped_shows_its_stages_as_they_happen(tmp_path: Path) -> None:
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0
     assert "calmkit demo: 6000 reports acknowledged; answering the queries" in err
-    assert "8 views of 1 attribute for" in out  # not "of 1 attributes"
+    assert "8 views of 1 attribute\n" in out  # not "of 1 attributes"
 
 
-DEMO_PILOT = 20_000  # the demo's 100,000 users: 20% report in the pilot phase
+DEMO_PILOT = 20_000  # the demo's 100,000 users: 20% report in the pilot
+# the demo's pilot reports in two rounds (its first half measures pairs): the main
+# phase is phase 2
+DEMO_MAIN = 2
 
 
-def _demo_db_state(tmp: Path) -> tuple[int, int, bool] | None:
-    """(pilot reports, phase-1 reports, phase 1 planned) in the running demo's
+def test_the_demos_pilot_takes_two_rounds() -> None:
+    from calmkit_aggregator.planning.pilot import start_pilot
+    from calmkit_client import Schema
+    from calmkit_simulator.synthetic import DEMO_SIZES
+
+    pilot = start_pilot(Schema.from_sizes(DEMO_SIZES), 1.0, 100_000)
+    assert (pilot.reports, pilot.first_round) == (DEMO_PILOT, DEMO_PILOT // 2)
+
+
+def _demo_db_state(tmp: Path) -> tuple[dict[int, int], int] | None:
+    """(reports per phase, phases planned after the first) in the running demo's
     temporary database (read-only; None until it exists)."""
     import sqlite3
 
@@ -113,17 +126,25 @@ def _demo_db_state(tmp: Path) -> tuple[int, int, bool] | None:
     try:
         with sqlite3.connect(f"file:{found[0]}?mode=ro", uri=True, timeout=0.1) as conn:
             rows = dict(conn.execute("SELECT phase, SUM(count) FROM batches GROUP BY phase"))
-            planned = conn.execute("SELECT COUNT(*) FROM phases").fetchone()[0] > 0
+            planned = conn.execute("SELECT COUNT(*) FROM phases").fetchone()[0]
     except sqlite3.Error:  # not created yet, or busy: ask again
         return None
-    return int(rows.get(0, 0)), int(rows.get(1, 0)), planned
+    return {int(p): int(c) for p, c in rows.items()}, int(planned)
+
+
+def _pilot_reports(db: tuple[dict[int, int], int]) -> int:
+    return sum(c for p, c in db[0].items() if p < DEMO_MAIN)
 
 
 # when to press ^C: each test waits until the demo is at that point, then signals
 INTERRUPT_POINTS = {
-    "pilot": lambda db, err: db is not None and 0 < db[0] < DEMO_PILOT,
-    "planning": lambda db, err: db is not None and db[0] >= DEMO_PILOT and not db[2],
-    "main phase": lambda db, err: db is not None and db[2] and 0 < db[1] < 60_000,
+    "pilot": lambda db, err: db is not None and 0 < _pilot_reports(db) < DEMO_PILOT,
+    "planning": lambda db, err: (
+        db is not None and _pilot_reports(db) >= DEMO_PILOT and db[1] < DEMO_MAIN
+    ),
+    "main phase": lambda db, err: (
+        db is not None and db[1] >= DEMO_MAIN and 0 < db[0].get(DEMO_MAIN, 0) < 60_000
+    ),
     "queries": lambda db, err: "answering the queries" in err,
 }
 
@@ -333,7 +354,7 @@ def test_simulate_runs_any_mechanism_by_name(capsys: pytest.CaptureFixture[str])
 
 def test_plan_accounts_for_the_chosen_reconstruction(capsys: pytest.CaptureFixture[str]) -> None:
     from calmkit_aggregator.planning.error_model import Workload
-    from calmkit_aggregator.planning.pilot import pilot_plan, pilot_size
+    from calmkit_aggregator.planning.pilot import start_pilot
     from calmkit_aggregator.planning.search import choose_plan
     from calmkit_client import Schema
 
@@ -350,8 +371,9 @@ def test_plan_accounts_for_the_chosen_reconstruction(capsys: pytest.CaptureFixtu
         "--json",
     ]
     schema = Schema.from_sizes([2] * 10)
-    cut = pilot_size(20000, 0.2)
-    first = pilot_plan(schema, 1.0, users=cut)
+    start = start_pilot(schema, 1.0, 20000)  # one round: half of it measures no pair
+    assert start.first_round == 0
+    cut, first = start.reports, start.plan
     for reconstruction in ("local", "global"):
         assert main([*base, "--reconstruct", reconstruction]) == 0
         out = json.loads(capsys.readouterr().out)
@@ -371,24 +393,40 @@ def test_plan_accounts_for_the_chosen_reconstruction(capsys: pytest.CaptureFixtu
 
 
 @pytest.mark.parametrize(
-    ("domain", "says"),
+    ("domain", "n", "says"),
     [
-        ("2,2,2,2", "report on 4 views, 4 attribute pairs;"),
-        ("30,30,30,30", "report on 4 views, single attributes (margins only);"),
+        # half the pilot (1,000 reports) measures binary pairs from 500 reports each
+        (
+            "2,2,2,2",
+            10_000,
+            "2000 users (20%) in two rounds: 1000 report on 2 views, 2 attribute pairs, "
+            "the others on pairs chosen from their reports; the views below are chosen "
+            "again from all of them",
+        ),
+        # half (500) cannot (250 each), the whole pilot can: one round
+        (
+            "2,2,2,2",
+            5_000,
+            "1000 users (20%) report on 2 views, 2 attribute pairs; the views below are "
+            "chosen again from their reports",
+        ),
+        # 30 x 30 tables cannot show dependence: each attribute alone, in one round
+        (
+            "30,30,30,30",
+            10_000,
+            "2000 users (20%) report on 4 views, single attributes (margins only); the "
+            "views below are chosen again from their reports",
+        ),
     ],
 )
 def test_plan_says_what_the_pilot_measures(
-    capsys: pytest.CaptureFixture[str], domain: str, says: str
+    capsys: pytest.CaptureFixture[str], domain: str, n: int, says: str
 ) -> None:
-    # binary pairs from 500 reports each (two matchings) can show dependence; 30 x 30
-    # tables cannot, and the pilot measures each attribute alone
-    args = ["plan", "--domain", domain, "--n", "10000", "--k", "2", "--epsilon", "1"]
+    args = ["plan", "--domain", domain, "--n", str(n), "--k", "2", "--epsilon", "1"]
     assert main(args) == 0
-    first = capsys.readouterr().out.splitlines()[0]
-    assert (
-        first
-        == f"pilot: 2000 users (20%) {says} the views below are chosen again from their reports"
-    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"pilot: {says}"
+    assert lines[1] == "main phase, as planned from the prior (before any report):"
 
 
 def test_a_closed_pipe_ends_the_output_quietly() -> None:

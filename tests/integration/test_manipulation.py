@@ -18,7 +18,7 @@ import pytest
 from calmkit_aggregator import plan_collection
 from calmkit_aggregator.integrity import max_shift_per_share
 from calmkit_aggregator.phases import PhasedDesign
-from calmkit_aggregator.planning.pilot import pilot_size, plan_next_phase
+from calmkit_aggregator.planning.pilot import pilot_size, plan_next_phase, start_pilot
 from calmkit_aggregator.service.admin import AdminClient
 from calmkit_aggregator.service.storage import Storage
 from calmkit_client import CollectionFull, Plan, make_reports
@@ -226,6 +226,50 @@ def test_a_genuine_pilot_passes_and_plans_phase_1(tmp_path: Path) -> None:
             PhasedDesign(n, target, 3, 0), server.storage.phase_support("p", 0)
         )
         assert status.plan.digest == expected.plan.digest
+
+
+# 8 binary attributes, 20,000 users: the pilot takes two rounds of 2,000 reports
+ROUNDS_POP = synthetic_population(n=20_000, sizes=(2,) * 8, strength=1.5, rng=6)
+
+
+def test_a_fake_second_pilot_round_is_flagged_and_the_main_phase_leaves_the_pilot_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from calmkit_client.cli import main
+
+    n, codes = ROUNDS_POP.n, ROUNDS_POP.codes
+    with Server(tmp_path) as server, AdminClient(server.address) as admin:
+        info = admin.create_collection(ROUNDS_POP.schema, 1.0, n, 3, collection_id="r")
+        start = start_pilot(ROUNDS_POP.schema, 1.0, n)
+        assert (info.pilot_target, start.first_round) == (4_000, 2_000)
+        token = info.submit_token
+        first = honest_batch("r", info.plan, codes[:2_000], 4)
+        assert submit(server.address, token, first).accepted == 2_000
+        status = admin.get_collection("r")
+        assert status.phase == 1 and status.pilot_check == "passed" and status.in_pilot
+        cli = ["collection", "status", "--address", server.address, "--collection", "r"]
+        assert main(cli) == 0
+        assert "  phase 1 (pilot): 2000 of 4000 reports; then the server chooses the views " in (
+            capsys.readouterr().out
+        )
+        second = status.plan  # the round chosen from the first: fakes fill it
+        per_view = {j: 2_000 // second.m + (j < 2_000 % second.m) for j in range(second.m)}
+        assert submit(server.address, token, fake_batch("r", second, per_view, 7)).accepted
+        status = admin.get_collection("r")
+        assert status.phase == 2 and not status.in_pilot
+        assert status.pilot_check.startswith("failed: view ")
+        assert status.pilot_check.endswith("; phase 2 planned by Algorithm 1 without the pilot")
+        safe = plan_collection(ROUNDS_POP.schema, 1.0, n - 4_000, 3, rng=1, seed=1, planner="paper")
+        assert status.plan.digest == safe.digest
+        assert main(cli) == 0
+        out = capsys.readouterr().out
+        assert "  phase 2 (after a pilot of 4000 reports)\n" in out
+        assert "  pilot check: failed: view " in out
+        # answers rest on the main phase alone: both pilot rounds are left out
+        later = honest_batch("r", status.plan, codes[4_000:7_000], 8)
+        assert submit(server.address, token, later).accepted == 3_000
+        answer = admin.query("r", ["a0", "a1"])
+        assert answer.reports == 3_000 and admin.get_collection("r").reports == 7_000
 
 
 def test_the_cli_creates_with_a_cap_and_status_shows_flags(

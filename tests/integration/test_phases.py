@@ -15,8 +15,15 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import plan_collection, reconstruct
+from calmkit_aggregator.phases import PhasedDesign, combine_phases
 from calmkit_aggregator.planning.error_model import Workload
-from calmkit_aggregator.planning.pilot import pilot_size, plan_after_pilot
+from calmkit_aggregator.planning.pilot import (
+    pilot_size,
+    plan_after_pilot,
+    plan_next_phase,
+    plan_pilot_round,
+    start_pilot,
+)
 from calmkit_aggregator.planning.search import choose_plan
 from calmkit_aggregator.service.admin import AdminClient
 from calmkit_aggregator.service.storage import Storage
@@ -32,6 +39,9 @@ IDS = np.arange(POP.n, dtype=np.uint64)
 # 10 dependent binary attributes: the planner chooses other views for global
 # reconstruction than for local, after this pilot and from the prior alike
 WIDE = synthetic_population(n=6000, sizes=(2,) * 10, strength=1.5, rng=3)
+# 8 dependent binary attributes, 20,000 users: half the pilot (2,000 reports over 4
+# pairs) measures pairs, so the pilot takes two rounds
+TWO = synthetic_population(n=20_000, sizes=(2,) * 8, strength=1.5, rng=4)
 
 
 @contextmanager
@@ -142,6 +152,48 @@ def test_the_phases_are_planned_for_the_reconstruction_asked_for(
     with Storage(tmp_path / "agg.db") as reopened:  # restart: the design keeps it
         design = reopened.get_collection("g").design
         assert design is not None and design.reconstruction == "global"
+
+
+def test_a_pilot_of_two_rounds_plans_its_second_round_then_the_main_phase(
+    tmp_path: Path, seeded_entropy: Callable[[int], None]
+) -> None:
+    seeded_entropy(2)  # the devices' reports, hence the rounds' counts, are reproducible
+    start = start_pilot(TWO.schema, 1.0, TWO.n, seed=2)
+    assert (start.reports, start.first_round) == (4_000, 2_000)  # 500 reports per pair
+    design = PhasedDesign(TWO.n, 4_000, 3, 2, first_round=2_000)
+    ids = np.arange(TWO.n, dtype=np.uint64)
+    with _serving(tmp_path) as (address, storage):
+        with AdminClient(address) as admin:
+            info = admin.create_collection(TWO.schema, 1.0, TWO.n, 3, collection_id="t", seed=2)
+            assert info.plan == start.plan and info.pilot_target == 4_000 and info.in_pilot
+            token = info.submit_token
+            assert token is not None
+            with Collector(address, "t", token, DeviceState.in_memory(), batch_size=500) as c:
+                assert c.submit_many(TWO.codes[:2_000], ids[:2_000]).accepted == 2_000
+                second = c.plan(refresh=True)
+                status = admin.get_collection("t")
+                assert status.phase == 1 and status.in_pilot and status.pilot_check == "passed"
+                # the second round: what the planner makes of the first round's counts
+                first = storage.phase_support("t", 0)
+                assert second == plan_pilot_round(design, first)
+                assert all(len(v) == 2 for v in second.views)
+                assert not set(second.views) & set(start.plan.views)
+                assert c.submit_many(TWO.codes[2_000:4_000], ids[2_000:4_000]).accepted == 2_000
+                main = c.plan(refresh=True)
+                pilot = combine_phases([first, storage.phase_support("t", 1)])
+                assert main == plan_next_phase(design, pilot).plan
+                rest = c.submit_many(TWO.codes[4_000:], ids[4_000:])
+                assert rest.accepted == TWO.n - 4_000
+            status = admin.get_collection("t")
+            assert status.phase == 2 and status.phase_reports == (2_000, 2_000, TWO.n - 4_000)
+            assert not status.in_pilot and status.pilot_reports == 4_000
+            answer = admin.query("t", ["a0", "a1", "a2"])
+        in_process = reconstruct(storage.support("t")).answer(["a0", "a1", "a2"])
+        np.testing.assert_allclose(answer.values, in_process.values, rtol=0, atol=1e-12)
+        assert answer.reports == TWO.n
+    with Storage(tmp_path / "agg.db") as reopened:  # restart: three phases, one design
+        record = reopened.get_collection("t")
+        assert record.plans == (start.plan, second, main) and record.design == design
 
 
 def test_an_unknown_reconstruction_is_refused_and_creates_nothing(tmp_path: Path) -> None:

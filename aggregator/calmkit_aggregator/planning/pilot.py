@@ -1,15 +1,24 @@
-"""A two-phase collection: a pilot, then views chosen from what it showed.
+"""A phased collection: a pilot, then views chosen from what it showed.
 
 The pipeline planner's error model needs to know how skewed the attributes are and
 how strongly they depend on each other (:mod:`.profile`). Before any report it can
 only assume; so a fraction of the users (default :data:`PILOT_FRACTION`) reports
-first on pairs of attributes (random matchings: every attribute once per matching,
-as many matchings as the pilot's reports keep every pair informative), the aggregator
-estimates the profile from their tables, and the remaining users report on the views
-the planner then chooses (:func:`plan_next_phase`, for a collection's
-:class:`~..phases.PhasedDesign`). Each user still reports exactly once, under one of
-the two plans; the pilot's views stay part of the final estimate
-(:func:`~..phases.combine_phases`), so no report is wasted.
+first on pairs of attributes, the aggregator estimates the profile from their
+tables, and the remaining users report on the views the planner then chooses
+(:func:`plan_next_phase`, for a collection's :class:`~..phases.PhasedDesign`).
+
+The pilot reports in two rounds of equal size (:func:`start_pilot`): the first on
+random matchings (every attribute once per matching, as many matchings as its
+reports keep every pair informative), the second on the pairs whose attributes the
+first round found most dependent (:func:`plan_pilot_round`). Where dependence sits in
+a few pairs or a few attributes, random matchings see a few of them at best; the
+second round looks where the first found some. Where half the pilot cannot measure
+any pair (large domains, few users, low epsilon), the pilot is one round of random
+matchings (or single attributes) over all of its users, as before.
+
+Each user still reports exactly once, under one of the plans; the pilot's views stay
+part of the final estimate (:func:`~..phases.combine_phases`), so no report is
+wasted.
 """
 
 from __future__ import annotations
@@ -35,12 +44,16 @@ __all__ = [
     "MAX_MATCHINGS",
     "PILOT_FRACTION",
     "MainPlan",
+    "Pilot",
     "informative_pair",
     "pilot_plan",
     "pilot_size",
     "plan_after_pilot",
     "plan_next_phase",
+    "plan_pilot_round",
     "profile_from_pilot",
+    "round_two_pairs",
+    "start_pilot",
 ]
 
 PILOT_FRACTION = 0.2
@@ -56,6 +69,100 @@ def pilot_size(n: int, fraction: float = PILOT_FRACTION) -> int:
     if not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
         raise PlanError(f"pilot fraction ({fraction!r}) must be in (0, 1)")
     return int(min(n - 1, max(1, round(fraction * n))))
+
+
+@dataclass(frozen=True)
+class Pilot:
+    """A collection's pilot: the first round's ``plan``, the whole pilot's
+    ``reports`` and the first round's (``first_round``; 0: the pilot is one round)."""
+
+    plan: Plan
+    reports: int
+    first_round: int
+
+
+def start_pilot(
+    schema: Schema, epsilon: float, n: int, fraction: float = PILOT_FRACTION, seed: int = 0
+) -> Pilot:
+    """The pilot of a collection of ``n`` expected users (module docstring): two rounds
+    of half the pilot's reports each when the first half's random matchings hold a
+    pair (:func:`pilot_plan`), else one round of all of them."""
+    reports = pilot_size(n, fraction)
+    first_round = pilot_size(n, fraction / 2)
+    if first_round < reports:
+        plan = pilot_plan(schema, epsilon, seed=seed, users=first_round)
+        if any(len(view) == 2 for view in plan.views):
+            return Pilot(plan, reports, first_round)
+    return Pilot(pilot_plan(schema, epsilon, seed=seed, users=reports), reports, 0)
+
+
+def plan_pilot_round(design: PhasedDesign, first: SupportCounts) -> Plan:
+    """The second round of a collection's pilot, from the first round's counts: the
+    pairs of :func:`round_two_pairs` for the rest of the pilot's reports (seed
+    ``design.seed + 2``); more random matchings where no unmeasured pair could be
+    informative."""
+    plan = first.plan
+    users = max(1, design.pilot_reports - int(first.n.sum()))
+    seed = design.seed + 2
+    pairs = round_two_pairs(profile_from_pilot(first), plan.views, plan.epsilon, users, seed)
+    if not pairs:
+        return pilot_plan(plan.schema, plan.epsilon, seed=seed, users=users)
+    return Plan(plan.schema, plan.epsilon, pairs, seed=seed)
+
+
+def round_two_pairs(
+    profile: DataProfile,
+    measured: tuple[tuple[int, ...], ...],
+    epsilon: float,
+    users: int,
+    seed: int = 0,
+) -> tuple[tuple[int, int], ...]:
+    """The pairs a pilot's second round measures: pairs not in ``measured``, ranked by
+    the sum over their two attributes of each one's strongest measured pair (its
+    posterior mean dependence in ``profile``; ties in random order): the highest ranked
+    ``c`` of those informative (:func:`informative_pair`) at ``users / c`` reports each,
+    for the largest ``c`` there are. A pair of two attributes each in a heavy measured
+    pair comes first, then pairs with one of them: where dependence clusters, the rest
+    of the cluster."""
+    sizes = np.array(profile.sizes)
+    pairs = np.array([v for v in measured if len(v) == 2], dtype=np.int64).reshape(-1, 2)
+    taken = np.zeros((sizes.size, sizes.size), dtype=bool)
+    taken[pairs[:, 0], pairs[:, 1]] = taken[pairs[:, 1], pairs[:, 0]] = True
+    heavy = (profile.weights * profile.dependence)[pairs[:, 0], pairs[:, 1]]
+    strength = np.zeros(sizes.size)
+    np.maximum.at(strength, pairs[:, 0], heavy)
+    np.maximum.at(strength, pairs[:, 1], heavy)
+    a, b = np.triu_indices(sizes.size, 1)
+    keep = (sizes[a] > 1) & (sizes[b] > 1) & ~taken[a, b]
+    a, b = a[keep], b[keep]
+    tie = np.random.default_rng(seed).random(a.size)
+    order = np.lexsort((tie, -(strength[a] + strength[b])))
+    a, b = a[order], b[order]
+    need = _reports_needed(sizes[a], sizes[b], epsilon, users)
+    # the most pairs c such that c of them are informative at users // c reports each
+    counts = np.arange(1, a.size + 1)
+    able = np.searchsorted(np.sort(need), users // counts, side="right")
+    fits = np.nonzero(able >= counts)[0]
+    if not fits.size:
+        return ()
+    count = int(fits[-1]) + 1
+    first = np.nonzero(need <= users // count)[0][:count]  # the highest ranked of them
+    return tuple((int(x), int(y)) for x, y in zip(a[first], b[first]))
+
+
+def _reports_needed(
+    size_a: np.ndarray, size_b: np.ndarray, epsilon: float, users: int
+) -> np.ndarray:
+    """(P,) the fewest reports that make each pair's view informative
+    (:func:`informative_pair`); ``users + 1`` where even ``users`` do not."""
+    out = np.full(size_a.size, users + 1, dtype=np.int64)
+    for la, lb in {(int(x), int(y)) for x, y in zip(size_a, size_b)}:
+        lo, hi = 1, users + 1  # informative at hi (or hi = users + 1: never)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if informative_pair(la, lb, epsilon, mid) else (mid + 1, hi)
+        out[(size_a == la) & (size_b == lb)] = hi
+    return out
 
 
 def pilot_plan(schema: Schema, epsilon: float, seed: int = 0, users: int | None = None) -> Plan:

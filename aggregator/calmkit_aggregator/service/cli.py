@@ -570,13 +570,13 @@ def _collection(args: argparse.Namespace) -> int:
         return 0
     expected = f" of {out['expected_n']} expected (--n)" if out["expected_n"] else ""
     print(f"collection {out['collection_id']}: {out['state']}, {out['reports']} reports{expected}")
-    if out["pilot_target"] and out["phase"] == 0:
+    if info.in_pilot:
         print(
-            f"  phase 0 (pilot): {out['reports']} of {out['pilot_target']} reports; then the "
-            "server chooses the views of phase 1 from them"
+            f"  phase {out['phase']} (pilot): {out['reports']} of {out['pilot_target']} "
+            "reports; then the server chooses the views of the main phase from them"
         )
     elif out["pilot_target"]:
-        print(f"  phase {out['phase']} (after a pilot of {out['phase_reports'][0]} reports)")
+        print(f"  phase {out['phase']} (after a pilot of {info.pilot_reports} reports)")
     print(
         f"  plan {out['plan_digest'][:16]}: m = {out['m']} views of l = {out['l']}, "
         f"k = {out['k']}, oracles {sorted(set(out['oracles']))}"

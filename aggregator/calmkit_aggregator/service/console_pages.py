@@ -109,11 +109,11 @@ def _progress(row: Row) -> str:
 def _pilot(info: CollectionInfo) -> str:
     if not info.pilot_target:
         return "no pilot"
-    if info.phase == 0:
-        return f"pilot: {info.reports:,} of {info.pilot_target:,} reports"
-    pilot = info.phase_reports[0] if info.phase_reports else 0
     check = f"; check: {info.pilot_check}" if info.pilot_check else ""
-    return f"pilot done ({pilot:,} reports){check}"
+    if info.in_pilot:
+        rounds = f" (round {info.phase + 1})" if info.phase else ""
+        return f"pilot{rounds}: {info.reports:,} of {info.pilot_target:,} reports{check}"
+    return f"pilot done ({info.pilot_reports:,} reports){check}"
 
 
 def collections_page(rows: Sequence[Row]) -> bytes:

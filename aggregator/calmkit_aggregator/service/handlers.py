@@ -47,7 +47,7 @@ from calmkit_client.wire import CollectionInfo, MarginalAnswer
 
 from ..phases import PhasedDesign, combine_phases
 from ..planning.collection import plan_collection
-from ..planning.pilot import pilot_plan, pilot_size, plan_next_phase
+from ..planning.pilot import plan_next_phase, plan_pilot_round, start_pilot
 from ..reconstruction.methods import check_reconstruction
 from ..reconstruction.pipeline import Estimator, reconstruct_by
 from ..reconstruction.support import SupportCounts
@@ -245,16 +245,19 @@ class AggregatorService(wire.AggregatorServicer):
             and params.expected_n >= 2
             and (params.l is None or params.m is None)
         ):
-            reports = pilot_size(params.expected_n, params.pilot)
-            plan = pilot_plan(params.schema, params.epsilon, seed=params.seed, users=reports)
+            pilot = start_pilot(
+                params.schema, params.epsilon, params.expected_n, params.pilot, seed=params.seed
+            )
+            plan = pilot.plan
             design = PhasedDesign(
                 params.expected_n,
-                reports,
+                pilot.reports,
                 params.k,
                 params.seed,
                 params.l,
                 params.m,
                 reconstruction=params.reconstruction,
+                first_round=pilot.first_round,
             )
         else:
             plan = plan_collection(
@@ -358,8 +361,8 @@ class AggregatorService(wire.AggregatorServicer):
         )
         if outcome.accepted:
             self._check_batch(request.collection_id, record.plans[phase], reports, context)
-        if record.design is not None and record.phase == 0:  # a pilot that may be done
-            self._maybe_advance(request.collection_id)
+        if record.design is not None and record.phase < record.design.pilot_phases:
+            self._maybe_advance(request.collection_id)  # a pilot phase that may be done
         seconds = time.perf_counter() - t0
         self.metrics.batch(outcome.accepted, outcome.duplicates, seconds, commit)
         return wire.ack_to_proto(outcome.accepted, outcome.duplicates)
@@ -377,53 +380,64 @@ class AggregatorService(wire.AggregatorServicer):
         self.storage.add_flag(collection_id, flag)
 
     def _maybe_advance(self, collection_id: str) -> None:
-        """Start the second phase once the pilot has its reports: plan it from the
-        pilot's counts (committed before the next GetPlan can serve it). Threads that
-        race here plan once: the storage keeps the first phase 1 stored."""
+        """Start the next phase once a pilot phase has its reports: plan it from the
+        pilot's counts so far (committed before the next GetPlan can serve it): the
+        pilot's second round, or the main phase. Threads that race here plan once: the
+        storage keeps the first plan stored for a phase."""
         record = self.storage.get_collection(collection_id)
         design = record.design
-        if design is None or record.phase != 0 or record.state != "open":
+        if design is None or record.state != "open":
             return
-        if record.reports < design.pilot_reports:
+        target = design.phase_target(record.phase)
+        if target is None or record.reports < target:
             return
         with self._advance_lock:
+            current = record.phase
             record = self.storage.get_collection(collection_id)
-            if record.phase != 0:
+            if record.phase != current:
                 return
             t0 = time.perf_counter()
-            pilot = self.storage.phase_support(collection_id, 0)
-            passed, check = pilot_result(pilot)
+            parts = [self.storage.phase_support(collection_id, i) for i in range(current + 1)]
+            pilot = combine_phases(parts)
+            passed, check = pilot_result(parts, current + 1)
             self.storage.set_pilot_check(collection_id, check)
             if not passed:  # fakes may have written the pilot: plan without it
                 log_json("manipulation", collection=collection_id, scope="pilot", reason=check)
                 self.metrics.flag("pilot")
                 plan = _safe_plan(design, pilot)
-                self.storage.add_phase(collection_id, 1, plan)
-                log_json(
-                    "phase",
-                    collection=collection_id,
-                    phase=1,
-                    m=plan.m,
-                    digest=plan.digest,
-                    pilot_reports=record.reports,
-                    planner="paper",
-                    ms=round(1e3 * (time.perf_counter() - t0), 1),
+                self._start_phase(collection_id, current + 1, plan, t0, planner="paper")
+            elif current + 1 < design.pilot_phases:
+                plan = plan_pilot_round(design, pilot)
+                self._start_phase(collection_id, current + 1, plan, t0, planner="pilot round")
+            else:
+                main = plan_next_phase(design, pilot)
+                self._start_phase(
+                    collection_id,
+                    current + 1,
+                    main.plan,
+                    t0,
+                    l=main.choice.l,
+                    predicted_sse=round(main.choice.predicted.sse, 6),
+                    dependence=round(main.choice.profile.dependence, 5),
                 )
-                return
-            main = plan_next_phase(design, pilot)
-            self.storage.add_phase(collection_id, 1, main.plan)
-            log_json(
-                "phase",
-                collection=collection_id,
-                phase=1,
-                m=main.plan.m,
-                l=main.choice.l,
-                digest=main.plan.digest,
-                pilot_reports=record.reports,
-                predicted_sse=round(main.choice.predicted.sse, 6),
-                dependence=round(main.choice.profile.dependence, 5),
-                ms=round(1e3 * (time.perf_counter() - t0), 1),
-            )
+
+    def _start_phase(
+        self, collection_id: str, phase: int, plan: Plan, t0: float, **fields: object
+    ) -> None:
+        """Store ``phase`` with ``plan`` and log it (planned since ``t0``)."""
+        record = self.storage.add_phase(collection_id, phase, plan)
+        reports = sum(record.phase_reports[:phase])
+        ms = round(1e3 * (time.perf_counter() - t0), 1)
+        log_json(
+            "phase",
+            collection=collection_id,
+            phase=phase,
+            m=plan.m,
+            digest=plan.digest,
+            pilot_reports=reports,
+            ms=ms,
+            **fields,
+        )
 
     # -- queries -----------------------------------------------------------------------
     def _estimator(
@@ -435,8 +449,8 @@ class AggregatorService(wire.AggregatorServicer):
         fakes, and every later phase was planned without them."""
         record = self.storage.get_collection(collection_id)
         if record.pilot_check.startswith("failed") and record.phase >= 1:
-            later = range(1, len(record.plans))
-            support = combine_phases([self.storage.phase_support(collection_id, i) for i in later])
+            # the phase planned without the pilot is the last: every earlier one is left out
+            support = self.storage.phase_support(collection_id, record.phase)
         else:
             support = self.storage.support(collection_id)
         total = int(support.n.sum())
@@ -538,8 +552,8 @@ class AggregatorService(wire.AggregatorServicer):
 
 
 def _safe_plan(design: PhasedDesign, pilot: SupportCounts) -> Plan:
-    """Phase 1's plan when the pilot failed its check: CALM's Algorithm 1 for the
-    users left, from the design alone (nothing of the pilot's counts)."""
+    """The plan of the phase after a pilot that failed its check: CALM's Algorithm 1
+    for the users left, from the design alone (nothing of the pilot's counts)."""
     remaining = max(1, design.expected_n - int(pilot.n.sum()))
     schema = pilot.plan.schema
     return plan_collection(

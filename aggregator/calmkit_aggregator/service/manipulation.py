@@ -76,12 +76,17 @@ def batch_flag(batch: ReportColumns, peer: str, alpha: float = DEFAULT_ALPHA) ->
     return f"batch of {len(batch)} reports from {peer}: {result.reason}"
 
 
-def pilot_result(pilot: SupportCounts, alpha: float = DEFAULT_ALPHA) -> tuple[bool, str]:
-    """The pilot check: (passed, what ``collection status`` shows)."""
-    result = check_parts([pilot], alpha)
+def pilot_result(
+    pilot: Sequence[SupportCounts], phase: int = 1, alpha: float = DEFAULT_ALPHA
+) -> tuple[bool, str]:
+    """The pilot check over the pilot's phases so far, before ``phase`` is planned:
+    (passed, what ``collection status`` shows)."""
+    result = check_parts(pilot, alpha)
     if result.passed:
         return True, "passed"
-    return False, (f"failed: {result.reason}; phase 1 planned by Algorithm 1 without the pilot")
+    return False, (
+        f"failed: {result.reason}; phase {phase} planned by Algorithm 1 without the pilot"
+    )
 
 
 def answer_shift(plan: Plan, attrs: Sequence[int]) -> float:

@@ -5,8 +5,10 @@ entropy.
 
 Planners (:mod:`calmkit_aggregator.planning.collection`): ``"pipeline"`` (the default) runs a
 pilot first unless ``pilot=0`` or both ``l`` and ``m`` are fixed: a random
-``pilot`` fraction of the users reports on disjoint pairs, the profile estimated from
-their reports picks the views of the others, and the estimate uses both phases.
+``pilot`` fraction of the users reports on attribute pairs (in two rounds, the second
+on pairs chosen from the first's reports, where half the pilot can measure pairs:
+:func:`~calmkit_aggregator.planning.pilot.start_pilot`), the profile estimated from
+their reports picks the views of the others, and the estimate uses every phase.
 ``"paper"`` is Algorithm 1 in one phase.
 
 One-phase plans are made once per setting (schema, n, k, epsilon, planner, theta,
@@ -25,15 +27,17 @@ from typing import Literal
 import numpy as np
 
 from calmkit_aggregator import Estimator, plan_collection, reconstruct_by
-from calmkit_aggregator.phases import combine_phases
+from calmkit_aggregator.phases import PhasedDesign, combine_phases
 from calmkit_aggregator.planning.collection import PLANNERS, workload_of
 from calmkit_aggregator.planning.pilot import (
     PILOT_FRACTION,
-    pilot_plan,
-    pilot_size,
+    Pilot,
     plan_after_pilot,
+    plan_pilot_round,
+    start_pilot,
 )
 from calmkit_aggregator.reconstruction.methods import check_reconstruction
+from calmkit_aggregator.reconstruction.support import SupportCounts
 from calmkit_client import CalmkitError, Plan, Schema
 from calmkit_client.randomness import RngLike
 
@@ -41,7 +45,7 @@ from ..collect import collect_support
 from ..population import Population
 from .base import Mechanism, Release
 
-__all__ = ["Calm"]
+__all__ = ["Calm", "collect_pilot"]
 
 
 class _CalmRelease(Release):
@@ -155,12 +159,13 @@ class Calm(Mechanism):
             chosen: dict[str, object] = {"m": plan.m, "l": max(len(v) for v in plan.views)}
             estimator = reconstruct_by(support, self.reconstruction, self.shrink)
             return _CalmRelease(estimator, chosen)
-        cut = pilot_size(population.n, self.pilot)
-        first = pilot_plan(population.schema, epsilon, seed=seed, users=cut)
-        pilot_users = np.sort(gen.permutation(population.n)[:cut])
+        pilot = start_pilot(population.schema, epsilon, population.n, self.pilot, seed=seed)
+        cut = pilot.reports
+        order = gen.permutation(population.n)
         rest = np.ones(population.n, dtype=bool)  # a mask: no copy of the codes
-        rest[pilot_users] = False
-        pilot_support = collect_support(population, first, gen, path=self.path, rows=pilot_users)
+        rest[order[:cut]] = False
+        design = PhasedDesign(population.n, pilot.reports, k, seed, first_round=pilot.first_round)
+        pilot_support = collect_pilot(population, pilot, design, order, gen, self.path)
         main = plan_after_pilot(
             pilot_support,
             population.n - cut,
@@ -178,7 +183,7 @@ class Calm(Mechanism):
             "m": main.plan.m,
             "l": main.choice.l,
             "design": main.choice.design,
-            "pilot_m": first.m,
+            "pilot_m": pilot_support.plan.m,
             "pilot_users": int(cut),
             "predicted_sse": float(main.choice.predicted.sse),
             "median_sse": float(main.choice.median_sse),
@@ -187,3 +192,28 @@ class Calm(Mechanism):
         if skipped:  # attributes in no view: one category, or too few users
             chosen_main["not_collected"] = [population.schema.names[a] for a in skipped]
         return _CalmRelease(estimator, chosen_main)
+
+
+def collect_pilot(
+    population: Population,
+    pilot: Pilot,
+    design: PhasedDesign,
+    order: np.ndarray,
+    rng: RngLike = None,
+    path: Literal["fast", "faithful"] = "fast",
+) -> SupportCounts:
+    """The pilot's counts, gathered as a collection's phases gather them: the first
+    users of ``order`` (a permutation of the users) under ``pilot.plan``; with two
+    rounds (``pilot.first_round``), the next ones under the pairs the first round's
+    counts choose (:func:`~calmkit_aggregator.planning.pilot.plan_pilot_round` with
+    ``design``). Both rounds' views, in order; the main phase takes the users after
+    ``pilot.reports``."""
+    gen = np.random.default_rng(rng)
+    first_users = pilot.first_round or pilot.reports
+    rows = np.sort(order[:first_users])
+    first = collect_support(population, pilot.plan, gen, path=path, rows=rows)
+    if not pilot.first_round:
+        return first
+    second = plan_pilot_round(design, first)
+    rows = np.sort(order[first_users : pilot.reports])
+    return combine_phases([first, collect_support(population, second, gen, path=path, rows=rows)])
