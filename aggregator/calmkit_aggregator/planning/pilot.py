@@ -243,8 +243,8 @@ def profile_from_pilot(support: SupportCounts, prior: DataProfile | None = None)
 
 @dataclass(frozen=True)
 class MainPlan:
-    """The second phase: its ``plan`` and the planner's ``choice`` (the prediction
-    covers the pilot's views too)."""
+    """The main phase (after the pilot's one or two rounds): its ``plan`` and the
+    planner's ``choice`` (the prediction covers the pilot's views too)."""
 
     plan: Plan
     choice: PlannedViews
@@ -285,8 +285,8 @@ def plan_after_pilot(
 
 
 def plan_next_phase(design: PhasedDesign, pilot: SupportCounts) -> MainPlan:
-    """The second phase's plan of a collection made with ``design``, from its pilot's
-    support counts. When fewer users are left than the planner plans views for
+    """The main phase's plan of a collection made with ``design``, from its pilot's
+    support counts (every pilot round's). When fewer users are left than the planner plans views for
     (:func:`~.search.fewest_users`: the pilot took nearly everyone), it is planned for
     that many: the last users still need a plan to report under."""
     fewest = fewest_users(pilot.plan.schema.sizes, design.l or 1)
