@@ -129,8 +129,9 @@ def planning_options(parser: argparse.ArgumentParser, create: bool = False) -> N
         "--planner",
         choices=PLANNERS,
         default="pipeline" if create else None,
-        help="pipeline: a pilot phase, then the views with the lowest "
-        "predicted error of the whole reconstruction; paper: CALM's "
+        help="pipeline: a pilot (one phase, or two where half of it can measure "
+        "attribute pairs: the second on pairs chosen from the first), then the views "
+        "with the lowest predicted error of the whole reconstruction; paper: CALM's "
         "Algorithm 1, one phase (default: pipeline)",
     )
     parser.add_argument(
@@ -138,7 +139,7 @@ def planning_options(parser: argparse.ArgumentParser, create: bool = False) -> N
         type=fraction,
         default=None,
         metavar="SHARE",
-        help=f"share of the users in the pilot phase (pipeline planner; 0: "
+        help=f"share of the users in the pilot, both rounds (pipeline planner; 0: "
         f"no pilot; default {PILOT_FRACTION})",
     )
     parser.add_argument(
