@@ -272,6 +272,30 @@ def test_a_fake_second_pilot_round_is_flagged_and_the_main_phase_leaves_the_pilo
         assert answer.reports == 3_000 and admin.get_collection("r").reports == 7_000
 
 
+def test_a_fake_first_round_puts_the_main_phase_next_and_plans_nothing_more(
+    tmp_path: Path,
+) -> None:
+    n, codes = ROUNDS_POP.n, ROUNDS_POP.codes
+    with Server(tmp_path) as server, AdminClient(server.address) as admin:
+        info = admin.create_collection(ROUNDS_POP.schema, 1.0, n, 3, collection_id="f")
+        token = info.submit_token
+        fakes = fake_batch("f", info.plan, {j: 500 for j in range(info.plan.m)}, 9)
+        assert submit(server.address, token, fakes).accepted == 500 * info.plan.m == 2_000
+        status = admin.get_collection("f")
+        assert status.phase == 1 and not status.in_pilot
+        assert status.pilot_check.endswith("; phase 1 planned by Algorithm 1 without the pilot")
+        safe = status.plan
+        # the genuine users report under that plan, past the pilot's 4,000 reports: the
+        # collection stays in its main phase (no second round, no replanning)
+        for lo in range(0, 8_000, 2_000):
+            batch = honest_batch("f", safe, codes[lo : lo + 2_000], 20 + lo)
+            assert submit(server.address, token, batch).accepted == 2_000
+        status = admin.get_collection("f")
+        assert status.phase == 1 and status.plan == safe
+        assert len(server.storage.get_collection("f").plans) == 2
+        assert admin.query("f", ["a0", "a1"]).reports == 8_000
+
+
 def test_the_cli_creates_with_a_cap_and_status_shows_flags(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -386,8 +386,8 @@ class AggregatorService(wire.AggregatorServicer):
         storage keeps the first plan stored for a phase."""
         record = self.storage.get_collection(collection_id)
         design = record.design
-        if design is None or record.state != "open":
-            return
+        if design is None or record.state != "open" or record.pilot_check.startswith("failed"):
+            return  # after a failed pilot check the main phase runs: nothing more to plan
         target = design.phase_target(record.phase)
         if target is None or record.reports < target:
             return
