@@ -196,6 +196,30 @@ def test_a_pilot_of_two_rounds_plans_its_second_round_then_the_main_phase(
         assert record.plans == (start.plan, second, main) and record.design == design
 
 
+def test_one_batch_past_the_whole_pilot_starts_the_main_phase(tmp_path: Path) -> None:
+    # 5,000 reports in one batch end both rounds of a 4,000-report pilot: the second
+    # round is planned (it holds no report) and the main phase right after it, from
+    # the first round's counts
+    ids = np.arange(TWO.n, dtype=np.uint64)
+    with _serving(tmp_path) as (address, storage):
+        with AdminClient(address) as admin:
+            info = admin.create_collection(TWO.schema, 1.0, TWO.n, 3, collection_id="b", seed=2)
+            token = info.submit_token
+            assert token is not None
+            with Collector(address, "b", token, DeviceState.in_memory(), batch_size=5_000) as c:
+                assert c.submit_many(TWO.codes[:5_000], ids[:5_000]).accepted == 5_000
+            status = admin.get_collection("b")
+            assert status.phase == 2 and status.phase_reports == (5_000, 0, 0)
+            assert not status.in_pilot and status.pilot_check == "passed"
+        design = PhasedDesign(TWO.n, 4_000, 3, 2, first_round=2_000)
+        first = storage.phase_support("b", 0)
+        second = plan_pilot_round(design, first)
+        record = storage.get_collection("b")
+        assert record.plans[1] == second
+        pilot = combine_phases([first, storage.phase_support("b", 1)])
+        assert record.plans[2] == plan_next_phase(design, pilot).plan
+
+
 def test_an_unknown_reconstruction_is_refused_and_creates_nothing(tmp_path: Path) -> None:
     with _serving(tmp_path) as (address, storage):
         with AdminClient(address) as admin:

@@ -362,7 +362,9 @@ class AggregatorService(wire.AggregatorServicer):
         if outcome.accepted:
             self._check_batch(request.collection_id, record.plans[phase], reports, context)
         if record.design is not None and record.phase < record.design.pilot_phases:
-            self._maybe_advance(request.collection_id)  # a pilot phase that may be done
+            # a pilot phase that may be done; one batch may end both pilot rounds
+            while self._maybe_advance(request.collection_id):
+                pass
         seconds = time.perf_counter() - t0
         self.metrics.batch(outcome.accepted, outcome.duplicates, seconds, commit)
         return wire.ack_to_proto(outcome.accepted, outcome.duplicates)
@@ -379,23 +381,23 @@ class AggregatorService(wire.AggregatorServicer):
         self.metrics.flag("batch")
         self.storage.add_flag(collection_id, flag)
 
-    def _maybe_advance(self, collection_id: str) -> None:
+    def _maybe_advance(self, collection_id: str) -> bool:
         """Start the next phase once a pilot phase has its reports: plan it from the
         pilot's counts so far (committed before the next GetPlan can serve it): the
         pilot's second round, or the main phase. Threads that race here plan once: the
-        storage keeps the first plan stored for a phase."""
+        storage keeps the first plan stored for a phase. Whether a phase started."""
         record = self.storage.get_collection(collection_id)
         design = record.design
         if design is None or record.state != "open" or record.pilot_check.startswith("failed"):
-            return  # after a failed pilot check the main phase runs: nothing more to plan
+            return False  # after a failed pilot check the main phase runs: nothing to plan
         target = design.phase_target(record.phase)
         if target is None or record.reports < target:
-            return
+            return False
         with self._advance_lock:
             current = record.phase
             record = self.storage.get_collection(collection_id)
             if record.phase != current:
-                return
+                return False
             t0 = time.perf_counter()
             parts = [self.storage.phase_support(collection_id, i) for i in range(current + 1)]
             pilot = combine_phases(parts)
@@ -420,6 +422,7 @@ class AggregatorService(wire.AggregatorServicer):
                     predicted_sse=round(main.choice.predicted.sse, 6),
                     dependence=round(main.choice.profile.dependence, 5),
                 )
+        return True
 
     def _start_phase(
         self, collection_id: str, phase: int, plan: Plan, t0: float, **fields: object
