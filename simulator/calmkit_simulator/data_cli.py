@@ -322,6 +322,7 @@ def _plan_pipeline(args: argparse.Namespace, schema: Any) -> int:
         "views": [list(v) for v in plan.views],
         "oracles": list(plan.oracles or ()),
         "predicted_sse": chosen.predicted.sse,
+        "predicted_range": list(chosen.sse_range),
         "predicted_noise": chosen.predicted.noise,
         "predicted_bias": chosen.predicted.bias,
         "profile": chosen.profile.to_dict(),
@@ -370,6 +371,11 @@ def _print_pipeline_plan(out: dict[str, Any], chosen: Any, ranked: list[Any], pl
         f"l = {chosen.l}, m = {plan.m} ({chosen.design}), predicted SSE "
         f"{chosen.predicted.sse:.3g} (noise {chosen.predicted.noise:.3g}, "
         f"bias {chosen.predicted.bias:.3g}); oracles {sorted(set(plan.oracles or ()))}"
+    )
+    low, high = out["predicted_range"]
+    print(
+        f"  {low:.3g} to {high:.3g} over what the pair dependence may be (its 10% to 90% "
+        "quantile; before any report, the prior's)"
     )
     for note in out["notes"]:
         print("note:", note)

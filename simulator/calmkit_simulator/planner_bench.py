@@ -385,6 +385,8 @@ def summarize(tasks: list[PlannerTask], results: dict[str, dict[str, Any]]) -> l
             "uniform_sse": float(np.mean(uniform)) if uniform else math.nan,
             "predicted_sse": float(np.mean(predicted)) if predicted else math.nan,
             "median_sse": float(np.mean(median)) if median else math.nan,
+            "range_low": _mean_of(default, "range_low"),
+            "range_high": _mean_of(default, "range_high"),
             "grid_points": len(grid),
             "default_seconds": _median_seconds(default),
             "paper_seconds": _median_seconds(paper),
@@ -567,6 +569,12 @@ def _markdown(
     return "\n".join(lines) + "\n"
 
 
+def _mean_of(result: dict[str, Any] | None, key: str) -> float:
+    """The mean over repetitions of a per-repetition figure of ``result`` (nan if none)."""
+    values = [float(x) for x in (result or {}).get(key, [])]
+    return float(np.mean(values)) if values else math.nan
+
+
 def _verdict(ok: list[dict[str, Any]]) -> list[str]:
     """The ratios' summary and the settings above the target."""
     if not ok:
@@ -584,6 +592,25 @@ def _verdict(ok: list[dict[str, Any]]) -> list[str]:
         f"measured between {pred.min():.2f} and {pred.max():.2f} (expected / measured "
         f"{expected.min():.2f} to {expected.max():.2f}).",
     ]
+    ranged = [r for r in ok if not math.isnan(r["range_low"])]
+    outside = [r for r in ranged if not r["range_low"] <= r["default_sse"] <= r["range_high"]]
+    if ranged:
+        lines += [
+            "",
+            "The measured SSE lies within the default planner's own predicted range (its "
+            "SSE at the 10% and at the 90% quantile of the profile's pair dependence, "
+            f"mean over repetitions) in {len(ranged) - len(outside)} of {len(ranged)} "
+            "settings; outside it: "
+            + (
+                ", ".join(
+                    f"{r['setting']} eps {r['epsilon']:g} ({_fmt(r['default_sse'])} "
+                    f"against {_fmt(r['range_low'])}-{_fmt(r['range_high'])})"
+                    for r in outside
+                )
+                or "none"
+            )
+            + ".",
+        ]
     above = [r for r in ok if r["default_over_best_lo"] > _TARGET]
     near = [
         r

@@ -214,6 +214,10 @@ def run_task(
             out.setdefault("predicted", []).append(float(out["chosen"]["predicted_sse"]))
         if "median_sse" in out["chosen"]:  # the same at the profile's median dependence
             out.setdefault("median", []).append(float(out["chosen"]["median_sse"]))
+        if "sse_range" in out["chosen"]:  # ... at its 10% and 90% dependence quantiles
+            low, high = out["chosen"]["sse_range"]
+            out.setdefault("range_low", []).append(float(low))
+            out.setdefault("range_high", []).append(float(high))
     out["chosen"] = json.loads(json.dumps(out["chosen"], default=str))
     return out
 

@@ -424,3 +424,19 @@ def test_a_design_replaces_the_safe_ones_only_when_it_beats_them_beyond_its_unce
     # among the safe ones, the smaller regret: Algorithm 1's plan where it is better
     near_paper = cand(3, "spread", [1.1] * 5)  # -0.09 from Algorithm 1's: not enough
     assert pick(cand(1, "spread", [2.0] * 5), paper, near_paper) is paper
+
+
+def test_the_prediction_carries_its_range_over_the_dependence_quantiles() -> None:
+    # from the prior the dependence is uncertain: the chosen design's SSE at the 10% and
+    # the 90% quantile bracket the point prediction; with every margin and the mean
+    # dependence known (a profile without a spread), the range is one value
+    choice = choose_plan((2,) * 8, 1.0, 50_000, Workload(k=3), rng=0)
+    low, high = choice.sse_range
+    chosen = next(
+        c for c in choice.candidates if (c.l, c.m, c.design) == (choice.l, choice.m, choice.design)
+    )
+    assert (low, high) == (min(chosen.range), max(chosen.range))
+    assert low <= choice.median_sse <= high and low < high
+    known = DataProfile.from_marginals([np.array([0.3, 0.7])] * 8, 0.02)
+    exact = choose_plan((2,) * 8, 1.0, 50_000, Workload(k=3), known, rng=0)
+    assert exact.sse_range[0] == pytest.approx(exact.sse_range[1], rel=1e-12)

@@ -272,6 +272,11 @@ def test_planner_experiment_writes_its_own_report(tmp_path: Path) -> None:
         assert ratio == pytest.approx(d_sse / p_sse, rel=0.02) and lo <= ratio <= hi
     assert "Above the target of 1.15 x the best grid point:" in text
     assert "Above Algorithm 1's SSE beyond the 90% interval of default / Algorithm 1:" in text
+    # the default's measured SSE against its own predicted range, per setting
+    within = re.search(r"own predicted range .* in (\d) of 2 settings; outside it: (.*)\.", text)
+    assert within, "the range line is missing"
+    outside = [] if within.group(2) == "none" else within.group(2).split("), ")
+    assert int(within.group(1)) + len(outside) == 2
     with (out / "data" / "planner.csv").open() as fh:
         roles = {row["role"] for row in csv.DictReader(fh)}
     assert roles == {"default", "paper", "grid"}

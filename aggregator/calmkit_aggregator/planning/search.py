@@ -152,10 +152,22 @@ class PlannedViews:
         """The predicted SSE at the profile's median dependence: a point prediction
         (``predicted`` is its expectation over what the profile leaves uncertain, which
         an uninformed profile's upper quantiles dominate)."""
-        chosen = next(
+        chosen = self._chosen
+        return chosen.range[len(chosen.range) // 2] if chosen.range else chosen.sse
+
+    @property
+    def sse_range(self) -> tuple[float, float]:
+        """The predicted SSE at the lowest and the highest of the profile's dependence
+        quantiles (10% and 90%): how far the prediction may be off where the profile
+        cannot tell the dependence (a pilot that measured no pair: the prior's)."""
+        chosen = self._chosen
+        return (min(chosen.range), max(chosen.range)) if chosen.range else (chosen.sse,) * 2
+
+    @property
+    def _chosen(self) -> Candidate:
+        return next(
             c for c in self.candidates if (c.l, c.m, c.design) == (self.l, self.m, self.design)
         )
-        return chosen.range[len(chosen.range) // 2] if chosen.range else chosen.sse
 
     def notes(self, names: Sequence[str]) -> list[str]:
         """Plain-language notes: skipped and uncollected attributes."""

@@ -420,6 +420,7 @@ class AggregatorService(wire.AggregatorServicer):
                     t0,
                     l=main.choice.l,
                     predicted_sse=round(main.choice.predicted.sse, 6),
+                    predicted_range=[round(x, 6) for x in main.choice.sse_range],
                     dependence=round(main.choice.profile.dependence, 5),
                 )
         return True

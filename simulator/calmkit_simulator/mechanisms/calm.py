@@ -187,6 +187,7 @@ class Calm(Mechanism):
             "pilot_users": int(cut),
             "predicted_sse": float(main.choice.predicted.sse),
             "median_sse": float(main.choice.median_sse),
+            "sse_range": [float(x) for x in main.choice.sse_range],
         }
         skipped = (*main.choice.single, *main.choice.predicted.uncollected)
         if skipped:  # attributes in no view: one category, or too few users
