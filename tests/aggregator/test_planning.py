@@ -419,10 +419,15 @@ def test_a_design_replaces_the_safe_ones_only_when_it_beats_them_beyond_its_unce
         return _safe_choice([(c, (), None) for c in cands], restricted)[0]  # type: ignore[misc]
 
     assert pick(ones, paper, clear, close, unsure) is clear
-    assert pick(ones, paper, close, unsure) is ones  # no design beats both: the safer
+    # no design beats both: the smallest regret among the safe ones and the best steady
+    # one (its SSE the same at every quantile: the dependence cannot move it)
+    assert pick(ones, paper, close, unsure) is close
+    wobbly = cand(3, "spread", [0.91, 0.92, 0.93, 0.92, 0.92])  # as close, but not steady
+    assert pick(ones, paper, wobbly, unsure) is ones
+    assert pick(ones, paper, cand(3, "cover", [1.5] * 5), unsure) is ones  # steady, worse
     assert pick(ones, paper, close, unsure, restricted=True) is unsure  # smallest regret
     # among the safe ones, the smaller regret: Algorithm 1's plan where it is better
-    near_paper = cand(3, "spread", [1.1] * 5)  # -0.09 from Algorithm 1's: not enough
+    near_paper = cand(3, "spread", [1.08, 1.1, 1.12, 1.1, 1.1])  # -0.09: not enough
     assert pick(cand(1, "spread", [2.0] * 5), paper, near_paper) is paper
 
 

@@ -32,7 +32,9 @@ rather than at one guess.
 Safe designs. Two designs are safe: one attribute per view (the best one when nothing
 depends; its error never exceeds the dependence) and Algorithm 1's plan (scored too).
 Another design is chosen only when it beats both by more than its prediction's own
-uncertainty (:func:`convincing`); otherwise the safe design of smaller regret. On
+uncertainty (:func:`convincing`); otherwise the design of smaller regret among the
+safe ones and the best design whose prediction the dependence does not move (every
+query inside a view: a covering design, say). On
 uncapped Adult (2-41 categories) a pilot's few noisy pairs could otherwise pull the
 choice to views of two attributes that cost up to 1.36x (measured by the planner
 benchmark, `calmkit experiment planner`).
@@ -658,7 +660,10 @@ def _safe_choice(
     best one when nothing depends; its error never exceeds the dependence) and
     Algorithm 1's plan. Another design is chosen only if it beats both by more than
     the prediction's own uncertainty (:func:`convincing`): the smallest regret
-    (:func:`_regret`) among those that do, else the safe design of smaller regret.
+    (:func:`_regret`) among those that do. Else the smallest regret among the safe
+    designs and the best steady one (:func:`_steady`: every query inside a view, so its
+    prediction does not hang on the uncertain dependence; where the pilot cannot tell a
+    weak dependence from a strong one, it is the design that is right either way).
     With ``l`` or ``m`` fixed (``restricted``), or without safe designs, simply the
     smallest regret."""
     regret = _regret(scored)
@@ -672,7 +677,18 @@ def _safe_choice(
         return min(scored, key=key)
     others = [x for x in scored if x[0].design != "paper" and x[0].l > 1]
     beating = [x for x in others if all(convincing(x[0], s[0]) for s in safe)]
-    return min(beating or safe, key=key)
+    if beating:
+        return min(beating, key=key)
+    steady = [x for x in others if _steady(x[0])]
+    return min(safe + ([min(steady, key=key)] if steady else []), key=key)
+
+
+def _steady(candidate: Candidate) -> bool:
+    """Whether ``candidate``'s predicted SSE is the same at every dependence quantile:
+    a design whose every query lies in a view (no dependence left to miss), whose
+    prediction the profile's uncertainty cannot move."""
+    sses = candidate.range
+    return bool(sses) and max(sses) <= min(sses) * (1 + 1e-9)
 
 
 def convincing(candidate: Candidate, safe: Candidate) -> bool:
