@@ -425,6 +425,8 @@ def test_a_design_replaces_the_safe_ones_only_when_it_beats_them_beyond_its_unce
     wobbly = cand(3, "spread", [0.91, 0.92, 0.93, 0.92, 0.92])  # as close, but not steady
     assert pick(ones, paper, wobbly, unsure) is ones
     assert pick(ones, paper, cand(3, "cover", [1.5] * 5), unsure) is ones  # steady, worse
+    # from the prior alone (no pilot), the steady design is not weighed
+    assert _safe_choice([(c, (), None) for c in (ones, paper, close)], informed=False)[0] is ones  # type: ignore[misc]
     assert pick(ones, paper, close, unsure, restricted=True) is unsure  # smallest regret
     # among the safe ones, the smaller regret: Algorithm 1's plan where it is better
     near_paper = cand(3, "spread", [1.08, 1.1, 1.12, 1.1, 1.1])  # -0.09: not enough

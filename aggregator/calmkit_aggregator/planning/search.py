@@ -385,7 +385,8 @@ class _Search:
             )
             if paper:
                 self.score(max(len(v) for v in paper), paper, "paper")
-        cand, views, pred = _safe_choice(self.scored, restricted=p.restricted)
+        informed = p.profile.source == "pilot"
+        cand, views, pred = _safe_choice(self.scored, p.restricted, informed)
         return PlannedViews(
             views,
             cand.l,
@@ -655,17 +656,21 @@ def _pair_relevance(profile: DataProfile, workload: Workload) -> np.ndarray:
 def _safe_choice(
     scored: Sequence[tuple[Candidate, tuple[tuple[int, ...], ...], ErrorPrediction]],
     restricted: bool = False,
+    informed: bool = True,
 ) -> tuple[Candidate, tuple[tuple[int, ...], ...], ErrorPrediction]:
     """The design the planner returns. The safe designs are one attribute per view (the
     best one when nothing depends; its error never exceeds the dependence) and
     Algorithm 1's plan. Another design is chosen only if it beats both by more than
     the prediction's own uncertainty (:func:`convincing`): the smallest regret
     (:func:`_regret`) among those that do. Else the smallest regret among the safe
-    designs and the best steady one (:func:`_steady`: every query inside a view, so its
-    prediction does not hang on the uncertain dependence; where the pilot cannot tell a
-    weak dependence from a strong one, it is the design that is right either way).
-    With ``l`` or ``m`` fixed (``restricted``), or without safe designs, simply the
-    smallest regret."""
+    designs and, for a profile a pilot ``informed``, the best steady one
+    (:func:`_steady`: every query inside a view, so its prediction does not hang on the
+    uncertain dependence; where the pilot cannot tell a weak dependence from a strong
+    one, it is the design that is right either way). From the prior alone, whose
+    dependence spans every kind of data, the steady design is not weighed: planned
+    without a pilot, a population of 8 independent binary attributes measured 1.9x the
+    SSE of the safe designs' with it. With ``l`` or ``m`` fixed (``restricted``), or
+    without safe designs, simply the smallest regret."""
     regret = _regret(scored)
 
     def key(x: tuple[Candidate, object, object]) -> tuple[float, float, int]:
@@ -679,7 +684,7 @@ def _safe_choice(
     beating = [x for x in others if all(convincing(x[0], s[0]) for s in safe)]
     if beating:
         return min(beating, key=key)
-    steady = [x for x in others if _steady(x[0])]
+    steady = [x for x in others if informed and _steady(x[0])]
     return min(safe + ([min(steady, key=key)] if steady else []), key=key)
 
 
