@@ -33,8 +33,8 @@ Safe designs. Two designs are safe: one attribute per view (the best one when no
 depends; its error never exceeds the dependence) and Algorithm 1's plan (scored too).
 Another design is chosen only when it beats both by more than its prediction's own
 uncertainty (:func:`convincing`); otherwise the design of smaller regret among the
-safe ones and the best design whose prediction the dependence does not move (every
-query inside a view: a covering design, say). On
+safe ones and, when a pilot informed the profile, the best design whose prediction the
+dependence does not move (every query inside a view: a covering design, say). On
 uncapped Adult (2-41 categories) a pilot's few noisy pairs could otherwise pull the
 choice to views of two attributes that cost up to 1.36x (measured by the planner
 benchmark, `calmkit experiment planner`).
