@@ -433,6 +433,45 @@ def test_a_design_replaces_the_safe_ones_only_when_it_beats_them_beyond_its_unce
     assert pick(cand(1, "spread", [2.0] * 5), paper, near_paper) is paper
 
 
+def test_a_design_must_beat_the_safe_ones_at_both_ends_of_the_pilots_margins() -> None:
+    # 24 binary attributes, 4,000 users at eps 2, a pilot that read every margin at 30%
+    # but could not rule out 40% (10% quantile of its skew) or 2% (90%): at 30% two
+    # attributes per view beat one per view convincingly; at 2% (Norm-Sub clips the
+    # noise of rare items, which favours one attribute per view) they do not, so the
+    # planner keeps the safe design. With the range shut (both ends at the median) or
+    # absent, the choice stands
+    from calmkit_aggregator.planning.search import convincing
+
+    d, n, eps, dep = 24, 4000, 2.0, 0.01
+
+    def margins(p: float) -> tuple[np.ndarray, ...]:
+        return tuple(np.array([1 - p, p]) for _ in range(d))
+
+    quantiles = tuple(dep * f for f in (0.5, 0.8, 1.0, 1.25, 2.0))
+
+    def profile(ends: tuple[float, float] | None) -> DataProfile:
+        marginal_range = None if ends is None else (margins(ends[0]), margins(ends[1]))
+        return DataProfile(margins(0.3), dep, "pilot", 1000, dep, quantiles, None, marginal_range)
+
+    def plan(prof: DataProfile, **fixed: int) -> tuple[int, int]:
+        choice = choose_plan((2,) * d, eps, n, Workload(k=3), prof, **fixed)
+        return choice.l, choice.m
+
+    median = plan(profile(None))
+    assert median[0] == 2
+    assert plan(profile((0.3, 0.3))) == median
+    assert plan(profile((0.4, 0.02))) == (1, d)
+    # why: at the 2% end the same design no longer beats one attribute per view
+    skewed = profile(None).with_marginals(margins(0.02))
+
+    def cand(prof: DataProfile, l: int, m: int):  # type: ignore[no-untyped-def]  # noqa: E741
+        choice = choose_plan((2,) * d, eps, n, Workload(k=3), prof, l=l, m=m)
+        return next(c for c in choice.candidates if (c.l, c.m) == (l, m))
+
+    assert convincing(cand(profile(None), *median), cand(profile(None), 1, d))
+    assert not convincing(cand(skewed, *median), cand(skewed, 1, d))
+
+
 def test_the_prediction_carries_its_range_over_the_dependence_quantiles() -> None:
     # from the prior the dependence is uncertain: the chosen design's SSE at the 10% and
     # the 90% quantile bracket the point prediction; with every margin and the mean

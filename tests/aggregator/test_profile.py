@@ -185,6 +185,47 @@ def test_a_precise_margin_is_itself_and_a_swamped_one_the_priors_median_skew() -
     assert 0.5 < power < 0.95
 
 
+def test_a_pilot_profile_brackets_each_margin_by_its_skew_quantiles() -> None:
+    # a rare item (2%) and a common one, one pair view: the marginal range holds each
+    # attribute's representative at the 10% and 90% posterior quantiles of its distance
+    # from uniform, read from the same pooled margin as the median. From 60 reports
+    # at eps 2 the noise hides how rare the item is (the ends far apart, in order);
+    # from 400,000 the ends are the likelihood's own 10-90% width apart
+    schema = Schema.from_sizes([2, 2])
+    truth = np.array([[0.68, 0.30], [0.01, 0.01]])
+    for n, apart in ((60, True), (400_000, False)):
+        tables, oracle = _pair_tables(truth, n, 2.0, count=1, seed=8)
+        profile = estimate_profile(schema, tables, [oracle])
+        assert profile.marginal_range is not None
+        low, high = profile.marginal_range
+        per_cell = oracle.variance(n) + 1.0 / (n * 4)
+        var = per_cell * 4 / 2  # a margin cell sums two of the table's cells
+        for a, axis in ((0, 1), (1, 0)):
+            p_hat = tables[0].values.sum(axis=axis)
+            for got, q in ((low[a], 0.1), (profile.marginals[a], 0.5), (high[a], 0.9)):
+                expected = estimated_marginal(p_hat, var, quantile=q)
+                np.testing.assert_allclose(got, expected, rtol=1e-9)
+            skews = [float(((m - 0.5) ** 2).sum()) for m in (low[a], profile.marginals[a], high[a])]
+            assert skews == sorted(skews)
+            assert (skews[2] > 2 * skews[0]) is apart
+            if not apart:  # precise: the likelihood's 10-90% width, 2 x 1.2816 sd of T
+                width = 2 * 1.2816 * math.sqrt(2 * var**2 + 4 * skews[1] * var)
+                assert skews[2] - skews[0] == pytest.approx(width, rel=0.1)
+    # a given profile has none, unless given; checked like the marginals
+    assert DataProfile.from_marginals([np.array([0.5, 0.5])], 0.0).marginal_range is None
+    one = (np.array([0.5, 0.5]),)
+    with pytest.raises(CalmkitError, match=r"marginal_range \(1 sets\) must hold two"):
+        DataProfile(one, 0.0, marginal_range=(one,))  # type: ignore[arg-type]
+    with pytest.raises(CalmkitError, match=r"marginal_range \(sizes \[3\]\) must match"):
+        DataProfile(one, 0.0, marginal_range=(one, (np.ones(3) / 3,)))
+    with pytest.raises(CalmkitError, match=r"marginals\[0\] must be a distribution"):
+        DataProfile(one, 0.0, marginal_range=(one, (np.array([0.7, 0.7]),)))
+    ranged = DataProfile(one, 0.1, marginal_range=(one, one))
+    swapped = ranged.with_marginals((np.array([0.9, 0.1]),))
+    assert swapped.marginal_range is None and swapped.dependence == 0.1
+    np.testing.assert_allclose(swapped.marginals[0], [0.9, 0.1])
+
+
 def test_a_sharpened_margin_reaches_its_skew_and_stops_short_of_one_category() -> None:
     from calmkit_aggregator.planning.profile import _MOST_SKEW, _sharpened
 

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -86,6 +86,8 @@ _MOST_SKEW = 0.95
 # that a margin the noise swamps is read as flat as the data allow, not as the floor
 # of the prior (1e-3 read near-uniform margins of 8-40 categories as 5x their skew)
 _LEAST_SKEW = 1e-5
+# Two sets of marginals, one per attribute each (DataProfile.marginal_range).
+_MarginalRange = tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,10 @@ class DataProfile:
             pair_weights[a, b]``. Normalised to mean 1 over the pairs of attributes
             with >= 2 categories (0 on the diagonal and for one-category attributes).
             None: every pair alike.
+        marginal_range: the representative marginals at the 10% and at the 90%
+            posterior quantile of each attribute's distance from uniform (a pilot's
+            profile: what its noisy margins cannot rule out; the planner's choice of a
+            design over the safe ones must hold at both), or None (marginals known).
     """
 
     marginals: tuple[np.ndarray, ...]
@@ -118,6 +124,7 @@ class DataProfile:
     dependence_sd: float = 0.0
     dependence_quantiles: tuple[float, ...] | None = None
     pair_weights: np.ndarray | None = None
+    marginal_range: _MarginalRange | None = None
 
     def __post_init__(self) -> None:
         margs = []
@@ -159,6 +166,30 @@ class DataProfile:
                 "pair_weights",
                 _normalised_weights(self.pair_weights, [m.size for m in margs]),
             )
+        if self.marginal_range is not None:
+            object.__setattr__(self, "marginal_range", self._checked_range(self.marginal_range))
+
+    def _checked_range(
+        self, ends: Sequence[Sequence[np.ndarray]]
+    ) -> tuple[tuple[np.ndarray, ...], ...]:
+        """``marginal_range`` checked: two sets of marginals of this profile's sizes."""
+        if len(ends) != 2:
+            raise CalmkitError(f"marginal_range ({len(ends)} sets) must hold two sets of marginals")
+        out = []
+        for end in ends:
+            end_t = DataProfile(tuple(end), 0.0).marginals  # each one checked as above
+            if tuple(p.size for p in end_t) != self.sizes:
+                raise CalmkitError(
+                    f"marginal_range (sizes {[p.size for p in end_t]}) must match the "
+                    f"marginals (sizes {list(self.sizes)})"
+                )
+            out.append(end_t)
+        return (out[0], out[1])
+
+    def with_marginals(self, marginals: Sequence[np.ndarray]) -> DataProfile:
+        """This profile with other representative ``marginals`` (its dependence and pair
+        weights kept) and no marginal range."""
+        return replace(self, marginals=tuple(marginals), marginal_range=None)
 
     # -- constructors --------------------------------------------------------------------
     @classmethod
@@ -343,13 +374,16 @@ def pair_caps(marginals: Sequence[np.ndarray]) -> np.ndarray:
     return out
 
 
-def estimated_marginal(p_hat: np.ndarray, var: float, unbiased: bool = False) -> np.ndarray:
+def estimated_marginal(
+    p_hat: np.ndarray, var: float, unbiased: bool = False, quantile: float = 0.5
+) -> np.ndarray:
     """The representative marginal (L,) of a noisy margin ``p_hat`` whose cells each
     carry noise of variance ``var``.
 
     Its squared distance from uniform ``s2`` is estimated from ``T = ||p_hat - u||^2``
     (``p_hat`` first moved onto the plane of sum 1): by :func:`_skew_posterior`, or
-    with ``unbiased`` as ``T - (L - 1) var`` within [0, :data:`_MOST_SKEW` of a single
+    its posterior ``quantile`` (default the median), or with ``unbiased`` as ``T - (L -
+    1) var`` within [0, :data:`_MOST_SKEW` of a single
     category's]. The second is what simulating a pilot table under independence
     needs (the noise a table's statistic carries grows linearly with ``||P||^2``, so an
     unbiased ``||P||^2`` gives an unbiased noise level; the posterior's pull towards
@@ -362,6 +396,13 @@ def estimated_marginal(p_hat: np.ndarray, var: float, unbiased: bool = False) ->
     margin towards uniform (Dirichlet(1)) reads a margin of 41 categories with one at
     91% as nearly uniform.
     """
+    return _estimated_marginals(p_hat, var, unbiased, (quantile,))[0]
+
+
+def _estimated_marginals(
+    p_hat: np.ndarray, var: float, unbiased: bool, quantiles: Sequence[float]
+) -> list[np.ndarray]:
+    """:func:`estimated_marginal` at each of ``quantiles`` (one posterior)."""
     from ..reconstruction.consistency import norm_sub
 
     size = p_hat.size
@@ -370,17 +411,19 @@ def estimated_marginal(p_hat: np.ndarray, var: float, unbiased: bool = False) ->
     observed = float(((plane - u) ** 2).sum())
     if unbiased:
         s2 = min(max(observed - (size - 1) * var, 0.0), _MOST_SKEW * (1.0 - 1.0 / size))
+        skews = [s2] * len(quantiles)
     else:
-        s2 = _skew_posterior(observed, var, size)
+        skews = _skew_posterior(observed, var, size, quantiles)
     shape = norm_sub(plane)
-    if s2 > float(((shape - u) ** 2).sum()):
-        return _sharpened(shape, s2)
-    return _representative(shape, s2)
+    reach = float(((shape - u) ** 2).sum())
+    return [_sharpened(shape, s2) if s2 > reach else _representative(shape, s2) for s2 in skews]
 
 
-def _skew_posterior(observed: float, var: float, size: int) -> float:
-    """Posterior median of ``s2 = ||P - u||^2`` given ``T = ||p_hat - u||^2`` from a
-    margin whose L cells carry independent noise of variance ``var``:
+def _skew_posterior(
+    observed: float, var: float, size: int, quantiles: Sequence[float] = (0.5,)
+) -> list[float]:
+    """Posterior ``quantiles`` (default the median) of ``s2 = ||P - u||^2`` given
+    ``T = ||p_hat - u||^2`` from a margin whose L cells carry independent noise of variance ``var``:
     ``T ~ N(s2 + (L - 1) var, 2 (L - 1) var^2 + 4 s2 var)`` (the noise's L - 1
     dimensions in the plane of sum 1, and its part along the signal), and ``s2 / (1 -
     1/L)``, the distance's share of a single category's, log-uniform on
@@ -402,7 +445,7 @@ def _skew_posterior(observed: float, var: float, size: int) -> float:
     # the log-uniform prior: density 1/s2, times each point's share of the axis
     post = np.exp(log_post - log_post.max()) * np.gradient(s2) / s2
     cdf = np.cumsum(post) / post.sum()
-    return float(np.interp(0.5, cdf, s2))
+    return [float(np.interp(q, cdf, s2)) for q in quantiles]
 
 
 def _sharpened(shape: np.ndarray, skew: float) -> np.ndarray:
@@ -515,16 +558,7 @@ def estimate_profile(
             previous = sums[a]
             sums[a] = margin * w if previous is None else previous + margin * w
             weights[a] += w
-    margs, null_margs = [], []  # the error model's, and the independence simulation's
-    for a, size in enumerate(sizes):
-        pooled = sums[a]
-        if size == 1 or pooled is None:
-            margs.append(prior.marginals[a])
-            null_margs.append(prior.marginals[a])
-            continue
-        margs.append(estimated_marginal(pooled / weights[a], 1.0 / weights[a]))
-        null_margs.append(estimated_marginal(pooled / weights[a], 1.0 / weights[a], True))
-
+    margs, null_margs, ends = _pilot_marginals(prior, sums, weights)
     weights = _normalised_weights(marginal_pair_weights(margs), sizes)
     evidence = pair_evidence(pilot, oracles, null_margs)
     reports = int(sum(t.n for t in pilot))
@@ -537,6 +571,7 @@ def estimate_profile(
             prior.dependence_sd,
             prior.dependence_quantiles,
             weights,
+            ends,
         )
     pairs = evidence.pairs
     pw = weights[pairs[:, 0], pairs[:, 1]]
@@ -550,6 +585,30 @@ def estimate_profile(
     weights[pairs[:, 0], pairs[:, 1]] = weights[pairs[:, 1], pairs[:, 0]] = pw * measured
     factor = float(weights.sum() / max(int(_live_pairs(sizes).sum()), 1))
     quantiles = tuple(q * factor for q in post.quantiles)
-    return DataProfile(
-        tuple(margs), post.median * factor, "pilot", reports, post.sd * factor, quantiles, weights
-    )
+    median, sd = post.median * factor, post.sd * factor
+    return DataProfile(tuple(margs), median, "pilot", reports, sd, quantiles, weights, ends)
+
+
+def _pilot_marginals(
+    prior: DataProfile, sums: Sequence[np.ndarray | None], weights: np.ndarray
+) -> tuple[list[np.ndarray], list[np.ndarray], _MarginalRange]:
+    """Each attribute's representative marginal from its pooled pilot margin
+    (``sums[a] / weights[a]``, noise variance ``1 / weights[a]`` per cell; the prior's
+    where no view held it): at the median of its distance from uniform (the error
+    model's), its unbiased form (the independence simulation's) and the marginals at
+    the 10% and 90% quantiles (``marginal_range``)."""
+    margs: list[np.ndarray] = []
+    null_margs: list[np.ndarray] = []
+    low: list[np.ndarray] = []
+    high: list[np.ndarray] = []
+    for a, pooled in enumerate(sums):
+        if prior.marginals[a].size == 1 or pooled is None:
+            for out in (margs, null_margs, low, high):
+                out.append(prior.marginals[a])
+            continue
+        p_hat, var = pooled / weights[a], 1.0 / weights[a]
+        lo, mid, hi = _estimated_marginals(p_hat, var, False, (0.1, 0.5, 0.9))
+        for out, value in zip((margs, low, high), (mid, lo, hi)):
+            out.append(value)
+        null_margs.append(estimated_marginal(p_hat, var, True))
+    return margs, null_margs, (tuple(low), tuple(high))
