@@ -35,12 +35,12 @@ Another design is chosen only when it beats both by more than its prediction's o
 uncertainty (:func:`convincing`), and still does at both ends of a pilot profile's
 ``marginal_range`` (how skewed its noisy margins may be: on 100 sparse binary
 attributes, 17,000 users at eps 2, margins read from 68 reports a view took two
-attributes per view at 1.71x the SSE of one per view); otherwise the design of smaller regret among the
-safe ones and, when a pilot informed the profile, the best design whose prediction the
-dependence does not move (every query inside a view: a covering design, say). On
-uncapped Adult (2-41 categories) a pilot's few noisy pairs could otherwise pull the
-choice to views of two attributes that cost up to 1.36x (measured by the planner
-benchmark, `calmkit experiment planner`).
+attributes per view at 1.71x the SSE of one per view). Otherwise the design of
+smaller regret among the safe ones and, when a pilot informed the profile, the best
+design whose prediction the dependence does not move (every query inside a view: a
+covering design, say). On uncapped Adult (2-41 categories) a pilot's few noisy pairs
+could otherwise pull the choice to views of two attributes that cost up to 1.36x
+(measured by the planner benchmark, `calmkit experiment planner`).
 """
 
 from __future__ import annotations
