@@ -461,6 +461,14 @@ def test_a_design_must_beat_the_safe_ones_at_both_ends_of_the_pilots_margins() -
     assert median[0] == 2
     assert plan(profile((0.3, 0.3))) == median
     assert plan(profile((0.4, 0.02))) == (1, d)
+    # the plan says so
+    kept = choose_plan((2,) * d, eps, n, Workload(k=3), profile((0.4, 0.02)))
+    assert kept.set_aside is not None and (kept.set_aside.l, kept.set_aside.m) == median
+    (note,) = kept.notes([f"a{i}" for i in range(d)])
+    assert note.startswith(f"l = 2, m = {median[1]} (") and note.endswith(
+        f"kept l = 1, m = {d} (spread)"
+    )
+    assert choose_plan((2,) * d, eps, n, Workload(k=3), profile(None)).set_aside is None
     # why: at the 2% end the same design no longer beats one attribute per view
     skewed = profile(None).with_marginals(margins(0.02))
 

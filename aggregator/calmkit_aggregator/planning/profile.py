@@ -169,9 +169,7 @@ class DataProfile:
         if self.marginal_range is not None:
             object.__setattr__(self, "marginal_range", self._checked_range(self.marginal_range))
 
-    def _checked_range(
-        self, ends: Sequence[Sequence[np.ndarray]]
-    ) -> tuple[tuple[np.ndarray, ...], ...]:
+    def _checked_range(self, ends: Sequence[Sequence[np.ndarray]]) -> _MarginalRange:
         """``marginal_range`` checked: two sets of marginals of this profile's sizes."""
         if len(ends) != 2:
             raise CalmkitError(f"marginal_range ({len(ends)} sets) must hold two sets of marginals")
@@ -381,13 +379,13 @@ def estimated_marginal(
     carry noise of variance ``var``.
 
     Its squared distance from uniform ``s2`` is estimated from ``T = ||p_hat - u||^2``
-    (``p_hat`` first moved onto the plane of sum 1): by :func:`_skew_posterior`, or
-    its posterior ``quantile`` (default the median), or with ``unbiased`` as ``T - (L -
-    1) var`` within [0, :data:`_MOST_SKEW` of a single
-    category's]. The second is what simulating a pilot table under independence
-    needs (the noise a table's statistic carries grows linearly with ``||P||^2``, so an
-    unbiased ``||P||^2`` gives an unbiased noise level; the posterior's pull towards
-    small skew would read the rest as dependence).
+    (``p_hat`` first moved onto the plane of sum 1): its posterior ``quantile``
+    (:func:`_skew_posterior`; default the median), or with ``unbiased`` as ``T - (L -
+    1) var`` within [0, :data:`_MOST_SKEW` of a single category's]. The unbiased
+    form is what simulating a pilot table under independence needs (the noise a
+    table's statistic carries grows linearly with ``||P||^2``, so an unbiased
+    ``||P||^2`` gives an unbiased noise level; the posterior's pull towards small skew
+    would read the rest as dependence).
     Its shape is the Norm-Sub of ``p_hat``: the categories that stand out of the
     noise, the others 0. The shape is then moved towards uniform, or sharpened
     (:func:`_sharpened`), until its distance is ``s2``. What the error model reads from
@@ -423,11 +421,11 @@ def _skew_posterior(
     observed: float, var: float, size: int, quantiles: Sequence[float] = (0.5,)
 ) -> list[float]:
     """Posterior ``quantiles`` (default the median) of ``s2 = ||P - u||^2`` given
-    ``T = ||p_hat - u||^2`` from a margin whose L cells carry independent noise of variance ``var``:
-    ``T ~ N(s2 + (L - 1) var, 2 (L - 1) var^2 + 4 s2 var)`` (the noise's L - 1
-    dimensions in the plane of sum 1, and its part along the signal), and ``s2 / (1 -
-    1/L)``, the distance's share of a single category's, log-uniform on
-    [:data:`_LEAST_SKEW`, :data:`_MOST_SKEW`]. Precise margins give ``T - (L - 1)
+    ``T = ||p_hat - u||^2`` from a margin whose L cells carry independent noise of
+    variance ``var``: ``T ~ N(s2 + (L - 1) var, 2 (L - 1) var^2 + 4 s2 var)`` (the
+    noise's L - 1 dimensions in the plane of sum 1, and its part along the signal),
+    and ``s2 / (1 - 1/L)``, the distance's share of a single category's, log-uniform
+    on [:data:`_LEAST_SKEW`, :data:`_MOST_SKEW`]. Precise margins give ``T - (L - 1)
     var``; a margin the noise swamps (a pilot pair table of 40 x 37 cells) gives the
     geometric middle of the prior's floor and the largest distance the noise could
     hide, not the unbiased estimate whose spread (and its truncation at 0) makes flat

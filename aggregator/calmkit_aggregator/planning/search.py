@@ -140,6 +140,8 @@ class PlannedViews:
         fixed_views: views that were part of the design (a pilot's).
         profile: what the prediction assumed about the data.
         single: attributes with one category (nothing to collect).
+        set_aside: a design that beat the safe ones at the pilot's estimated margins
+            but not at both ends of their range, so was not chosen (None: none).
     """
 
     views: tuple[tuple[int, ...], ...]
@@ -151,6 +153,7 @@ class PlannedViews:
     fixed_views: tuple[tuple[int, ...], ...]
     profile: DataProfile
     single: tuple[int, ...] = field(default=())
+    set_aside: Candidate | None = None
 
     @property
     def median_sse(self) -> float:
@@ -175,8 +178,15 @@ class PlannedViews:
         )
 
     def notes(self, names: Sequence[str]) -> list[str]:
-        """Plain-language notes: skipped and uncollected attributes."""
+        """Plain-language notes: skipped and uncollected attributes, a design set aside."""
         out = []
+        if self.set_aside is not None:
+            c = self.set_aside
+            out.append(
+                f"l = {c.l}, m = {c.m} ({c.design}) beat the safe designs at the pilot's "
+                "estimated margins but not at the most or the least skewed margins its "
+                f"reports allow: kept l = {self.l}, m = {self.m} ({self.design})"
+            )
         if self.single:
             listed = ", ".join(repr(names[a]) for a in self.single)
             out.append(
@@ -389,8 +399,9 @@ class _Search:
             if paper:
                 self.score(max(len(v) for v in paper), paper, "paper")
         informed = p.profile.source == "pilot"
-        choice = _safe_choice(self.scored, p.restricted, informed)
+        choice, set_aside = _safe_choice(self.scored, p.restricted, informed), None
         if not self.holds_across_marginals(choice):
+            set_aside = choice[0]
             choice = _safe_choice(self.scored, p.restricted, informed, beating=False)
         cand, views, pred = choice
         return PlannedViews(
@@ -403,6 +414,7 @@ class _Search:
             p.fixed,
             p.profile,
             p.single,
+            set_aside,
         )
 
     # -- scoring designs -------------------------------------------------------------------

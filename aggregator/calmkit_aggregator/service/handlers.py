@@ -422,6 +422,7 @@ class AggregatorService(wire.AggregatorServicer):
                     predicted_sse=round(main.choice.predicted.sse, 6),
                     predicted_range=[round(x, 6) for x in main.choice.sse_range],
                     dependence=round(main.choice.profile.dependence, 5),
+                    notes=main.choice.notes(main.plan.schema.names),
                 )
         return True
 
