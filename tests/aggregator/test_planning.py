@@ -15,7 +15,7 @@ from calmkit_aggregator import SupportCounts, plan_collection, reconstruct
 from calmkit_aggregator.phases import PhasedDesign, combine_phases
 from calmkit_aggregator.planning.collection import workload_of
 from calmkit_aggregator.planning.designs import dependent_views, pilot_views, spread_views
-from calmkit_aggregator.planning.error_model import Workload
+from calmkit_aggregator.planning.error_model import ErrorPrediction, Workload
 from calmkit_aggregator.planning.pilot import (
     pilot_plan,
     pilot_size,
@@ -431,6 +431,24 @@ def test_a_design_replaces_the_safe_ones_only_when_it_beats_them_beyond_its_unce
     # among the safe ones, the smaller regret: Algorithm 1's plan where it is better
     near_paper = cand(3, "spread", [1.08, 1.1, 1.12, 1.1, 1.1])  # -0.09: not enough
     assert pick(cand(1, "spread", [2.0] * 5), paper, near_paper) is paper
+    # ... unless a design of its view size laid out as evenly is predicted no worse at
+    # any quantile (not convincingly better: the dependence cannot make it worse)
+    worse_ones = cand(1, "spread", [2.0] * 5)
+    more_pairs = cand(2, "spread", [1.1, 1.15, 1.2, 1.2, 1.2])
+    assert not convincing(more_pairs, paper)
+    assert pick(worse_ones, paper, more_pairs) is more_pairs
+    assert (
+        pick(worse_ones, paper, cand(2, "balanced", [1.1, 1.15, 1.2, 1.2, 1.2])).design
+        == "balanced"
+    )
+    assert (
+        pick(worse_ones, paper, cand(2, "spread", [1.0, 1.1, 1.2, 1.2, 1.21])) is paper
+    )  # worse once
+    assert pick(worse_ones, paper, cand(2, "dependent", [1.1, 1.15, 1.2, 1.2, 1.2])) is paper
+    assert pick(worse_ones, paper, cand(3, "spread", [1.1, 1.15, 1.2, 1.2, 1.2])) is paper
+    # the one of smallest regret among them
+    best_pairs = cand(2, "spread", [1.0, 1.1, 1.2, 1.2, 1.2])
+    assert pick(worse_ones, paper, more_pairs, best_pairs) is best_pairs
 
 
 def test_a_design_must_beat_the_safe_ones_at_both_ends_of_the_pilots_margins() -> None:
@@ -478,6 +496,39 @@ def test_a_design_must_beat_the_safe_ones_at_both_ends_of_the_pilots_margins() -
 
     assert convincing(cand(profile(None), *median), cand(profile(None), 1, d))
     assert not convincing(cand(skewed, *median), cand(skewed, 1, d))
+
+
+def test_only_a_design_chosen_for_beating_the_safe_ones_is_checked_at_the_margins_ends() -> None:
+    # a design the fallback took for being no worse than the safe choice at every
+    # quantile was not chosen for beating it: the marginal range does not set it aside
+    # (nor is it predicted again); one that beats both convincingly is checked
+    from calmkit_aggregator.planning.search import Candidate, _problem, _Search
+
+    def cand(l: int, m: int, design: str, sses: list[float]) -> Candidate:  # noqa: E741
+        return Candidate(l, m, design, float(np.mean(sses)), 0.0, 0.0, tuple(sses))
+
+    margins = tuple(np.array([0.7, 0.3]) for _ in range(8))
+    flat = tuple(np.array([0.5, 0.5]) for _ in range(8))
+    profile = DataProfile(margins, 0.01, "pilot", 500, 0.01, None, None, (flat, margins))
+    problem = _problem(
+        (2,) * 8, 1.0, 8000, Workload(k=3), profile, (), (), None, None, 0, True, None, "local"
+    )
+    search = _Search(problem)
+    ones = (cand(1, 8, "spread", [2.0] * 5), tuple((a,) for a in range(8)), None)
+    paper = (cand(2, 6, "paper", [1.2] * 5), ((0, 1), (2, 3), (4, 5), (6, 7), (0, 2), (1, 3)), None)
+    search.scored = [ones, paper]  # type: ignore[list-item]
+    no_worse = (cand(2, 12, "spread", [1.1, 1.15, 1.2, 1.2, 1.2]), ((0, 1),) * 12, None)
+    calls: list[object] = []
+
+    def alike(views: object, prof: DataProfile) -> list[ErrorPrediction]:
+        calls.append(views)  # at the ends, every design predicted alike
+        return [ErrorPrediction(1.0, 0.5, 0.5, ())] * 5
+
+    search._predict = alike  # type: ignore[method-assign]
+    assert search.holds_across_marginals(no_worse) and calls == []  # type: ignore[arg-type]
+    clear = (cand(2, 12, "spread", [0.5, 0.5, 0.5, 0.5, 0.6]), ((0, 1),) * 12, None)
+    assert not search.holds_across_marginals(clear)  # type: ignore[arg-type]
+    assert calls
 
 
 def test_the_prediction_carries_its_range_over_the_dependence_quantiles() -> None:
