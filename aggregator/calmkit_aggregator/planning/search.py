@@ -711,12 +711,16 @@ def _is_safe(candidate: Candidate) -> bool:
 def _safe_designs(scored: Sequence[Scored], regret: Callable[[Candidate], float]) -> list[Scored]:
     """The safe designs among ``scored``: the one attribute per view design of least
     ``regret`` and Algorithm 1's plan."""
-
-    def key(x: Scored) -> tuple[float, float, int]:
-        return (regret(x[0]), x[0].sse, x[0].m)
-
     ones = [x for x in scored if x[0].l == 1 and x[0].design != "paper"]
-    return ([min(ones, key=key)] if ones else []) + [x for x in scored if x[0].design == "paper"]
+    first = [min(ones, key=_by_regret(regret))] if ones else []
+    return first + [x for x in scored if x[0].design == "paper"]
+
+
+def _by_regret(
+    regret: Callable[[Candidate], float],
+) -> Callable[[Scored], tuple[float, float, int]]:
+    """Sort key: the smallest regret, then the smaller mean SSE, then fewer views."""
+    return lambda x: (regret(x[0]), x[0].sse, x[0].m)
 
 
 def _safe_choice(
@@ -745,10 +749,7 @@ def _safe_choice(
     is chosen for beating the safe ones (it did not hold across the marginals,
     :meth:`_Search.holds_across_marginals`)."""
     regret = _regret(scored)
-
-    def key(x: Scored) -> tuple[float, float, int]:
-        return (regret(x[0]), x[0].sse, x[0].m)
-
+    key = _by_regret(regret)
     safe = _safe_designs(scored, regret)
     if restricted or not safe:
         return min(scored, key=key)
