@@ -161,6 +161,9 @@ def _interrupt_demo(tmp_path: Path, point: str) -> tuple[float, str, str, int]:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "TMPDIR": str(tmp_path)},
+        # as from a terminal: a shell without job control starts background commands
+        # with ^C ignored, and an ignored signal stays ignored across exec
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines: list[str] = []
     assert proc.stderr is not None
