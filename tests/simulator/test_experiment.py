@@ -430,3 +430,24 @@ def test_a_grid_with_no_task_exits_2_saying_why(
     assert "experiment fig4 has no task with --n 8192" in err
     assert "n in [65536, 262144]" in err and "nothing was run" in err
     assert not out.exists()  # no empty report written
+
+
+def test_the_held_out_shapes_stay_out_of_the_planner_benchmark() -> None:
+    # benchmarks/planner_heldout.py checks the planner on shapes its rules were not
+    # measured on: none of them may be a setting of the benchmark they are tuned on
+    import importlib.util
+
+    from calmkit_simulator.planner_bench import SETTINGS
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "planner_heldout.py"
+    spec = importlib.util.spec_from_file_location("planner_heldout", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def shape(s: object) -> tuple[object, ...]:
+        return tuple(getattr(s, f) for f in ("dataset", "d", "n", "max_categories", "k"))
+
+    held_out = {shape(s) for s in module.HELD_OUT}
+    assert len(held_out) == len(module.HELD_OUT) >= 8
+    assert not held_out & {shape(s) for s in SETTINGS}
