@@ -766,8 +766,8 @@ def _dominating(scored: Sequence[Scored], chosen: Candidate) -> list[Scored]:
     """Designs of ``chosen``'s view size laid out as evenly (spread or balanced) whose
     predicted SSE is no larger at any dependence quantile: what the pilot leaves
     uncertain cannot make them worse than ``chosen``, and the model's error between
-    view counts of one size is small (0.055 in log on l = 2 over the planner
-    benchmark's grid, against 0.10 over every size)."""
+    view counts of two attributes is small (0.056 in log over the planner
+    benchmark's grid, against 0.10 between any two designs)."""
     return [
         x
         for x in scored
