@@ -362,9 +362,6 @@ def summarize(tasks: list[PlannerTask], results: dict[str, dict[str, Any]]) -> l
             else (math.nan, math.nan)
         )
         chosen = (default or {}).get("chosen") or {}
-        predicted = [float(x) for x in (default or {}).get("predicted", [])]
-        median = [float(x) for x in (default or {}).get("median", [])]
-        uniform = (default or {}).get("uniform") or []
         row = {
             "setting": setting.label,
             "k": setting.k,
@@ -382,9 +379,9 @@ def summarize(tasks: list[PlannerTask], results: dict[str, dict[str, Any]]) -> l
             "paper_l": ((paper or {}).get("chosen") or {}).get("l"),
             "paper_m": ((paper or {}).get("chosen") or {}).get("m"),
             "paper_sse": p_mean,
-            "uniform_sse": float(np.mean(uniform)) if uniform else math.nan,
-            "predicted_sse": float(np.mean(predicted)) if predicted else math.nan,
-            "median_sse": float(np.mean(median)) if median else math.nan,
+            "uniform_sse": _mean_of(default, "uniform"),
+            "predicted_sse": _mean_of(default, "predicted"),
+            "median_sse": _mean_of(default, "median"),
             "range_low": _mean_of(default, "range_low"),
             "range_high": _mean_of(default, "range_high"),
             "grid_points": len(grid),
@@ -575,7 +572,7 @@ def _markdown(
 
 def _mean_of(result: dict[str, Any] | None, key: str) -> float:
     """The mean over repetitions of a per-repetition figure of ``result`` (nan if none)."""
-    values = [float(x) for x in (result or {}).get(key, [])]
+    values = [float(x) for x in (result or {}).get(key) or []]
     return float(np.mean(values)) if values else math.nan
 
 
