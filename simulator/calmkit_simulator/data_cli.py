@@ -600,18 +600,28 @@ def _simulation(
 def _print_simulation(out: dict[str, Any], pop: Any, args: argparse.Namespace) -> None:
     chosen = out["chosen"]
     print(pop.describe())
-    chose = ", ".join(f"{k_} = {v}" for k_, v in chosen.items())
+    chose = ", ".join(f"{k_} = {_readable(v)}" for k_, v in chosen.items())
     print(
         f"{out['mechanism']}{' (' + chose + ')' if chose else ''}: epsilon {args.epsilon}, "
         f"{args.queries} random {args.k}-way queries x {args.reps} reps"
     )
     print(
-        f"  SSE  {out['mechanism']} {out['sse_mean']:.3g} +- {out['sse_std']:.2g}   "
-        f"Uniform {out['uniform_sse_mean']:.3g}"
+        f"  SSE  {out['mechanism']} {out['sse_mean']:.3g} +- {out['sse_std']:.2g} "
+        f"(sd over reps)   Uniform {out['uniform_sse_mean']:.3g}"
     )
     if chosen.get("not_collected"):
         print(f"  not collected (one category, or too few users): {chosen['not_collected']}")
     print(f"  {out['seconds']:.1f} s ({out['seconds_per_rep']:.2f} s per rep)")
+
+
+def _readable(value: Any) -> str:
+    """A chosen plan's field for the terminal: floats to 3 significant digits (the
+    JSON output keeps them whole)."""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, list) and value and all(isinstance(v, float) for v in value):
+        return "[" + ", ".join(f"{v:.3g}" for v in value) + "]"
+    return str(value)
 
 
 NO_DATA_EXIT = 3  # calmkit experiment: some task's dataset was absent

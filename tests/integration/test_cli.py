@@ -297,6 +297,20 @@ def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
     assert out["reconstruct"] == "local"
 
 
+def test_simulate_prints_the_plan_readably(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--d", "6", "--n", "20000", "--k", "3", "--epsilon", "1"]
+    assert main([*args, "--queries", "10", "--reps", "2", "--seed", "3"]) == 0
+    text = capsys.readouterr().out
+    assert main([*args, "--queries", "10", "--reps", "2", "--seed", "3", "--json"]) == 0
+    chosen = json.loads(capsys.readouterr().out)["chosen"]
+    # floats to 3 significant digits on the terminal, whole in the JSON
+    assert f"predicted_sse = {chosen['predicted_sse']:.3g}," in text
+    low, high = chosen["sse_range"]
+    assert f"sse_range = [{low:.3g}, {high:.3g}]" in text
+    assert f"pilot_users = {chosen['pilot_users']}," in text
+    assert "(sd over reps)" in text
+
+
 def test_simulate_reconstructs_globally_on_request(capsys: pytest.CaptureFixture[str]) -> None:
     base = [
         "simulate",
