@@ -600,7 +600,8 @@ def _simulation(
 def _print_simulation(out: dict[str, Any], pop: Any, args: argparse.Namespace) -> None:
     chosen = out["chosen"]
     print(pop.describe())
-    chose = ", ".join(f"{k_} = {_readable(v)}" for k_, v in chosen.items())
+    listed = ("not_collected", "notes")  # printed on lines of their own
+    chose = ", ".join(f"{k_} = {_readable(v)}" for k_, v in chosen.items() if k_ not in listed)
     print(
         f"{out['mechanism']}{' (' + chose + ')' if chose else ''}: epsilon {args.epsilon}, "
         f"{args.queries} random {args.k}-way queries x {args.reps} reps"
@@ -611,6 +612,8 @@ def _print_simulation(out: dict[str, Any], pop: Any, args: argparse.Namespace) -
     )
     if chosen.get("not_collected"):
         print(f"  not collected (one category, or too few users): {chosen['not_collected']}")
+    for note in chosen.get("notes", ()):
+        print(f"  note: {note}")
     print(f"  {out['seconds']:.1f} s ({out['seconds_per_rep']:.2f} s per rep)")
 
 

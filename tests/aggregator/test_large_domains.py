@@ -15,11 +15,20 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import reconstruct_by
+from calmkit_aggregator.phases import PhasedDesign
 from calmkit_aggregator.planning.error_model import Workload, predict_error
-from calmkit_aggregator.planning.pilot import pilot_plan, plan_after_pilot, profile_from_pilot
+from calmkit_aggregator.planning.pilot import (
+    pilot_plan,
+    plan_after_pilot,
+    plan_next_phase,
+    profile_from_pilot,
+    start_pilot,
+)
 from calmkit_aggregator.planning.profile import DataProfile, pair_dependence
 from calmkit_aggregator.reconstruction.uncertainty import sample_support
 from calmkit_client import Plan, Schema
+from calmkit_simulator import synthetic_population
+from calmkit_simulator.mechanisms.calm import collect_pilot
 
 SIZES = (10, 14, 8, 12)
 USERS = 30_000
@@ -155,3 +164,46 @@ def test_a_pilot_too_small_to_see_pairs_measures_every_attribute_alone() -> None
     # prior's median dependence from none, so each attribute reports alone
     pilot = pilot_plan(Schema.from_sizes(SIZES), 1.0, seed=1, users=3_000)
     assert sorted(pilot.views) == [(0,), (1,), (2,), (3,)]
+
+
+@pytest.mark.parametrize("pilot_users", [3_000, 16_000], ids=["alone", "pairs"])
+def test_a_plan_says_when_its_pilot_measured_no_pair(pilot_users: int) -> None:
+    # 3,000 pilot users measure every attribute alone: the plan's prediction rests on
+    # the prior's dependence, and its notes say so; 16,000 measure pairs, and no such
+    # note is made
+    codes = _population(_joint(True, seed=3), seed=4)
+    gen = np.random.default_rng(9)
+    pilot = pilot_plan(Schema.from_sizes(SIZES), 1.0, seed=1, users=pilot_users)
+    sample = gen.choice(codes.size, size=pilot_users, replace=False)
+    n, counts = _view_counts(pilot, codes[sample], gen)
+    main = plan_after_pilot(
+        sample_support(pilot, n, counts, gen), USERS - pilot_users, Workload(k=3), seed=2
+    )
+    notes = [x for x in main.choice.notes(["a", "b", "c", "d"]) if "no pair" in x]
+    assert len(notes) == (pilot_users == 3_000)
+    # four attributes at k = 3: a design of triples holds every query
+    assert all(
+        x.endswith("which the prediction does not hang on (every query is in a view)")
+        for x in notes
+    )
+
+
+def test_a_plan_on_a_pilot_without_pairs_gives_the_range_of_its_prediction() -> None:
+    # six attributes of 8-14 categories, 6,000 pilot users at eps 1: every attribute
+    # alone, one attribute per view planned; its prediction spans the prior's dependence
+    pop = synthetic_population(30_000, sizes=(10, 14, 8, 12, 9, 11), rng=3)
+    start = start_pilot(pop.schema, 1.0, pop.n, seed=1)
+    assert all(len(v) == 1 for v in start.plan.views)
+    design = PhasedDesign(pop.n, start.reports, 3, 1, first_round=start.first_round)
+    gen = np.random.default_rng(5)
+    choice = plan_next_phase(
+        design, collect_pilot(pop, start, design, gen.permutation(pop.n), gen)
+    ).choice
+    low, high = choice.sse_range
+    assert high > 10 * low  # the prior's dependence spans every kind of data
+    assert choice.notes(pop.schema.names) == [
+        "the pilot measured no pair of attributes (at these users and epsilon a pair's "
+        "table cannot tell a typical dependence from none): how strongly the attributes "
+        f"depend is the prior's assumption, and the predicted SSE ranges from {low:.3g} "
+        f"to {high:.3g} over it"
+    ]

@@ -309,6 +309,14 @@ def test_simulate_prints_the_plan_readably(capsys: pytest.CaptureFixture[str]) -
     assert f"sse_range = [{low:.3g}, {high:.3g}]" in text
     assert f"pilot_users = {chosen['pilot_users']}," in text
     assert "(sd over reps)" in text
+    assert "no pair" not in text  # 4,000 pilot users measure binary pairs at eps 1
+    # at eps 0.3 they cannot: the plan's note says its prediction is the prior's
+    eps = ["--epsilon", "0.3", "--queries", "10", "--reps", "1", "--seed", "3"]
+    assert main([*args[:-2], *eps]) == 0
+    (note,) = [x for x in capsys.readouterr().out.splitlines() if "no pair" in x]
+    assert note.startswith("  note: the pilot measured no pair of attributes")
+    assert main([*args[:-2], *eps, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["chosen"]["notes"] == [note[len("  note: ") :]]
 
 
 def test_simulate_reconstructs_globally_on_request(capsys: pytest.CaptureFixture[str]) -> None:

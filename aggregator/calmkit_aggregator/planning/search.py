@@ -180,8 +180,22 @@ class PlannedViews:
         )
 
     def notes(self, names: Sequence[str]) -> list[str]:
-        """Plain-language notes: skipped and uncollected attributes, a design set aside."""
+        """Plain-language notes: a pilot that measured no pair (the prediction is then
+        the prior's), skipped and uncollected attributes, a design set aside."""
         out = []
+        pilot = self.fixed_views if self.profile.source == "pilot" else ()
+        if pilot and all(len(v) < 2 for v in pilot):
+            low, high = self.sse_range
+            effect = (
+                "which the prediction does not hang on (every query is in a view)"
+                if _steady(self._chosen)
+                else f"and the predicted SSE ranges from {low:.3g} to {high:.3g} over it"
+            )
+            out.append(
+                "the pilot measured no pair of attributes (at these users and epsilon a "
+                "pair's table cannot tell a typical dependence from none): how strongly "
+                f"the attributes depend is the prior's assumption, {effect}"
+            )
         if self.set_aside is not None:
             c = self.set_aside
             out.append(

@@ -192,6 +192,9 @@ class Calm(Mechanism):
         skipped = (*main.choice.single, *main.choice.predicted.uncollected)
         if skipped:  # attributes in no view: one category, or too few users
             chosen_main["not_collected"] = [population.schema.names[a] for a in skipped]
+        notes = main.choice.notes(population.schema.names)
+        if notes:  # what the plan rests on (a pilot without pairs, a design set aside)
+            chosen_main["notes"] = notes
         return _CalmRelease(estimator, chosen_main)
 
 
