@@ -555,6 +555,17 @@ def _simulate(args: argparse.Namespace) -> int:
         progress.close()
     out = _simulation(args, mechanism, pop, results, warnings)
     out["seconds"] = round(time.perf_counter() - t0, 3)
+    if out["sse_mean"] >= out["uniform_sse_mean"]:
+        beaten = (
+            f"{out['mechanism']}'s mean SSE ({out['sse_mean']:.3g}) is no better than "
+            f"answering every marginal as uniform ({out['uniform_sse_mean']:.3g}): at "
+            f"{pop.n} users and epsilon {args.epsilon} the noise outweighs what the reports "
+            "tell; fewer categories (--bins, --max-categories), more users or a larger "
+            "epsilon would help"
+        )
+        out["warnings"].append(beaten)
+        if not args.json:
+            warn([beaten])
     if args.json:
         print(json.dumps(out))
         return 0

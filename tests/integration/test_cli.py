@@ -319,6 +319,50 @@ def test_simulate_prints_the_plan_readably(capsys: pytest.CaptureFixture[str]) -
     assert json.loads(capsys.readouterr().out)["chosen"]["notes"] == [note[len("  note: ") :]]
 
 
+def test_simulate_warns_when_the_mechanism_does_not_beat_the_uniform_answer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 4 attributes of 30-40 categories, 2,000 users at eps 0.2: a view's noise dwarfs
+    # what its reports tell, and the answers miss by more than the uniform table does
+    args = ["simulate", "--dataset", "synthetic:30-40", "--d", "4", "--n", "2000", "--k", "2"]
+    args += ["--epsilon", "0.2", "--reps", "2", "--queries", "6", "--seed", "1"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sse_mean"] > out["uniform_sse_mean"]
+    (beaten,) = [w for w in out["warnings"] if "no better than" in w]
+    assert beaten.startswith(
+        f"CALM's mean SSE ({out['sse_mean']:.3g}) is no better than answering every "
+        f"marginal as uniform ({out['uniform_sse_mean']:.3g}): at 2000 users and epsilon 0.2"
+    )
+    assert main(args) == 0
+    assert f"calmkit: warning: {beaten}" in capsys.readouterr().err
+    # where it does beat it, no such warning
+    assert (
+        main(
+            [
+                "simulate",
+                "--d",
+                "6",
+                "--n",
+                "20000",
+                "--k",
+                "3",
+                "--epsilon",
+                "1",
+                "--reps",
+                "2",
+                "--queries",
+                "10",
+                "--seed",
+                "3",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert not any("no better than" in w for w in json.loads(capsys.readouterr().out)["warnings"])
+
+
 def test_simulate_reconstructs_globally_on_request(capsys: pytest.CaptureFixture[str]) -> None:
     base = [
         "simulate",
