@@ -128,6 +128,7 @@ PUBLIC = {
         "reconstruct_by",
         "reconstruct_global",
         "shrink_interactions",
+        "shrink_margins",
     ],
     "calmkit_simulator": [
         "DATASETS",

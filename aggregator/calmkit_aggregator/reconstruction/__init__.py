@@ -2,12 +2,12 @@
 
 :func:`reconstruct_by` runs the pipeline of "CALM: Consistent Adaptive Local Marginal
 for Marginal Release under Local Differential Privacy" (Zhang et al., CCS 2018), §4.4
-and §4.5: estimate each view (:mod:`.estimate`), make the views consistent and
-non-negative (:mod:`.consistency`), shrink each view's unshared interactions
-(:mod:`.shrinkage`), then answer a query by maximum entropy (:mod:`.maxent`, "local")
-or from one model of all views (:mod:`.global_model`, "global"). Both answer through
-the :class:`Estimator` protocol; :mod:`.uncertainty` gives their error bars.
-"""
+and §4.5: estimate each view (:mod:`.estimate`), make the views consistent and non-
+negative (:mod:`.consistency`) after shrinking nearly flat margins towards uniform,
+shrink each view's unshared interactions (:mod:`.shrinkage`), then answer a query by
+maximum entropy (:mod:`.maxent`, "local") or from one model of all views
+(:mod:`.global_model`, "global"). Both answer through the :class:`Estimator` protocol;
+:mod:`.uncertainty` gives their error bars."""
 
 from typing import TYPE_CHECKING
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .maxent import Answer, answer_query, maximum_entropy
     from .methods import RECONSTRUCTIONS
     from .pipeline import Estimator, MarginalEstimator, reconstruct, reconstruct_by
-    from .shrinkage import shrink_interactions
+    from .shrinkage import shrink_interactions, shrink_margins
     from .support import SupportCounts
     from .uncertainty import Bootstrap, bootstrap
 else:
@@ -40,7 +40,7 @@ else:
             ".maxent": ("Answer", "answer_query", "maximum_entropy"),
             ".methods": ("RECONSTRUCTIONS",),
             ".pipeline": ("Estimator", "MarginalEstimator", "reconstruct", "reconstruct_by"),
-            ".shrinkage": ("shrink_interactions",),
+            ".shrinkage": ("shrink_interactions", "shrink_margins"),
             ".support": ("SupportCounts",),
             ".uncertainty": ("Bootstrap", "bootstrap"),
         },
@@ -69,4 +69,5 @@ __all__ = [
     "reconstruct_by",
     "reconstruct_global",
     "shrink_interactions",
+    "shrink_margins",
 ]

@@ -10,7 +10,7 @@ import numpy as np
 from .marginal import MarginalTable
 from .support import SupportCounts
 
-__all__ = ["estimate_views"]
+__all__ = ["contrast_variances", "estimate_views"]
 
 
 def estimate_views(support: SupportCounts) -> list[MarginalTable]:
@@ -31,3 +31,13 @@ def estimate_views(support: SupportCounts) -> list[MarginalTable]:
         values = oracle.estimate(support.counts[j], n).reshape(shape)
         tables.append(MarginalTable(view, values, float(oracle.variance(n)), n, oracle))
     return tables
+
+
+def contrast_variances(support: SupportCounts) -> list[float]:
+    """Each view's oracle noise per contrast dimension at its report count
+    (:meth:`~calmkit_client.FrequencyOracle.contrast_variance`; inf for a view without
+    reports): what the shrinkage steps take the noise to be."""
+    return [
+        oracle.contrast_variance(int(n)) if n > 0 else np.inf
+        for oracle, n in zip(support.plan.view_oracles, support.n)
+    ]

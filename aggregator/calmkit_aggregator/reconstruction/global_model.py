@@ -67,7 +67,7 @@ from calmkit_client.schema import AttrRef
 from calmkit_client.validation import check_int
 
 from .consistency import ConsistentViews, make_consistent
-from .estimate import estimate_views
+from .estimate import contrast_variances, estimate_views
 from .junction import (
     JunctionTree,
     TableTooLarge,
@@ -79,7 +79,7 @@ from .junction import (
 )
 from .marginal import MarginalTable
 from .maxent import Answer, answer_query, maximum_entropy, query_constraints
-from .shrinkage import interaction_dof, shared_sets, shrink_interactions
+from .shrinkage import interaction_dof, shared_sets, shrink_interactions, shrink_margins
 from .support import SupportCounts
 
 __all__ = [
@@ -365,14 +365,11 @@ def reconstruct_global(
     answers: str = "pairs",
 ) -> GlobalEstimator:
     """Estimate every view from ``support`` and fit the global model to all of them
-    (:func:`fit_global`), with the shrinkage and the prior unless ``shrink=False``."""
-    plan = support.plan
+    (:func:`fit_global`), with the shrinkage (the margins' first,
+    :func:`~.shrinkage.shrink_margins`) and the prior unless ``shrink=False``."""
+    tables = estimate_views(support)
     contrast = None
     if shrink:
-        contrast = [
-            oracle.contrast_variance(int(n)) if n > 0 else np.inf
-            for oracle, n in zip(plan.view_oracles, support.n)
-        ]
-    return fit_global(
-        plan, estimate_views(support), contrast, tol, max_iter, max_clique, max_cells, answers
-    )
+        contrast = contrast_variances(support)
+        tables = list(shrink_margins(tables, contrast).tables)
+    return fit_global(support.plan, tables, contrast, tol, max_iter, max_clique, max_cells, answers)

@@ -14,11 +14,11 @@ from calmkit_client import Plan
 from calmkit_client.schema import AttrRef
 
 from .consistency import ConsistentViews, make_consistent
-from .estimate import estimate_views
+from .estimate import contrast_variances, estimate_views
 from .global_model import reconstruct_global
 from .maxent import Answer, answer_query
 from .methods import check_reconstruction
-from .shrinkage import shrink_interactions
+from .shrinkage import shrink_interactions, shrink_margins
 from .support import SupportCounts
 
 __all__ = ["Estimator", "MarginalEstimator", "reconstruct", "reconstruct_by"]
@@ -49,16 +49,17 @@ class MarginalEstimator:
 def reconstruct(
     support: SupportCounts, tol: float = 1e-9, max_iter: int = 1000, shrink: bool = True
 ) -> MarginalEstimator:
-    """Estimate every view, make them consistent and non-negative, then (unless
-    ``shrink=False``, the paper's pipeline exactly) shrink each view's unshared
-    interactions towards max-ent by their estimated signal-to-noise ratio."""
-    views = make_consistent(estimate_views(support), tol=tol, max_iter=max_iter)
+    """Estimate every view, make them consistent and non-negative, then answer by
+    max-ent. Unless ``shrink=False`` (the paper's pipeline exactly), each attribute's
+    nearly flat margin is first shrunk towards uniform and, after consistency, each
+    view's unshared interactions towards max-ent, both by their estimated
+    signal-to-noise ratio (:mod:`.shrinkage`)."""
     if not shrink:
+        views = make_consistent(estimate_views(support), tol=tol, max_iter=max_iter)
         return MarginalEstimator(support.plan, views)
-    contrast = [
-        oracle.contrast_variance(int(n)) if n > 0 else np.inf
-        for oracle, n in zip(support.plan.view_oracles, support.n)
-    ]
+    contrast = contrast_variances(support)
+    raw = shrink_margins(estimate_views(support), contrast).tables
+    views = make_consistent(raw, tol=tol, max_iter=max_iter)
     shrunk = shrink_interactions(views.tables, contrast, closure=views.closure)
     views = replace(views, tables=shrunk.tables)
     return MarginalEstimator(support.plan, views, shrinkage=shrunk.factors)

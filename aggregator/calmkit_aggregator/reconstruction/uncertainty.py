@@ -22,7 +22,7 @@ from calmkit_client.randomness import RngLike
 from calmkit_client.schema import AttrRef
 from calmkit_client.validation import is_int
 
-from .estimate import estimate_views
+from .estimate import contrast_variances, estimate_views
 from .pipeline import Estimator, reconstruct_by
 from .support import SupportCounts
 from .unseen import InteractionScale, missing_sets, unseen_squared_bias
@@ -195,8 +195,4 @@ def bootstrap(
 def interaction_scale(support: SupportCounts) -> InteractionScale:
     """The views' interaction strength (:class:`~.unseen.InteractionScale`) from each
     view's unbiased estimate and oracle noise."""
-    contrast = [
-        oracle.contrast_variance(int(n)) if n > 0 else np.inf
-        for oracle, n in zip(support.plan.view_oracles, support.n)
-    ]
-    return InteractionScale(estimate_views(support), contrast)
+    return InteractionScale(estimate_views(support), contrast_variances(support))
