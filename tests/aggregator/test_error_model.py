@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -755,7 +756,7 @@ def test_workloads_views_and_users_are_checked_at_their_boundaries() -> None:
 
     for k in (True, 2.5, 0):
         with pytest.raises(CalmkitError, match=rf"^k \({k!r}\) must be an int >= 1$"):
-            Workload(k=k)  # type: ignore[arg-type]
+            Workload(k=k)
     for queries in ([], [()], [(0,), ()]):
         with pytest.raises(CalmkitError, match=r"^queries must be a non-empty list of non-empty"):
             Workload(queries=queries)
@@ -1099,6 +1100,28 @@ def test_path_recovery_reads_zero_and_deterministic_pairs_at_their_limits() -> N
         assert bias(every, dependence, "local") > 0
 
 
+def _one_attribute_views(
+    n: int, eps: float, alpha: float, shrink: bool
+) -> tuple[tuple[Any, ...], float, float, float]:
+    """Four independent attributes of 33-36 categories with Dirichlet(alpha) margins,
+    one per view, pairs: the prediction's arguments, the prediction, the measured mean
+    SSE (40 repetitions) and its upper bound; checks the prediction within 2x of it."""
+    sizes = (33, 36, 34, 35)
+    gen = np.random.default_rng(11)
+    pop = _independent(sizes, [gen.dirichlet(alpha * np.ones(s)) for s in sizes], n, seed=12)
+    views = [(a,) for a in range(4)]
+    plan = Plan(pop.schema, eps, views)
+    users = np.bincount(plan.assign_many(np.arange(pop.n, dtype=np.uint64)), minlength=4)
+    pairs = list(itertools.combinations(range(4), 2))
+    profile = DataProfile.from_marginals([pop.marginal([a]) for a in range(4)], 0.0)
+    args = (sizes, views, users, eps, Workload(queries=pairs), profile)
+    pred = predict_error(*args, shrink=shrink).sse
+    mean, se = _measure(pop, plan, pairs, reps=40, shrink=shrink)
+    low, high = mean - MARGIN * se, mean + MARGIN * se
+    assert low / 2 <= pred <= 2 * high, (pred, mean, se)
+    return args, pred, mean, high
+
+
 @pytest.mark.parametrize(("n", "eps"), [(2000, 0.2), (4000, 0.5), (20_000, 1.0)])
 def test_products_of_noisy_marginals_spread_along_the_estimated_marginals(
     n: int, eps: float, monkeypatch: pytest.MonkeyPatch
@@ -1111,19 +1134,7 @@ def test_products_of_noisy_marginals_spread_along_the_estimated_marginals(
     # model's documented 2x, and closer than the true marginals alone in every case
     import calmkit_aggregator.planning.error_model as em
 
-    sizes = (33, 36, 34, 35)
-    gen = np.random.default_rng(11)
-    pop = _independent(sizes, [gen.dirichlet(np.ones(s)) for s in sizes], n, seed=12)
-    views = [(a,) for a in range(4)]
-    plan = Plan(pop.schema, eps, views)
-    users = np.bincount(plan.assign_many(np.arange(pop.n, dtype=np.uint64)), minlength=4)
-    pairs = list(itertools.combinations(range(4), 2))
-    profile = DataProfile.from_marginals([pop.marginal([a]) for a in range(4)], 0.0)
-    args = (sizes, views, users, eps, Workload(queries=pairs), profile)
-    pred = predict_error(*args, shrink=False).sse
-    mean, se = _measure(pop, plan, pairs, reps=40, shrink=False)
-    low, high = mean - MARGIN * se, mean + MARGIN * se
-    assert low / 2 <= pred <= 2 * high, (pred, mean, se)
+    args, pred, mean, _ = _one_attribute_views(n, eps, 1.0, shrink=False)
     monkeypatch.setattr(
         em, "_spread_along", lambda groups, pooled, prof, sz: prof.concentration / sz
     )
@@ -1143,19 +1154,7 @@ def test_shrunk_margins_match_the_prediction_on_large_domains(
     # Within the model's documented 2x; without the margins' step the model is 4-35x over
     import calmkit_aggregator.planning.error_model as em
 
-    sizes = (33, 36, 34, 35)
-    gen = np.random.default_rng(11)
-    pop = _independent(sizes, [gen.dirichlet(alpha * np.ones(s)) for s in sizes], n, seed=12)
-    views = [(a,) for a in range(4)]
-    plan = Plan(pop.schema, eps, views)
-    users = np.bincount(plan.assign_many(np.arange(pop.n, dtype=np.uint64)), minlength=4)
-    pairs = list(itertools.combinations(range(4), 2))
-    profile = DataProfile.from_marginals([pop.marginal([a]) for a in range(4)], 0.0)
-    args = (sizes, views, users, eps, Workload(queries=pairs), profile)
-    pred = predict_error(*args).sse
-    mean, se = _measure(pop, plan, pairs, reps=40, shrink=True)
-    low, high = mean - MARGIN * se, mean + MARGIN * se
-    assert low / 2 <= pred <= 2 * high, (pred, mean, se)
+    args, pred, mean, high = _one_attribute_views(n, eps, alpha, shrink=True)
     monkeypatch.setattr(em, "_shrink_margins", lambda groups, err, *rest: err)
     unshrunk = predict_error(*args).sse
     assert unshrunk > 2 * high, (unshrunk, mean)

@@ -196,10 +196,10 @@ def james_stein_factors(z: np.ndarray, noise: float) -> np.ndarray:
 
 def margin_factor(z: np.ndarray, noise: float, draws: int = _MARGIN_DRAWS) -> float:
     """The factor for a centred pooled margin ``z`` (L,) with ``noise`` per dimension:
-    its James-Stein lambda where (4 or more categories and), at the shrunk margin taken
-    as the truth, shrinking then Norm-Sub has the smaller simulated squared error than
-    Norm-Sub alone, else 1 (module docstring; ``draws`` normal draws of the noise, a
-    fixed seed)."""
+    its James-Stein lambda if the margin has 4 or more categories and, taking the
+    shrunk margin as the truth, shrinking then Norm-Sub has a smaller simulated squared
+    error than Norm-Sub alone; else 1 (module docstring; ``draws`` normal draws of the
+    noise, a fixed seed)."""
     if z.size < _MARGIN_MIN_CATEGORIES or noise <= 0:
         return 1.0
     lam = float(james_stein_factors(z, noise))
@@ -228,7 +228,11 @@ def shrink_margins(
         )
     values = [t.values.copy() for t in tables]
     factors: dict[int, float] = {}
-    for attr in sorted({a for t in tables for a in t.attrs}):
+    sizes = {a: n for t in tables for a, n in zip(t.attrs, t.values.shape)}
+    for attr in sorted(sizes):
+        if sizes[attr] < _MARGIN_MIN_CATEGORIES:  # never shrunk: skip the pooling
+            factors[attr] = 1.0
+            continue
         effect = _main_effect(tables, contrast_variance, attr)
         factors[attr] = 1.0 if effect is None else margin_factor(effect.pooled, effect.noise)
         if factors[attr] == 1.0 or effect is None:
