@@ -450,7 +450,7 @@ def _simulate_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-shrink",
         action="store_true",
-        help="skip interaction shrinkage: the paper's CALM pipeline exactly",
+        help="skip the margins' and the interactions' shrinkage: the paper's CALM pipeline exactly",
     )
     parser.add_argument(
         "--reconstruct",

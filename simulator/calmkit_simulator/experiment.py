@@ -70,8 +70,9 @@ def run_calm(
     shrink: bool = True,
 ) -> list[RepResult]:
     """``reps`` repetitions of: every user reports under ``plan``; CALM reconstructs
-    (``shrink=False``: without interaction shrinkage, the paper's pipeline exactly);
-    ``queries`` random k-way marginals are compared with the truth (and with Uniform).
+    (``shrink=False``: without the margins' and interactions' shrinkage, the paper's
+    pipeline exactly); ``queries`` random k-way marginals are compared with the truth
+    (and with Uniform).
 
     ``rng`` is the root seed (:func:`.seeds.root`): repetition r's reports are drawn
     from ``stream(rng, METHOD, r)`` and its queries from ``stream(rng, QUERIES, r)``, so

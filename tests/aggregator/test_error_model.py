@@ -1151,7 +1151,7 @@ def test_shrunk_margins_match_the_prediction_on_large_domains(
     # per view, pairs) with the pipeline's shrinkage, margins drawn from Dirichlet(alpha)
     # (alpha 20: nearly flat): shrinking the margins cuts the measured SSE 5-35x;
     # measured 0.0052, 0.0033, 0.0029, 6.6e-4, predicted 0.0101, 0.0055, 0.0027, 5.5e-4.
-    # Within the model's documented 2x; without the margins' step the model is 4-35x over
+    # Within the model's documented 2x; without the margins' step the model is 7-33x over
     import calmkit_aggregator.planning.error_model as em
 
     args, pred, mean, high = _one_attribute_views(n, eps, alpha, shrink=True)

@@ -97,8 +97,8 @@ def reconstruct_by(
     support: SupportCounts, reconstruction: str = "local", shrink: bool = True
 ) -> Estimator:
     """:func:`reconstruct` (``"local"``) or :func:`~.global_model.reconstruct_global`
-    (``"global"``) of ``support``; ``shrink`` turns the interaction shrinkage (local) or
-    prior (global) on or off."""
+    (``"global"``) of ``support``; ``shrink`` turns the margins' shrinkage (both), the
+    interactions' shrinkage (local) or prior (global) on or off."""
     if check_reconstruction(reconstruction) == "local":
         return reconstruct(support, shrink=shrink)
     return reconstruct_global(support, shrink=shrink)
