@@ -105,6 +105,8 @@ _CLIP_SDS = 3.0
 _SIMULATE_MAX_CELLS = 1 << 12
 # Simulated repetitions per view for Norm-Sub; values per simulated batch.
 _SAMPLES = 32
+# Simulated noise draws per attribute for the margins' shrinkage (cheap: one margin each).
+_MARGIN_SAMPLES = 128
 _BATCH_VALUES = 1 << 18
 # Views of one shape and user count simulated per prediction (the rest: nearest truth).
 _SIMULATED = 128
@@ -693,7 +695,7 @@ def _shrink_margins(
     """Single attributes of 4 or more categories after the margins' shrinkage
     (:func:`~..reconstruction.shrinkage.shrink_margins`): the squared error of the
     James-Stein factor then Norm-Sub, simulated at the profile's margin with the
-    margin's raw noise (:data:`_SAMPLES` draws, a fixed seed), where it is below the
+    margin's raw noise (:data:`_MARGIN_SAMPLES` draws, a fixed seed), where it is below the
     error after Norm-Sub alone (the pipeline keeps Norm-Sub's margin where shrinking is
     predicted worse)."""
     err = err.copy()
@@ -703,7 +705,7 @@ def _shrink_margins(
         sel = one[sizes[groups.attrs[one, 0]] == size]
         truth = np.array([profile.marginals[a] for a in groups.attrs[sel, 0]])[:, None, :]
         nu = (groups.raw[sel] / (size - 1))[:, None]
-        e = gen.standard_normal((sel.size, _SAMPLES * 4, size)) * np.sqrt(nu[..., None])
+        e = gen.standard_normal((sel.size, _MARGIN_SAMPLES, size)) * np.sqrt(nu[..., None])
         z = truth + e - e.mean(axis=2, keepdims=True) - 1.0 / size
         lam = james_stein_factors(z, nu)[..., None]
         shrunk = norm_sub_rows((1.0 / size + lam * z).reshape(-1, size))
