@@ -11,6 +11,7 @@ from calmkit_aggregator.reconstruction.unseen import (
     InteractionScale,
     lower_order_base,
     missing_sets,
+    most_per_dof,
     spread_weights,
     top_interaction,
     unseen_squared_bias,
@@ -62,3 +63,27 @@ def test_noise_alone_measures_no_interaction() -> None:
     # the noise's own size, unsubtracted, would be c * dof / spread ~ 1e-4 / 0.33
     strong = InteractionScale(_views(), [1e-12, 1e-12]).per_dof(2)
     assert np.median(estimates) < 1e-5 < strong
+
+
+@pytest.mark.parametrize("size", [2, 5, 24])
+def test_without_evidence_the_bound_is_what_a_perfectly_dependent_pair_misses(size: int) -> None:
+    # a = b, uniform: the independent answer misses the truth by exactly the most an
+    # L x L table can hold, (L - 1) / L^2 in L2; the bound without evidence (views of
+    # one attribute: NO_EVIDENCE, capped at 1 / (L - 1) per dof) sums to the same
+    truth = np.eye(size) / size
+    answer = np.full((size, size), 1.0 / size**2)
+    views = [MarginalTable((a,), np.full(size, 1.0 / size), 0.0, 1000) for a in range(2)]
+    bound = unseen_squared_bias(answer, [(0, 1)], InteractionScale(views, [1e-12, 1e-12]))
+    assert float(bound.sum()) == pytest.approx(float(((truth - answer) ** 2).sum()), rel=1e-12)
+    assert most_per_dof([size, size]) == pytest.approx(1 / (size - 1))
+
+
+def test_the_cap_leaves_binary_sets_at_no_evidence_and_measured_strengths_below_it() -> None:
+    assert most_per_dof([2, 2]) == NO_EVIDENCE
+    assert most_per_dof([2, 2, 2]) == 3.0  # above NO_EVIDENCE: binary triples unchanged
+    assert most_per_dof([3, 7]) == pytest.approx(2 / 12)
+    scale = InteractionScale(_views(), [1e-12, 1e-12])  # the measured 2 x 3 pair
+    assert scale.per_dof(2) < most_per_dof([2, 3])
+    answer = np.outer([0.45, 0.55], [0.2, 0.3, 0.5])
+    gap = unseen_squared_bias(answer, [(0, 1)], scale)
+    assert (gap / spread_weights(answer, (0, 1))).max() == pytest.approx(scale.per_dof(2))

@@ -2,17 +2,17 @@
 
 A query that no view covers is answered by maximum entropy given the views'
 projections onto it (the paper's §4.5): every interaction of the query's attributes
-that lies in no single view (a pair no view holds, or the triple of a 3-way query
-over pair views) is set to none. No bootstrap can see that error: its replicates are
-drawn from the views. What the views do show is how strong the interactions of each
-order are where they are observed, so this module serves the size of the unseen ones
-under one stated assumption: **an interaction no view holds is, on average, as strong
-per degree of freedom as the observed interactions of its order** (the pilot's pairs
-are drawn at random from the attributes, so for pairs the observed ones are a fair
-sample; a pilot that measured every attribute alone, and views of one attribute,
-observe no pair, and the size falls back to its most), and an order no view reaches
-(a 3-way interaction over pair views) is no stronger per degree of freedom than the
-highest order observed (the hierarchy principle of log-linear models).
+that lies in no single view (a pair no view holds, or the triple of a 3-way query over
+pair views) is set to none. No bootstrap can see that error: its replicates are drawn
+from the views. What the views do show is how strong the interactions of each order
+are where they are observed, so this module serves the size of the unseen ones under
+one stated assumption: **an interaction no view holds is, on average, as strong per
+degree of freedom as the observed interactions of its order** (the pilot's pairs are
+drawn at random from the attributes, so for pairs the observed ones are a fair sample;
+a pilot that measured every attribute alone, and views of one attribute, observe no
+pair, and the size falls back to the most the table can hold), and an order no view
+reaches (a 3-way interaction over pair views) is no stronger per degree of freedom
+than the highest order observed (the hierarchy principle of log-linear models).
 
 Strength is the chi-square-isotropic model's: an interaction of set ``S`` with
 strength ``r`` per degree of freedom moves cell ``c`` of a table ``M`` by a squared
@@ -42,7 +42,7 @@ import numpy as np
 from .marginal import MarginalTable
 from .maxent import maximum_entropy, query_constraints
 
-__all__ = ["InteractionScale", "missing_sets", "unseen_squared_bias"]
+__all__ = ["InteractionScale", "missing_sets", "most_per_dof", "unseen_squared_bias"]
 
 MAX_SETS_PER_ORDER = 256  # observed sets measured per order (evenly spaced beyond it)
 NO_EVIDENCE = 1.0  # per-dof chi-square when no set of any order is observed: the most
@@ -162,12 +162,27 @@ def missing_sets(tables: Sequence[MarginalTable], query: tuple[int, ...]) -> lis
     ]
 
 
+def most_per_dof(sizes: Sequence[int]) -> float:
+    """The largest strength per degree of freedom an interaction of attributes with
+    ``sizes`` categories can have: a table's chi-square against independence is at most
+    ``prod(sizes) / max(sizes) - 1`` (per user; one attribute determining the others),
+    over ``dof = prod(L_a - 1)``. 1 for a binary pair, ``1 / (L - 1)`` for an L x L
+    pair (both: perfect dependence, where the bound is exact)."""
+    cells = int(np.prod(sizes, dtype=np.int64))
+    dof = _dof(sizes)
+    return (cells // max(sizes) - 1) / dof if dof > 0 else 0.0
+
+
 def unseen_squared_bias(
     values: np.ndarray, missing: Iterable[tuple[int, ...]], scale: InteractionScale
 ) -> np.ndarray:
     """Per-cell expected squared gap (shape of ``values``) between the max-ent answer
-    ``values`` and the truth in the ``missing`` interactions (axes of the answer)."""
+    ``values`` and the truth in the ``missing`` interactions (axes of the answer); a
+    strength is never taken above what the set's table can hold (:func:`most_per_dof`:
+    without evidence, :data:`NO_EVIDENCE` is a binary pair's most, far above a large
+    table's)."""
     total = np.zeros(np.shape(values))
     for s in missing:
-        total += scale.per_dof(len(s)) * spread_weights(values, s)
+        most = most_per_dof([np.shape(values)[a] for a in s])
+        total += min(scale.per_dof(len(s)), most) * spread_weights(values, s)
     return total
