@@ -145,6 +145,8 @@ def test_both_reconstructions_meet_the_shrunk_margins(reconstruction: str) -> No
     assert max(shrunk.factors.values()) < 1.0
     expected = make_consistent(shrunk.tables).tables
     est = reconstruct_by(support, reconstruction)
+    assert est.margins == shrunk.factors  # each estimator says what it shrank
+    assert reconstruct_by(support, reconstruction, shrink=False).margins is None
     for a in range(3):
         got = est.answer([a]).values
         np.testing.assert_allclose(got, expected[0 if a < 2 else 1].project((a,)).values, atol=1e-6)

@@ -339,6 +339,26 @@ def test_simulate_warns_when_the_mechanism_does_not_beat_the_uniform_answer(
     assert f"calmkit: warning: {beaten}" in capsys.readouterr().err
 
 
+def test_simulate_names_the_margins_it_pulled_towards_uniform(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # the warning's setting, one attribute per view: every margin is mostly noise and
+    # the note names them; --no-shrink (the paper's pipeline) pulls none; binary
+    # attributes are never pulled
+    args = ["simulate", "--dataset", "synthetic:30-40", "--d", "4", "--n", "2000", "--k", "2"]
+    args += ["--epsilon", "0.2", "--m", "4", "--l", "1", "--reps", "1", "--queries", "4"]
+    assert main([*args, "--json"]) == 0
+    (note,) = json.loads(capsys.readouterr().out)["chosen"]["notes"]
+    assert note.startswith("the margins of 4 of 4 attributes (a0, a1, a2, a3) were mostly noise")
+    assert main(args) == 0
+    assert f"  note: {note}" in capsys.readouterr().out.splitlines()
+    assert main([*args, "--no-shrink", "--json"]) == 0
+    assert "notes" not in json.loads(capsys.readouterr().out)["chosen"]
+    binary = ["simulate", "--d", "6", "--n", "2000", "--k", "2", "--epsilon", "0.2"]
+    assert main([*binary, "--m", "6", "--l", "1", "--reps", "1", "--json"]) == 0
+    assert "notes" not in json.loads(capsys.readouterr().out)["chosen"]
+
+
 def test_simulate_reconstructs_globally_on_request(capsys: pytest.CaptureFixture[str]) -> None:
     base = [
         "simulate",

@@ -57,7 +57,7 @@ Steps (post-processing of the reports only: no privacy is spent):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -227,7 +227,9 @@ class GlobalEstimator:
     junction-tree distribution; ``held[i]``: whether view i is a factor of the model
     (all True unless the clique cap left some out); ``residual``/``iterations``: the
     fit's largest target residual and sweeps; ``answers``: ``"pairs"`` (the default,
-    step 4) or ``"model"`` (the model's own marginal, step 4's alternative).
+    step 4) or ``"model"`` (the model's own marginal, step 4's alternative);
+    ``margins``: each attribute position's margin factor
+    (:func:`~.shrinkage.shrink_margins`), None when shrinkage was off.
     """
 
     plan: Plan
@@ -243,6 +245,7 @@ class GlobalEstimator:
     max_iter: int = 1000
     max_cells: int = DEFAULT_MAX_CELLS
     answers: str = "pairs"
+    margins: Mapping[int, float] | None = None
 
     def __post_init__(self) -> None:
         if self.answers not in ANSWERS:
@@ -367,9 +370,12 @@ def reconstruct_global(
     """Estimate every view from ``support`` and fit the global model to all of them
     (:func:`fit_global`), with the shrinkage (the margins' first,
     :func:`~.shrinkage.shrink_margins`) and the prior unless ``shrink=False``."""
-    tables = estimate_views(support)
-    contrast = None
-    if shrink:
-        contrast = contrast_variances(support)
-        tables = list(shrink_margins(tables, contrast).tables)
-    return fit_global(support.plan, tables, contrast, tol, max_iter, max_clique, max_cells, answers)
+    if not shrink:
+        tables = estimate_views(support)
+        return fit_global(support.plan, tables, None, tol, max_iter, max_clique, max_cells, answers)
+    contrast = contrast_variances(support)
+    margins = shrink_margins(estimate_views(support), contrast)
+    fitted = fit_global(
+        support.plan, margins.tables, contrast, tol, max_iter, max_clique, max_cells, answers
+    )
+    return replace(fitted, margins=margins.factors)

@@ -4,7 +4,7 @@ for Marginal Release under Local Differential Privacy", CCS 2018, §4.2, Fig. 2 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -29,7 +29,9 @@ class MarginalEstimator:
     """Answers any marginal query of a collection from its consistent views.
 
     ``shrinkage``: each view's interaction factor lambda (1 = kept as estimated; see
-    :mod:`calmkit_aggregator.reconstruction.shrinkage`), or None when shrinkage was off.
+    :mod:`calmkit_aggregator.reconstruction.shrinkage`), or None when shrinkage was off;
+    ``margins``: each attribute position's margin factor (1 = kept; see
+    :func:`~.shrinkage.shrink_margins`), or None when shrinkage was off.
     """
 
     plan: Plan
@@ -37,6 +39,7 @@ class MarginalEstimator:
     tol: float = 1e-9
     max_iter: int = 1000
     shrinkage: np.ndarray | None = None
+    margins: Mapping[int, float] | None = None
 
     def answer(self, attrs: Sequence[AttrRef]) -> Answer:
         """The marginal over ``attrs`` (names or positions; answered over their sorted
@@ -58,11 +61,11 @@ def reconstruct(
         views = make_consistent(estimate_views(support), tol=tol, max_iter=max_iter)
         return MarginalEstimator(support.plan, views)
     contrast = contrast_variances(support)
-    raw = shrink_margins(estimate_views(support), contrast).tables
-    views = make_consistent(raw, tol=tol, max_iter=max_iter)
+    margins = shrink_margins(estimate_views(support), contrast)
+    views = make_consistent(margins.tables, tol=tol, max_iter=max_iter)
     shrunk = shrink_interactions(views.tables, contrast, closure=views.closure)
     views = replace(views, tables=shrunk.tables)
-    return MarginalEstimator(support.plan, views, shrinkage=shrunk.factors)
+    return MarginalEstimator(support.plan, views, shrinkage=shrunk.factors, margins=margins.factors)
 
 
 class Estimator(Protocol):
@@ -86,6 +89,12 @@ class Estimator(Protocol):
     def shrinkage(self) -> np.ndarray | None:
         """Per view, the factor its unshared interactions were shrunk by (None: not
         shrunk)."""
+        ...
+
+    @property
+    def margins(self) -> Mapping[int, float] | None:
+        """Per attribute position, the factor its margin was shrunk towards uniform by
+        (None: not shrunk)."""
         ...
 
     def answer(self, attrs: Sequence[AttrRef]) -> Answer:

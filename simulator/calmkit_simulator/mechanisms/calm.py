@@ -45,7 +45,24 @@ from ..collect import collect_support
 from ..population import Population
 from .base import Mechanism, Release
 
-__all__ = ["Calm", "collect_pilot"]
+__all__ = ["Calm", "collect_pilot", "margin_notes"]
+
+
+def margin_notes(estimator: Estimator, names: Sequence[str]) -> list[str]:
+    """A note (or none) naming the attributes whose margins the reconstruction pulled
+    towards uniform (:func:`~calmkit_aggregator.reconstruction.shrinkage.shrink_margins`):
+    what their reports told was mostly noise."""
+    factors = estimator.margins or {}
+    shrunk = sorted(a for a, f in factors.items() if f < 1)
+    if not shrunk:
+        return []
+    listed = ", ".join(names[a] for a in shrunk[:6]) + (", ..." if len(shrunk) > 6 else "")
+    low, high = min(factors[a] for a in shrunk), max(factors[a] for a in shrunk)
+    return [
+        f"the margins of {len(shrunk)} of {len(names)} attributes ({listed}) were mostly "
+        f"noise at these users and epsilon and were pulled towards uniform (factors "
+        f"{low:.2g}-{high:.2g}, 1 = kept): answers over them lean on the uniform table"
+    ]
 
 
 class _CalmRelease(Release):
@@ -158,6 +175,9 @@ class Calm(Mechanism):
             support = collect_support(population, plan, gen, path=self.path)
             chosen: dict[str, object] = {"m": plan.m, "l": max(len(v) for v in plan.views)}
             estimator = reconstruct_by(support, self.reconstruction, self.shrink)
+            noted = margin_notes(estimator, population.schema.names)
+            if noted:
+                chosen["notes"] = noted
             return _CalmRelease(estimator, chosen)
         pilot = start_pilot(population.schema, epsilon, population.n, self.pilot, seed=seed)
         cut = pilot.reports
@@ -192,7 +212,10 @@ class Calm(Mechanism):
         skipped = (*main.choice.single, *main.choice.predicted.uncollected)
         if skipped:  # attributes in no view: one category, or too few users
             chosen_main["not_collected"] = [population.schema.names[a] for a in skipped]
-        notes = main.choice.notes(population.schema.names)
+        notes = [
+            *main.choice.notes(population.schema.names),
+            *margin_notes(estimator, population.schema.names),
+        ]
         if notes:  # what the plan rests on (a pilot without pairs, a design set aside)
             chosen_main["notes"] = notes
         return _CalmRelease(estimator, chosen_main)
