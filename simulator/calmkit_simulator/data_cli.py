@@ -30,8 +30,9 @@ MANY_CATEGORIES = 64  # above this, warn: a view's cells outnumber what reports 
 def shape_warnings(pop: Any) -> list[str]:
     """What in a population's shape will make answers poor or partial: attributes with
     one category (nothing to collect) or very many (a view over one has that many
-    cells, each estimated from a few noisy reports)."""
-    out = []
+    cells, each estimated from a few noisy reports), and what the loader warned of
+    (most of a CSV's rows dropped for empty fields)."""
+    out = list(pop.warnings)
     for attr in pop.schema.attributes:
         if attr.size == 1:
             out.append(
@@ -160,6 +161,14 @@ def data_options(parser: argparse.ArgumentParser, dataset_help: str = "the popul
         "equal counts, e.g. --bins age=8,income=5 (default: none; every distinct "
         "value is a category)",
     )
+    parser.add_argument(
+        "--missing",
+        choices=("drop", "category"),
+        default="drop",
+        help="what an empty field of a csv: dataset means: drop drops its row; "
+        "category keeps the row, the field in a category of its own, '(missing)' "
+        "(default: drop)",
+    )
 
 
 def warn(lines: list[str]) -> None:
@@ -175,7 +184,14 @@ def _population_options(parser: argparse.ArgumentParser) -> None:
 def _population(args: argparse.Namespace) -> int:
     from .datasets import load_dataset
 
-    pop = load_dataset(args.dataset, args.data_dir, args.d, args.max_categories, bins=args.bins)
+    pop = load_dataset(
+        args.dataset,
+        args.data_dir,
+        args.d,
+        args.max_categories,
+        bins=args.bins,
+        missing=args.missing,
+    )
     warnings = shape_warnings(pop)
     if args.json:
         print(
@@ -531,7 +547,13 @@ def _simulate(args: argparse.Namespace) -> int:
     # the seed's streams (see calmkit_simulator.seeds): the synthetic dataset from the
     # root, the resample from its own, the queries and reports per repetition from theirs
     pop = load_dataset(
-        args.dataset, args.data_dir, args.d, args.max_categories, rng=args.seed, bins=args.bins
+        args.dataset,
+        args.data_dir,
+        args.d,
+        args.max_categories,
+        rng=args.seed,
+        bins=args.bins,
+        missing=args.missing,
     )
     if args.n is not None and args.n != pop.n:
         pop = pop.resample(args.n, rng=stream(args.seed, POPULATION))

@@ -24,6 +24,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ from .synthetic import demo_population, synthetic_population
 
 __all__ = [
     "DATASETS",
+    "MISSING_LABEL",
     "DatasetError",
     "bin_numeric",
     "default_data_dir",
@@ -50,6 +52,11 @@ __all__ = [
     "load_wide",
     "user_data_dir",
 ]
+
+
+# What an empty CSV field means (load_csv's ``missing``), and its category's label.
+MISSING = ("drop", "category")
+MISSING_LABEL = "(missing)"
 
 
 class DatasetError(CalmkitError):
@@ -192,6 +199,7 @@ def load_csv(
     domains: Path | str | dict[str, int | list[str]] | None = None,
     name: str | None = None,
     bins: dict[str, int] | None = None,
+    missing: str = "drop",
 ) -> Population:
     """Any CSV of categorical columns with a header row.
 
@@ -199,10 +207,15 @@ def load_csv(
     labels, or a count c meaning labels ``"0".."c-1"``; columns absent from it take
     their sorted distinct values. ``bins`` (``{column: B}``) cuts a numeric column into
     at most B ordered ranges holding about equal numbers of rows
-    (:func:`bin_numeric`). Rows with an empty field are dropped (counted in ``notes``);
-    a value outside a given domain is an error naming column and value. A column that
+    (:func:`bin_numeric`). ``missing`` says what an empty field means: ``"drop"``
+    (default) drops its row (counted in ``notes``; when that drops most rows, the
+    population's ``warnings`` say so), ``"category"`` keeps the row with the field in a
+    category of its own, :data:`MISSING_LABEL` (last in a binned or given domain).
+    A value outside a given domain is an error naming column and value. A column that
     looks numeric with many distinct values and is not binned gets a note saying how.
     """
+    if missing not in MISSING:
+        raise DatasetError(f"missing ({missing!r}) must be one of {list(MISSING)}")
     path = _need(Path(path), "CSV file")
     try:
         with path.open(newline="", encoding="utf-8-sig") as fh:
@@ -224,9 +237,11 @@ def load_csv(
         raise DatasetError(
             f"CSV row {bad[0] + 2} ({len(rows[bad[0]])} fields) must have {len(header)} fields"
         )
+    empties = _empty_fields(header, rows)
+    if missing == "category":
+        rows = [[v or MISSING_LABEL for v in r] for r in rows]
     kept = [r for r in rows if all(v != "" for v in r)]
     binned = _bin_columns(header, kept, bins or {})
-    empties = _empty_fields(header, rows)
     if rows and not kept:
         raise DatasetError(
             f"CSV ({path}) has no row without an empty field, and such rows are dropped: "
@@ -247,14 +262,37 @@ def load_csv(
                 f"domain of {col!r} ({str(dom)[:60]}) must be a count >= 1 or a non-empty "
                 "list of labels"
             )
+    _missing_last(header, kept, orders)
     dropped = f" ({empties})" if len(kept) < len(rows) else ""
+    if missing == "category":
+        how = f"empty fields kept as the category {MISSING_LABEL!r}" + (
+            f" ({empties})" if empties else ""
+        )
+    else:
+        how = f"rows with empty fields dropped{dropped}"
     notes = (
-        f"{path.name}: {len(kept)} of {len(rows)} rows kept (rows with empty fields "
-        f"dropped{dropped})",
+        f"{path.name}: {len(kept)} of {len(rows)} rows kept ({how})",
         *_numeric_hints(header, kept, set(orders) | set(binned)),
     )
     orders.update(binned)
-    return _population_from_labels(name or path.stem, header, kept, orders, set(binned), notes)
+    pop = _population_from_labels(name or path.stem, header, kept, orders, set(binned), notes)
+    if len(kept) * 2 < len(rows):
+        lost = (
+            f"{len(rows) - len(kept)} of {len(rows)} CSV rows were dropped for empty fields "
+            f"({empties}): answers rest on the {len(kept)} left; --missing category keeps "
+            "them, an empty field a category of its own (or drop the column)"
+        )
+        pop = replace(pop, warnings=(*pop.warnings, lost))
+    return pop
+
+
+def _missing_last(header: list[str], rows: list[list[str]], orders: dict[str, list[str]]) -> None:
+    """Give each column of a given domain that holds :data:`MISSING_LABEL` that label
+    last (in place), unless the domain lists it."""
+    for col, order in orders.items():
+        j = header.index(col)
+        if MISSING_LABEL not in order and any(r[j] == MISSING_LABEL for r in rows):
+            order.append(MISSING_LABEL)
 
 
 NUMERIC_HINT_VALUES = 20  # a numeric-looking column with more distinct values gets a hint
@@ -279,7 +317,8 @@ def _bin_columns(
     header: list[str], rows: list[list[str]], bins: dict[str, int]
 ) -> dict[str, list[str]]:
     """Replace each binned column's values in ``rows`` by their range's label (in
-    place); returns ``{column: labels in order}``."""
+    place; :data:`MISSING_LABEL` stays, the last label); returns ``{column: labels in
+    order}``."""
     out: dict[str, list[str]] = {}
     for col, count in bins.items():
         if col not in header:
@@ -287,11 +326,12 @@ def _bin_columns(
         if isinstance(count, bool) or not isinstance(count, int) or count < 2:
             raise DatasetError(f"bins of {col!r} ({count!r}) must be an int >= 2")
         j = header.index(col)
-        values = np.array([_number(col, r[j]) for r in rows], dtype=np.float64)
-        codes, labels = bin_numeric(values, count) if rows else (np.zeros(0, np.int64), [])
-        for r, c in zip(rows, codes.tolist()):
+        known = [r for r in rows if r[j] != MISSING_LABEL]
+        values = np.array([_number(col, r[j]) for r in known], dtype=np.float64)
+        codes, labels = bin_numeric(values, count) if known else (np.zeros(0, np.int64), [])
+        for r, c in zip(known, codes.tolist()):
             r[j] = labels[c]
-        out[col] = labels
+        out[col] = labels + ([MISSING_LABEL] if len(known) < len(rows) else [])
     return out
 
 
@@ -454,16 +494,20 @@ def load_dataset(
     max_categories: int | None = None,
     rng: int | None = 0,
     bins: dict[str, int] | None = None,
+    missing: str = "drop",
 ) -> Population:
     """The population called ``name`` (see :data:`DATASETS`).
 
     ``d``: number of attributes (top-d items for transactions, first d attributes
     otherwise, d binary attributes for synthetic; default: all / 16 / 8).
     ``max_categories``: cap every attribute at that many categories.
-    ``bins``: numeric columns of a ``csv:`` dataset to cut into ranges (:func:`load_csv`).
+    ``bins``: numeric columns of a ``csv:`` dataset to cut into ranges, and ``missing``:
+    what its empty fields mean (:func:`load_csv`).
     """
     if bins and not name.startswith("csv:"):
         raise DatasetError(f"bins ({bins!r}) apply to a csv: dataset only, not {name!r}")
+    if missing != "drop" and not name.startswith("csv:"):
+        raise DatasetError(f"missing ({missing!r}) applies to a csv: dataset only, not {name!r}")
     loaders: dict[str, Callable[[Path], Population]] = {
         "adult": load_adult,
         "nltcs": load_nltcs,
@@ -481,7 +525,7 @@ def load_dataset(
     elif name.startswith("csv:"):
         path = Path(name[4:])
         sidecar = path.with_suffix(".domains.json")
-        pop = load_csv(path, sidecar if sidecar.is_file() else None, bins=bins)
+        pop = load_csv(path, sidecar if sidecar.is_file() else None, bins=bins, missing=missing)
     elif name in loaders:
         folder = Path(data_dir) if data_dir is not None else default_data_dir()
         if folder is None:

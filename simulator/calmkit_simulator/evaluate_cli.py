@@ -117,7 +117,13 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     pop = load_dataset(
-        args.dataset, args.data_dir, args.d, args.max_categories, rng=args.seed, bins=args.bins
+        args.dataset,
+        args.data_dir,
+        args.d,
+        args.max_categories,
+        rng=args.seed,
+        bins=args.bins,
+        missing=args.missing,
     )
     if args.n is not None and args.n != pop.n:
         pop = pop.resample(args.n, rng=stream(args.seed, POPULATION))

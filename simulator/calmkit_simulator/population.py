@@ -32,18 +32,21 @@ class Population:
     """n users' records: ``codes`` (n, d) unsigned ints under ``schema``.
 
     ``notes`` say how the population was made (source rows, rows dropped, resampling
-    with replacement), so experiment output can state it.
+    with replacement), so experiment output can state it; ``warnings``, what in that
+    will make answers poor (most of a file's rows dropped), so commands can warn.
     """
 
     schema: Schema
     codes: np.ndarray
     name: str = "population"
     notes: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         codes = self.schema.validate_codes(self.codes)
         object.__setattr__(self, "codes", codes.astype(self.schema.code_dtype, copy=False))
         object.__setattr__(self, "notes", tuple(self.notes))
+        object.__setattr__(self, "warnings", tuple(self.warnings))
 
     @property
     def n(self) -> int:
@@ -89,6 +92,7 @@ class Population:
             ("codes", self.codes[np.asarray(rows)]),
             ("name", self.name),
             ("notes", self.notes),
+            ("warnings", self.warnings),
         ):
             object.__setattr__(out, name, value)
         return out
@@ -124,6 +128,7 @@ class Population:
             codes,
             self.name,
             (*self.notes, f"attributes capped at {c} categories"),
+            self.warnings,
         )
 
     def describe(self) -> str:

@@ -203,6 +203,20 @@ def test_population_describes_own_csv(tmp_path: Path, capsys: pytest.CaptureFixt
     assert out["n"] == 3 and out["sizes"] == [2, 2]
 
 
+def test_a_mostly_empty_column_is_warned_of_and_can_be_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "survey.csv"
+    path.write_text("a,b\n" + "".join(f"{'xy'[i % 2]},{'1' if i < 3 else ''}\n" for i in range(30)))
+    assert main(["population", "--dataset", f"csv:{path}"]) == 0
+    captured = capsys.readouterr()
+    assert "warning: 27 of 30 CSV rows were dropped for empty fields ('b' empty" in captured.err
+    assert "survey: n=3," in captured.out
+    assert main(["population", "--dataset", f"csv:{path}", "--missing", "category", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["n"] == 30 and out["sizes"] == [2, 2] and out["warnings"] == []
+
+
 def test_population_abbreviates_a_long_label_list(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

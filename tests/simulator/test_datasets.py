@@ -82,6 +82,44 @@ def test_a_column_empty_in_every_row_is_named(tmp_path: Path) -> None:
         load_csv(path)
 
 
+def test_empty_fields_as_a_category_keep_every_row(tmp_path: Path) -> None:
+    path = tmp_path / "survey.csv"
+    # 'income' is optional: empty in 3 of 4 rows; 'age' is numeric, empty once
+    path.write_text("age,income,region\n30,,N\n,high,S\n50,,S\n70,,N\n")
+    with pytest.raises(DatasetError, match=r"no row without an empty field"):
+        load_csv(path)  # dropping rows would drop them all
+    kept = load_csv(path, {"region": ["N", "S"]}, bins={"age": 2}, missing="category")
+    assert kept.n == 4 and not kept.warnings
+    income, age, region = (kept.schema.attributes[i] for i in (1, 0, 2))
+    assert income.categories == ("(missing)", "high")
+    assert age.categories[-1] == "(missing)" and len(age.categories) == 3
+    assert region.categories == ("N", "S")  # its given domain: nothing missing, no label
+    np.testing.assert_array_equal(kept.codes[:, 1], [0, 1, 0, 0])
+    np.testing.assert_array_equal(kept.codes[:, 0], [0, 2, 1, 1])  # [30, 50) [50, 70]
+    assert "empty fields kept as the category '(missing)'" in kept.notes[0]
+    with pytest.raises(DatasetError, match=r"missing \('zero'\) must be one of"):
+        load_csv(path, missing="zero")
+    with pytest.raises(DatasetError, match=r"missing \('category'\) applies to a csv"):
+        load_dataset("synthetic", missing="category")
+
+
+def test_dropping_most_rows_is_a_warning_naming_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "people.csv"
+    rows = "".join(f"{i % 3},{'x' if i % 10 == 0 else ''},{'mf'[i % 2]}\n" for i in range(40))
+    path.write_text("age,note,sex\n" + rows)
+    pop = load_csv(path)
+    assert pop.n == 4
+    (warning,) = pop.warnings
+    assert "36 of 40 CSV rows were dropped" in warning
+    assert "'note' empty in 36 rows" in warning and "--missing category" in warning
+    assert pop.resample(10, rng=0).warnings == pop.warnings  # kept through resampling
+    assert pop.select(["age"]).warnings == pop.warnings
+    assert pop.cap_categories(2).warnings == pop.warnings
+    # a few rows dropped is a note, not a warning
+    path.write_text("age,note,sex\n" + rows.replace(",,", ",y,"))
+    assert load_csv(path).warnings == ()
+
+
 def test_csv_errors_name_the_problem(tmp_path: Path) -> None:
     path = tmp_path / "bad.csv"
     path.write_text("a,b\n1,2\n3\n")
