@@ -131,7 +131,9 @@ def test_spread_inputs_are_checked() -> None:
         with pytest.raises(PlanError, match=rf"^l \({bad!r}\) must be an int in \[1, 6\] \(6 "):
             spread_views(range(6), bad, 1)  # type: ignore[arg-type]
     for bad in (-1, 16, 2.5, True):
-        with pytest.raises(PlanError, match=rf"^m \({bad!r}\) must be an int in \[0, 15\] \(new"):
+        with pytest.raises(
+            PlanError, match=rf"^m \({bad!r}\) must be an int in \[0, 15\] \(distinct"
+        ):
             spread_views(range(6), 2, bad)  # type: ignore[arg-type]
     # room: the l-sets of attrs that start does not hold already (a repeated one, one of
     # another size or with another attribute do not count)
@@ -337,7 +339,9 @@ def test_dependent_inputs_are_checked() -> None:
         with pytest.raises(PlanError, match=rf"^l \({bad!r}\) must be an int in \[2, 6\] \(6 "):
             dependent_views(range(6), bad, 1, w)  # type: ignore[arg-type]
     for bad in (-1, 16, 2.5, True):
-        with pytest.raises(PlanError, match=rf"^m \({bad!r}\) must be an int in \[0, 15\] \(new"):
+        with pytest.raises(
+            PlanError, match=rf"^m \({bad!r}\) must be an int in \[0, 15\] \(distinct"
+        ):
             dependent_views(range(6), 2, bad, w)  # type: ignore[arg-type]
     for shape in ((6,), (6, 7), (7, 6), (5, 5), (6, 6, 1)):
         msg = rf"^weights \(shape {re_shape(shape)}\) must be square over every attribute$"
@@ -566,3 +570,25 @@ def test_pilot_with_one_or_no_attribute() -> None:
     assert pilot_views([7, 7]) == ((7,),)
     with pytest.raises(PlanError, match=r"^attrs \(\[\]\) must hold at least one attribute"):
         pilot_views([])
+
+
+@pytest.mark.parametrize("kind", ["spread", "balanced", "dependent"])
+def test_views_already_measured_come_again_only_after_every_new_one(kind: str) -> None:
+    # 6 attributes, a pilot's 9 of the 15 pairs: 6 new pairs, then the pilot's again
+    pilot = [(0, 1), (2, 3), (4, 5), (0, 2), (1, 4), (3, 5), (0, 4), (1, 3), (2, 5)]
+    weights = np.ones((6, 6)) - np.eye(6)
+    weights[0, 5] = weights[5, 0] = 3.0  # an unheld pair that depends
+    if kind == "dependent":
+        stream = DependentStream(range(6), 2, weights, rng=1, start=pilot, again=pilot)
+    else:
+        w = weights if kind == "balanced" else None
+        stream = SpreadStream(range(6), 2, rng=1, start=pilot, weights=w, again=pilot)
+    assert stream.room == 15
+    views = stream.first(15)
+    assert len(set(views)) == 15  # never twice within the design
+    assert set(views[:6]).isdisjoint(pilot) and set(views[6:]) == set(pilot)
+    with pytest.raises(PlanError, match=r"^m \(16\) must be an int in \[0, 15\] \(distinct 2-sets"):
+        stream.first(16)
+    assert spread_views(range(6), 2, 6, rng=1, start=pilot) == spread_views(
+        range(6), 2, 6, rng=1, start=pilot, again=pilot
+    )  # while new sets are left, again changes nothing

@@ -201,11 +201,11 @@ def test_covers_only_up_to_64_attributes(monkeypatch: pytest.MonkeyPatch) -> Non
     assert built == [64]
 
 
-def test_the_refinement_stays_within_the_views_not_already_fixed(
+def test_the_main_phase_deals_the_pilots_views_again_after_the_new_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # 5 attributes, the pilot's 3 pairs fixed: 7 new pairs remain. The best count, 7,
-    # is refined with 4 and 5 (10 would need pairs that exist only as fixed views)
+    # 5 attributes, the pilot's 3 pairs fixed: 7 new pairs, then the pilot's 3 again.
+    # More views predicted better: the search reaches all 10, the new ones first
     from calmkit_aggregator.planning.designs import pilot_views
 
     _model(monkeypatch, lambda size, m: 20.0 - m)
@@ -220,7 +220,20 @@ def test_the_refinement_stays_within_the_views_not_already_fixed(
         fixed_views=fixed,
         fixed_users=[100.0] * len(fixed),
     )
-    assert _ms(chosen, 2) == {3, 4, 5, 7} and chosen.m == 7
+    assert _ms(chosen, 2) == {3, 5, 7, 10} and chosen.m == 10
+    assert set(chosen.views[:7]).isdisjoint(fixed) and set(chosen.views[7:]) == set(fixed)
+    seven = choose_plan(
+        [2] * 5,
+        1.0,
+        1 << 20,
+        Workload(k=2),
+        _flat(5),
+        l=2,
+        m=7,
+        fixed_views=fixed,
+        fixed_users=[100.0] * len(fixed),
+    )
+    assert set(seven.views).isdisjoint(fixed)  # while new pairs are left, only new ones
 
 
 def test_the_queries_design_needs_one_size_and_skips_one_category_attributes() -> None:
@@ -301,15 +314,25 @@ def test_weighted_designs_are_tried_at_the_best_spread_count_and_the_better_at_t
     assert chosen.design == better and chosen.m == 160
 
 
-def test_sizes_without_room_are_skipped_not_the_end_of_the_search() -> None:
-    # every pair already has its view (a first phase): l = 2 has no room, the search
-    # goes on to l = 3
+def test_a_pilot_holding_every_pair_leaves_pairs_to_measure_again() -> None:
+    # every pair already has its view (a first phase): the next phase may measure
+    # pairs again (spread and Algorithm 1's plan), and the search goes on to l = 3
     fixed = list(itertools.combinations(range(5), 2))
     chosen = choose_plan(
         [2] * 5, 1.0, 20_000, Workload(k=3), _flat(5), fixed_views=fixed, fixed_users=[1000.0] * 10
     )
-    assert all(c.l != 2 or c.design == "paper" for c in chosen.candidates)
+    designs = {c.design for c in chosen.candidates if c.l == 2}
+    assert {"spread", "paper"} <= designs
     assert any(c.l == 3 for c in chosen.candidates)
+    # k = 2, a pilot of every pair at eps 4: measuring the pairs again is predicted
+    # best, as on Adult's first 8 attributes (3 views of 3 measured 2.0x the SSE)
+    sizes = [6, 7, 5, 16]
+    profile = DataProfile.from_marginals([np.full(c, 1.0 / c) for c in sizes], 0.01)
+    every = list(itertools.combinations(range(4), 2))
+    pairs = choose_plan(
+        sizes, 4.0, 36_000, Workload(k=2), profile, fixed_views=every, fixed_users=[1500.0] * 6
+    )
+    assert pairs.l == 2 and set(pairs.views) == set(every)
     # a first phase of single attributes: the next phase may measure them alone again
     singles = [(a,) for a in range(6)]
     again = choose_plan(
@@ -320,7 +343,7 @@ def test_sizes_without_room_are_skipped_not_the_end_of_the_search() -> None:
     # m may be every new view there is
     every = choose_plan([2] * 4, 1.0, 20_000, Workload(k=2), _flat(4), l=2, m=6)
     assert len(every.views) == 6
-    with pytest.raises(PlanError, match=r"^m \(7\) must be <= 6 new distinct views of size 2$"):
+    with pytest.raises(PlanError, match=r"^m \(7\) must be <= 6 distinct views of size 2$"):
         choose_plan([2] * 4, 1.0, 20_000, Workload(k=2), _flat(4), l=2, m=7)
 
 

@@ -66,11 +66,14 @@ def spread_views(
     m: int,
     rng: RngLike = 0,
     start: Sequence[Sequence[int]] = (),
+    again: Sequence[Sequence[int]] = (),
 ) -> tuple[tuple[int, ...], ...]:
     """m new distinct sorted l-sets of ``attrs`` (none in ``start``), each attribute
     in ``floor(m l / d)`` or ``ceil(m l / d)`` of them while random rounds find new
-    sets (module docstring)."""
-    return SpreadStream(attrs, l, rng, start).first(m)
+    sets (module docstring); then, once no new set is left, the l-sets of ``again``
+    (views already measured, e.g. a pilot's, which a later phase may measure again),
+    least-used attributes first."""
+    return SpreadStream(attrs, l, rng, start, again=again).first(m)
 
 
 class SpreadStream:
@@ -87,6 +90,7 @@ class SpreadStream:
         rng: RngLike = 0,
         start: Sequence[Sequence[int]] = (),
         weights: np.ndarray | None = None,
+        again: Sequence[Sequence[int]] = (),
     ) -> None:
         self.pool = sorted({int(a) for a in attrs})
         d = len(self.pool)
@@ -94,9 +98,12 @@ class SpreadStream:
             raise PlanError(f"l ({l!r}) must be an int in [1, {d}] ({d} attributes)")
         self.l = int(l)
         self.used = {tuple(sorted(int(a) for a in v)) for v in start}
+        self.again = _sets_of(again, self.pool, self.l)
         inside = set(self.pool)
-        self.room = math.comb(d, self.l) - sum(
-            1 for v in self.used if len(v) == self.l and set(v) <= inside
+        self.room = (
+            math.comb(d, self.l)
+            - sum(1 for v in self.used if len(v) == self.l and set(v) <= inside)
+            + len(self.again)
         )
         self.gen = np.random.default_rng(rng)
         self.out: list[tuple[int, ...]] = []
@@ -121,7 +128,7 @@ class SpreadStream:
     def first(self, m: int) -> tuple[tuple[int, ...], ...]:
         if not is_int(m) or not 0 <= m <= self.room:
             raise PlanError(
-                f"m ({m!r}) must be an int in [0, {self.room}] (new distinct {self.l}-sets)"
+                f"m ({m!r}) must be an int in [0, {self.room}] (distinct {self.l}-sets it may deal)"
             )
         d = len(self.pool)
         while len(self.out) < m and self.stall < _STALL_ROUNDS:
@@ -138,8 +145,11 @@ class SpreadStream:
             self.stall = self.stall + 1 if len(self.out) == before else 0
         if len(self.out) < m:
             if self.tail is None:  # ordered once: a design read in pieces is the same
-                self.tail = _least_used(
-                    self.pool, self.l, self.room - len(self.out), self.used, self.out
+                new = self.room - len(self.again) - len(self.out)
+                self.tail = _least_used(self.pool, self.l, new, self.used, self.out)
+                chosen = self.out + self.tail
+                self.tail += _least_used(
+                    self.pool, self.l, len(self.again), set(), chosen, self.again
                 )
             take = m - len(self.out)
             self.out.extend(self.tail[:take])
@@ -155,12 +165,14 @@ def balanced_views(
     weights: np.ndarray,
     rng: RngLike = 0,
     start: Sequence[Sequence[int]] = (),
+    again: Sequence[Sequence[int]] = (),
 ) -> tuple[tuple[int, ...], ...]:
     """m new distinct sorted l-sets of ``attrs`` (none in ``start``), dealt in rounds
     as :func:`spread_views` (every attribute once a round, a block already held
     skipped), whose blocks hold the unheld pairs of largest ``weights`` ((D, D) over
-    all attribute positions, symmetric, >= 0) first (module docstring)."""
-    return SpreadStream(attrs, l, rng, start, weights).first(m)
+    all attribute positions, symmetric, >= 0) first (module docstring); then those of
+    ``again`` as :func:`spread_views`."""
+    return SpreadStream(attrs, l, rng, start, weights, again).first(m)
 
 
 def dependent_views(
@@ -170,11 +182,13 @@ def dependent_views(
     weights: np.ndarray,
     rng: RngLike = 0,
     start: Sequence[Sequence[int]] = (),
+    again: Sequence[Sequence[int]] = (),
 ) -> tuple[tuple[int, ...], ...]:
     """m new distinct sorted l-sets of ``attrs`` (none in ``start``) that hold the
     pairs of largest ``weights`` ((D, D) over all attribute positions, symmetric,
-    >= 0), every attribute first (module docstring)."""
-    return DependentStream(attrs, l, weights, rng, start).first(m)
+    >= 0), every attribute first (module docstring); then those of ``again`` as
+    :func:`spread_views`."""
+    return DependentStream(attrs, l, weights, rng, start, again).first(m)
 
 
 class DependentStream:
@@ -188,6 +202,7 @@ class DependentStream:
         weights: np.ndarray,
         rng: RngLike = 0,
         start: Sequence[Sequence[int]] = (),
+        again: Sequence[Sequence[int]] = (),
     ) -> None:
         self.pool = sorted({int(a) for a in attrs})
         d = len(self.pool)
@@ -208,8 +223,11 @@ class DependentStream:
             pos = [index[a] for a in v if a in index]
             self._hold(pos)
         inside = set(self.pool)
-        self.room = math.comb(d, self.l) - sum(
-            1 for v in self.used if len(v) == self.l and set(v) <= inside
+        self.again = _sets_of(again, self.pool, self.l)
+        self.room = (
+            math.comb(d, self.l)
+            - sum(1 for v in self.used if len(v) == self.l and set(v) <= inside)
+            + len(self.again)
         )
         self.gen = np.random.default_rng(rng)
         self.arr = arr
@@ -235,12 +253,14 @@ class DependentStream:
     def first(self, m: int) -> tuple[tuple[int, ...], ...]:
         if not is_int(m) or not 0 <= m <= self.room:
             raise PlanError(
-                f"m ({m!r}) must be an int in [0, {self.room}] (new distinct {self.l}-sets)"
+                f"m ({m!r}) must be an int in [0, {self.room}] (distinct {self.l}-sets it may deal)"
             )
         while len(self.out) < m and self.rest is None:
             if self.positive == 0 and self.uses.all():
                 # every attribute held and no unheld pair depends: spread the rest
-                self.rest = SpreadStream(self.pool, self.l, self.gen, start=list(self.used))
+                self.rest = SpreadStream(
+                    self.pool, self.l, self.gen, start=list(self.used), again=self.again
+                )
                 self.spread_from = len(self.out)
                 break
             block = self._grow()
@@ -377,15 +397,25 @@ def _least_used(
     count: int,
     used: set[tuple[int, ...]],
     chosen: list[tuple[int, ...]],
+    among: Sequence[tuple[int, ...]] | None = None,
 ) -> list[tuple[int, ...]]:
-    """``count`` unused l-sets of ``pool``, least-used attributes first."""
+    """``count`` unused l-sets of ``pool`` (of ``among`` if given), least-used
+    attributes first."""
     uses = {a: 0 for a in pool}
     for v in chosen:
         for a in v:
             uses[a] += 1
-    free = [v for v in itertools.combinations(pool, l) if v not in used]
+    sets = itertools.combinations(pool, l) if among is None else among
+    free = [v for v in sets if v not in used]
     free.sort(key=lambda v: (sum(uses[a] for a in v), v))
     return free[:count]
+
+
+def _sets_of(views: Sequence[Sequence[int]], pool: list[int], l: int) -> list[tuple[int, ...]]:  # noqa: E741
+    """The distinct sorted l-sets among ``views`` inside ``pool``."""
+    inside = set(pool)
+    sets = {tuple(sorted(int(a) for a in v)) for v in views}
+    return sorted(v for v in sets if len(v) == l and set(v) <= inside)
 
 
 def pilot_views(
