@@ -252,6 +252,7 @@ def predict_errors(
         raise CalmkitError(f"users (shape {s.shape}) must give one count > 0 per view")
     total = float(s.sum() if n is None else n)
     kmax = workload.order
+    vs, s, oracles = _pooled_views(vs, s, oracles)
     views_model = _Views(sizes_arr, vs, s, epsilon, oracles)
     comps = _components(views_model, kmax)
     if comps.count:
@@ -585,6 +586,26 @@ def _pool(model: _Views, comps: _Components, n: float) -> tuple[np.ndarray, _Gro
     )
     err = np.maximum(bias + var - groups.dim / groups.cells / n, 0.0)
     return err, groups
+
+
+def _pooled_views(
+    views: list[tuple[int, ...]], users: np.ndarray, oracles: Sequence[str] | None
+) -> tuple[list[tuple[int, ...]], np.ndarray, Sequence[str] | None]:
+    """Views repeated under one oracle as one view with their users summed, as the
+    reconstruction pools them (:meth:`~..reconstruction.support.SupportCounts.pooled`)."""
+    names: list[str | None] = list(oracles) if oracles is not None else [None] * len(views)
+    if len(names) != len(views):
+        return views, users, oracles  # _Views names the mismatch
+    slot: dict[tuple[tuple[int, ...], str | None], int] = {}
+    for v, name in zip(views, names):
+        slot.setdefault((v, name), len(slot))
+    if len(slot) == len(views):
+        return views, users, oracles
+    summed = np.zeros(len(slot))
+    np.add.at(summed, [slot[v, name] for v, name in zip(views, names)], users)
+    keys = list(slot)
+    pooled_names = None if oracles is None else [str(name) for _, name in keys]
+    return [v for v, _ in keys], summed, pooled_names
 
 
 def _bias(groups: _Groups, profile: DataProfile, pair_dep: np.ndarray) -> np.ndarray:

@@ -583,9 +583,7 @@ class _Search:
         p = self.p
         if p.m is not None:
             if p.m > self.room(lv):
-                raise PlanError(
-                    f"m ({p.m}) must be <= {self.room(lv)} distinct views of size {lv}"
-                )
+                raise PlanError(f"m ({p.m}) must be <= {self.room(lv)} distinct views of size {lv}")
             best_l = min(self.spread(lv, int(p.m)), self.dependent_near_best(lv))
         else:
             best_l = min(self.sweep(lv, hi), self.dependent_near_best(lv))

@@ -369,7 +369,10 @@ def reconstruct_global(
 ) -> GlobalEstimator:
     """Estimate every view from ``support`` and fit the global model to all of them
     (:func:`fit_global`), with the shrinkage (the margins' first,
-    :func:`~.shrinkage.shrink_margins`) and the prior unless ``shrink=False``."""
+    :func:`~.shrinkage.shrink_margins`) and the prior unless ``shrink=False``. Views
+    measured more than once under one oracle are pooled first
+    (:meth:`~.support.SupportCounts.pooled`)."""
+    support = support.pooled()
     if not shrink:
         tables = estimate_views(support)
         return fit_global(support.plan, tables, None, tol, max_iter, max_clique, max_cells, answers)

@@ -56,7 +56,9 @@ def reconstruct(
     max-ent. Unless ``shrink=False`` (the paper's pipeline exactly), each attribute's
     nearly flat margin is first shrunk towards uniform and, after consistency, each
     view's unshared interactions towards max-ent, both by their estimated
-    signal-to-noise ratio (:mod:`.shrinkage`)."""
+    signal-to-noise ratio (:mod:`.shrinkage`). Views measured more than once under one
+    oracle are pooled first (:meth:`~.support.SupportCounts.pooled`)."""
+    support = support.pooled()
     if not shrink:
         views = make_consistent(estimate_views(support), tol=tol, max_iter=max_iter)
         return MarginalEstimator(support.plan, views)

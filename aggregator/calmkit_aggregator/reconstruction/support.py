@@ -83,6 +83,37 @@ class SupportCounts:
             counts[j] += oracle.support(array)
         return cls(plan, n, tuple(counts))
 
+    def pooled(self) -> SupportCounts:
+        """One view per attribute set and oracle: views measured more than once under
+        the same oracle (a pilot's view that the main phase measured again) become one,
+        at the first one's position, with their reports and support counts summed.
+        These are exactly the counts had all those users reported under one view: the
+        oracle's estimate is linear in them, so every report weighs alike, and Norm-Sub
+        meets one table instead of several sparser ones. ``self`` when no view repeats.
+        """
+        plan = self.plan
+        keys = [(v, o.name) for v, o in zip(plan.views, plan.view_oracles)]
+        first: dict[tuple[tuple[int, ...], str], int] = {}
+        for j, key in enumerate(keys):
+            first.setdefault(key, j)
+        if len(first) == len(keys):
+            return self
+        order = sorted(first.values())
+        slot = {keys[j]: i for i, j in enumerate(order)}
+        n = np.zeros(len(order), np.int64)
+        counts = [np.zeros_like(self.counts[j]) for j in order]
+        for j, key in enumerate(keys):
+            n[slot[key]] += self.n[j]
+            counts[slot[key]] += self.counts[j]
+        pooled = Plan(
+            plan.schema,
+            plan.epsilon,
+            tuple(plan.views[j] for j in order),
+            oracles=tuple(keys[j][1] for j in order),
+            seed=plan.seed,
+        )
+        return SupportCounts(pooled, n, tuple(counts))
+
     def merge(self, other: SupportCounts) -> SupportCounts:
         """Counts of both collections (same plan)."""
         if other.plan.digest != self.plan.digest:

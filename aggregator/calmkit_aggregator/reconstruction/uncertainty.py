@@ -194,5 +194,7 @@ def bootstrap(
 
 def interaction_scale(support: SupportCounts) -> InteractionScale:
     """The views' interaction strength (:class:`~.unseen.InteractionScale`) from each
-    view's unbiased estimate and oracle noise."""
+    view's unbiased estimate and oracle noise (views measured more than once pooled,
+    as the reconstruction pools them)."""
+    support = support.pooled()
     return InteractionScale(estimate_views(support), contrast_variances(support))
