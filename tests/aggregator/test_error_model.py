@@ -1159,3 +1159,30 @@ def test_shrunk_margins_match_the_prediction_on_large_domains(
     unshrunk = predict_error(*args).sse
     assert unshrunk > 2 * high, (unshrunk, mean)
     assert abs(math.log(pred / mean)) < abs(math.log(unshrunk / mean)), (pred, unshrunk, mean)
+
+
+def test_a_view_measured_twice_is_predicted_as_one_with_both_users() -> None:
+    # the reconstruction pools a repeated view's reports (SupportCounts.pooled); the
+    # model pools its users: a pilot's 300 reports on (0, 1) and the main phase's 900
+    # predict what 1,200 on one view do. Skewed sparse views, where Norm-Sub on two
+    # thin tables is not Norm-Sub on one
+    sizes = (12, 10, 3)
+    gen = np.random.default_rng(4)
+    margs = [gen.dirichlet(np.full(s, 0.3)) for s in sizes]
+    profile = DataProfile.from_marginals(margs, 0.01)
+    work = Workload(k=2)
+    twice = predict_error(
+        sizes, [(0, 1), (1, 2), (0, 1)], [300.0, 900.0, 900.0], 1.0, work, profile
+    )
+    once = predict_error(sizes, [(0, 1), (1, 2)], [1200.0, 900.0], 1.0, work, profile)
+    assert twice == once
+    apart = predict_error(
+        sizes,
+        [(0, 1), (1, 2), (0, 1)],
+        [300.0, 900.0, 900.0],
+        1.0,
+        work,
+        profile,
+        oracles=["OUE", "GRR", "GRR"],
+    )  # another oracle: two measurements, not one
+    assert apart != once
