@@ -31,7 +31,8 @@ def combine_phases(parts: Sequence[SupportCounts]) -> SupportCounts:
     """The support counts of every phase under one reconstruction plan: the views of
     all phases in order, each with its own oracle and reports (the plans must share
     schema and epsilon). Shares and seed of the combined plan mean nothing: no client
-    reports under it."""
+    reports under it. A view two phases measured appears twice; the reconstruction
+    pools it (:meth:`~.reconstruction.support.SupportCounts.pooled`)."""
     if not parts:
         raise PlanError("parts ([]) must hold at least one phase")
     first = parts[0].plan
