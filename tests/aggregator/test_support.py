@@ -90,3 +90,20 @@ def test_reconstruction_pools_repeated_views(how: str) -> None:
     assert got.plan.views == pooled.plan.views
     for query in [(0, 1), (0, 1, 2), (1, 3, 5)]:
         np.testing.assert_array_equal(got.answer(query).values, pooled.answer(query).values)
+
+
+def test_the_error_bars_bootstrap_the_pooled_views() -> None:
+    # the service bootstraps the support of every phase: a view measured in two
+    # phases is drawn once, with both phases' reports, as the reconstruction pools it
+    from calmkit_aggregator.phases import combine_phases
+    from calmkit_aggregator.reconstruction.pipeline import reconstruct
+    from calmkit_aggregator.reconstruction.uncertainty import bootstrap
+
+    both = combine_phases(list(_phases(7)))
+    estimator = reconstruct(both)
+    got = bootstrap(both, estimator, replicates=4, rng=3)
+    pooled = bootstrap(both.pooled(), estimator, replicates=4, rng=3)
+    for query in [(0, 1), (0, 2, 4)]:
+        np.testing.assert_array_equal(
+            got.mean_squared_error(query, estimator), pooled.mean_squared_error(query, estimator)
+        )

@@ -173,6 +173,7 @@ def bootstrap(
         raise CalmkitError(f"plug_in ({plug_in!r}) must be one of {list(PLUG_INS)}")
     if int(support.n.sum()) == 0:
         raise CalmkitError("support (no reports) has nothing to bootstrap")
+    support = support.pooled()  # as the reconstruction sees it: replicates per pooled view
     gen = np.random.default_rng(rng)
     base = estimator if estimator is not None else reconstruct_by(support, reconstruction, shrink)
     truth_of, shrink_runs = base, shrink
