@@ -22,7 +22,15 @@ from calmkit_client.commands import (
     positive_float,
 )
 
-__all__ = ["MANY_CATEGORIES", "bins_option", "data_options", "register", "shape_warnings", "warn"]
+__all__ = [
+    "MANY_CATEGORIES",
+    "bins_option",
+    "data_options",
+    "load_population",
+    "register",
+    "shape_warnings",
+    "warn",
+]
 
 MANY_CATEGORIES = 64  # above this, warn: a view's cells outnumber what reports can fill
 
@@ -181,17 +189,24 @@ def _population_options(parser: argparse.ArgumentParser) -> None:
     json_option(parser)
 
 
-def _population(args: argparse.Namespace) -> int:
+def load_population(args: argparse.Namespace, rng: int | None = 0) -> Any:
+    """The population :func:`data_options`' arguments name (``rng``: the synthetic
+    datasets' seed)."""
     from .datasets import load_dataset
 
-    pop = load_dataset(
+    return load_dataset(
         args.dataset,
         args.data_dir,
         args.d,
         args.max_categories,
+        rng=rng,
         bins=args.bins,
         missing=args.missing,
     )
+
+
+def _population(args: argparse.Namespace) -> int:
+    pop = load_population(args)
     warnings = shape_warnings(pop)
     if args.json:
         print(
@@ -520,7 +535,6 @@ def _central_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from .datasets import load_dataset
     from .experiment import run_mechanism
     from .mechanisms import make_mechanism
     from .progress import Progress
@@ -546,15 +560,7 @@ def _simulate(args: argparse.Namespace) -> int:
     )
     # the seed's streams (see calmkit_simulator.seeds): the synthetic dataset from the
     # root, the resample from its own, the queries and reports per repetition from theirs
-    pop = load_dataset(
-        args.dataset,
-        args.data_dir,
-        args.d,
-        args.max_categories,
-        rng=args.seed,
-        bins=args.bins,
-        missing=args.missing,
-    )
+    pop = load_population(args, args.seed)
     if args.n is not None and args.n != pop.n:
         pop = pop.resample(args.n, rng=stream(args.seed, POPULATION))
     mechanism.check(pop.schema, pop.n, args.epsilon, args.k)  # fail before any work

@@ -30,7 +30,7 @@ from typing import Any
 from calmkit_client import CalmkitError
 from calmkit_client.commands import NON_NEGATIVE, POSITIVE, add_command, json_option
 
-from .data_cli import data_options, shape_warnings, warn
+from .data_cli import data_options, load_population, shape_warnings, warn
 
 __all__ = ["VARIANTS", "register"]
 
@@ -112,19 +112,10 @@ def _options(parser: argparse.ArgumentParser) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .datasets import load_dataset
     from .seeds import POPULATION, stream
 
     t0 = time.perf_counter()
-    pop = load_dataset(
-        args.dataset,
-        args.data_dir,
-        args.d,
-        args.max_categories,
-        rng=args.seed,
-        bins=args.bins,
-        missing=args.missing,
-    )
+    pop = load_population(args, args.seed)
     if args.n is not None and args.n != pop.n:
         pop = pop.resample(args.n, rng=stream(args.seed, POPULATION))
     if args.k > pop.d:
