@@ -20,7 +20,7 @@ import shutil
 import signal
 import stat
 import sys
-import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -355,9 +355,13 @@ def _serve(args: argparse.Namespace) -> int:
     except BaseException:
         _remove(created)  # a refused start leaves nothing of its own behind
         raise
-    stop = threading.Event()  # handled before "listening" is printed: a SIGTERM at once
-    for sig in (signal.SIGTERM, signal.SIGINT):  # still stops gracefully
-        signal.signal(sig, lambda *_: stop.set())
+    # Set before "listening" is printed, so a SIGTERM at once still stops gracefully.
+    # A plain list, not a threading.Event: the handler runs in the main thread between
+    # bytecodes, possibly inside the Event's own wait() holding its lock, and Event.set()
+    # would then wait for that lock for ever (seen: a server that never stopped).
+    signals: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: signals.append(signum))
     host = args.address.rsplit(":", 1)[0]
     scheme = "TLS" if tls is not None else "plaintext"
     print(f"calmkit serve: listening on {host}:{port} ({scheme}, db {storage.path})", flush=True)
@@ -384,10 +388,10 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_port=server.metrics_port,
         console_port=server.console_port,
     )
-    # a timed wait: a signal delivered to another thread (gRPC's) only marks the Python
+    # a timed sleep: a signal delivered to another thread (gRPC's) only marks the Python
     # handler as pending, and a main thread blocked without a timeout would never run it
-    while not stop.wait(0.5):
-        pass
+    while not signals:
+        time.sleep(0.2)
     log_json("stopping", grace_seconds=args.grace)
     graceful_stop(server, args.grace)
     storage.close()
