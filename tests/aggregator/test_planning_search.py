@@ -210,29 +210,24 @@ def test_the_main_phase_deals_the_pilots_views_again_after_the_new_ones(
 
     _model(monkeypatch, lambda size, m: 20.0 - m)
     fixed = pilot_views(range(5), rng=0)
-    chosen = choose_plan(
-        [2] * 5,
-        1.0,
-        1 << 20,
-        Workload(k=2),
-        _flat(5),
-        l=2,
-        fixed_views=fixed,
-        fixed_users=[100.0] * len(fixed),
-    )
+
+    def plan(m: int | None = None):  # type: ignore[no-untyped-def]
+        return choose_plan(
+            [2] * 5,
+            1.0,
+            1 << 20,
+            Workload(k=2),
+            _flat(5),
+            l=2,
+            m=m,
+            fixed_views=fixed,
+            fixed_users=[100.0] * len(fixed),
+        )
+
+    chosen = plan()
     assert _ms(chosen, 2) == {3, 5, 7, 10} and chosen.m == 10
     assert set(chosen.views[:7]).isdisjoint(fixed) and set(chosen.views[7:]) == set(fixed)
-    seven = choose_plan(
-        [2] * 5,
-        1.0,
-        1 << 20,
-        Workload(k=2),
-        _flat(5),
-        l=2,
-        m=7,
-        fixed_views=fixed,
-        fixed_users=[100.0] * len(fixed),
-    )
+    seven = plan(7)
     assert set(seven.views).isdisjoint(fixed)  # while new pairs are left, only new ones
 
 
