@@ -1,13 +1,18 @@
 """Rules every shipped module keeps: it cites papers by title, not by files a calmkit user
 does not have; it uses no private name of another calmkit module; no calmkit modules
-import each other in a cycle; no function (benchmarks included) runs over 100 lines."""
+import each other in a cycle; no function (benchmarks included) runs over 100 lines.
+And the repository tracks nothing a local run leaves behind."""
 
 from __future__ import annotations
 
 import ast
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {
@@ -172,3 +177,20 @@ def test_no_function_is_over_100_lines() -> None:
                 if lines > LONGEST_FUNCTION:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines})")
     assert long == []
+
+
+# What a local run leaves behind: a SQLite store (``calmkit serve --db FILE``: FILE,
+# FILE-wal, FILE-shm, FILE-journal, the key snapshots in FILE-keys/), result caches. A key
+# snapshot from a local run was once committed by accident.
+RUN_ARTEFACTS = re.compile(r"\.db(-|$)|\.(sqlite|snap)$")
+
+
+def test_the_repository_tracks_no_run_artefacts() -> None:
+    assert RUN_ARTEFACTS.search("a.db-keys/6331.snap") and RUN_ARTEFACTS.search("x/s.db")
+    assert RUN_ARTEFACTS.search("s.db-wal") and not RUN_ARTEFACTS.search("docs/db.md")
+    git = shutil.which("git")
+    if git is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout (or git is absent): no tracked files to check")
+    listed = subprocess.run([git, "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+    tracked = listed.stdout.decode().split("\0")
+    assert [path for path in tracked if RUN_ARTEFACTS.search(path)] == []
