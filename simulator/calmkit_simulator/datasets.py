@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -119,15 +120,27 @@ def _population_from_labels(
     ordered: set[str],
     notes: tuple[str, ...],
 ) -> Population:
-    """Codes from label rows; categories in ``orders[name]`` or sorted order."""
+    """Codes from label rows; categories in ``orders[name]`` or :func:`_sorted_labels`."""
     columns = np.array(rows, dtype=object).reshape(len(rows), len(names))
     attrs = []
     for j, col in enumerate(names):
-        cats = orders.get(col) or sorted(set(columns[:, j].tolist()))
+        cats = orders.get(col) or _sorted_labels(set(columns[:, j].tolist()))
         attrs.append(Attribute(col, tuple(cats), ordered=col in ordered))
     schema = Schema(tuple(attrs))
     codes = schema.encode_columns({col: columns[:, j] for j, col in enumerate(names)})
     return Population(schema, codes, name, notes)
+
+
+def _sorted_labels(labels: set[str]) -> list[str]:
+    """Labels in numeric order when every one is a finite number (``2`` before ``10``;
+    equal numbers such as ``1`` and ``1.0`` by their text), else in text order."""
+    try:
+        values = {v: float(v) for v in labels}
+    except ValueError:
+        return sorted(labels)
+    if not all(math.isfinite(x) for x in values.values()):
+        return sorted(labels)
+    return sorted(labels, key=lambda v: (values[v], v))
 
 
 # --- Adult --------------------------------------------------------------------------

@@ -75,6 +75,13 @@ def test_own_csv_with_domains(tmp_path: Path) -> None:
     assert "('smoker' empty in 1 row)" in pop.notes[0]  # which column cost the row
 
 
+def test_numeric_labels_are_in_numeric_order(tmp_path: Path) -> None:
+    path = tmp_path / "households.csv"
+    path.write_text("kids,size,region\n10,1.0,N\n2,1,S\n0,-3,E\n2,2.5,N\n")
+    cats = [a.categories for a in load_csv(path).schema.attributes]
+    assert cats == [("0", "2", "10"), ("-3", "1", "1.0", "2.5"), ("E", "N", "S")]
+
+
 def test_a_column_empty_in_every_row_is_named(tmp_path: Path) -> None:
     path = tmp_path / "people.csv"
     path.write_text("age,note,sex\n" + "".join(f"{i % 3},,{'mf'[i % 2]}\n" for i in range(20)))
