@@ -368,6 +368,10 @@ def test_simulate_names_the_margins_it_pulled_towards_uniform(
     assert f"  note: {note}" in capsys.readouterr().out.splitlines()
     assert main([*args, "--no-shrink", "--json"]) == 0
     assert "notes" not in json.loads(capsys.readouterr().out)["chosen"]
+    # at eps 20 the same margins are shrunk too, by factors near 1: no note
+    high = [*args[: args.index("--epsilon")], "--epsilon", "20", *args[args.index("--m") :]]
+    assert main([*high, "--json"]) == 0
+    assert "notes" not in json.loads(capsys.readouterr().out)["chosen"]
     binary = ["simulate", "--d", "6", "--n", "2000", "--k", "2", "--epsilon", "0.2"]
     assert main([*binary, "--m", "6", "--l", "1", "--reps", "1", "--json"]) == 0
     assert "notes" not in json.loads(capsys.readouterr().out)["chosen"]

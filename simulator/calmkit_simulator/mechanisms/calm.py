@@ -45,15 +45,21 @@ from ..collect import collect_support
 from ..population import Population
 from .base import Mechanism, Release
 
-__all__ = ["Calm", "collect_pilot", "margin_notes"]
+__all__ = ["MOSTLY_NOISE", "Calm", "collect_pilot", "margin_notes"]
+
+# A margin's James-Stein factor below this: the noise is more than half of the spread
+# its reports show (the factor is 1 - noise / observed spread), so it is "mostly noise".
+MOSTLY_NOISE = 0.5
 
 
 def margin_notes(estimator: Estimator, names: Sequence[str]) -> list[str]:
     """A note (or none) naming the attributes whose margins the reconstruction pulled
-    towards uniform (:func:`~calmkit_aggregator.reconstruction.shrinkage.shrink_margins`):
-    what their reports told was mostly noise."""
+    towards uniform by a factor below :data:`MOSTLY_NOISE`
+    (:func:`~calmkit_aggregator.reconstruction.shrinkage.shrink_margins`): what their
+    reports told was mostly noise. A factor just below 1 (the noise a small part of the
+    margin's spread) is the shrinkage's routine work and gets no note."""
     factors = estimator.margins or {}
-    shrunk = sorted(a for a, f in factors.items() if f < 1)
+    shrunk = sorted(a for a, f in factors.items() if f < MOSTLY_NOISE)
     if not shrunk:
         return []
     listed = ", ".join(names[a] for a in shrunk[:6]) + (", ..." if len(shrunk) > 6 else "")
