@@ -474,6 +474,8 @@ def load_kosarak(data_dir: Path | str, d: int = 16) -> Population:
 DATASETS: dict[str, str] = {
     "synthetic": "random Bayesian network, d binary attributes (default, needs no files)",
     "synthetic:LO-HI": "the same with LO to HI categories per attribute (drawn uniformly)",
+    "synthetic[:LO-HI]:strength=S": "either with network strength S (default 1.5; 0: "
+    "independent; 4: most triple cells near empty on 3-12 categories)",
     "demo": "the population of `calmkit demo`: 100,000 users, 8 attributes of 2-4 categories",
     "adult": "UCI Adult, 15 attributes, numeric ones bucketized",
     "nltcs": "NLTCS, 16 binary attributes",
@@ -486,18 +488,26 @@ DATASETS: dict[str, str] = {
 }
 
 
-def _synthetic_sizes(name: str, d: int, rng: int | None) -> tuple[int, ...]:
-    """Category counts of ``synthetic`` (binary) or ``synthetic:LO-HI`` (each drawn
-    uniformly from LO..HI, seeded by ``rng``)."""
-    if name == "synthetic":
-        return (2,) * d
-    match = re.fullmatch(r"synthetic:(\d+)-(\d+)", name)
-    if match is None or not 2 <= int(match[1]) <= int(match[2]):
+_SYNTHETIC = re.compile(r"synthetic(?::(\d+)-(\d+))?(?::strength=(\d+(?:\.\d*)?))?")
+
+
+def _synthetic_spec(name: str, d: int, rng: int | None) -> tuple[tuple[int, ...], float]:
+    """Category counts and network strength of ``synthetic`` (binary, strength 1.5),
+    ``synthetic:LO-HI`` (each count drawn uniformly from LO..HI, seeded by ``rng``) and
+    either with ``:strength=S`` (:class:`~.synthetic.BayesianNetwork`: 0 independent,
+    larger sharper and more dependent)."""
+    match = _SYNTHETIC.fullmatch(name)
+    if match is None or (match[1] is not None and not 2 <= int(match[1]) <= int(match[2])):
         raise DatasetError(
-            f"dataset ({name!r}) must be synthetic or synthetic:LO-HI with 2 <= LO <= HI"
+            f"dataset ({name!r}) must be synthetic, synthetic:LO-HI with 2 <= LO <= HI, "
+            "or either with :strength=S (S >= 0)"
         )
+    strength = 1.5 if match[3] is None else float(match[3])
+    if match[1] is None:
+        return (2,) * d, strength
     gen = np.random.default_rng([0 if rng is None else rng, 1])
-    return tuple(int(x) for x in gen.integers(int(match[1]), int(match[2]) + 1, size=d))
+    sizes = tuple(int(x) for x in gen.integers(int(match[1]), int(match[2]) + 1, size=d))
+    return sizes, strength
 
 
 def load_dataset(
@@ -531,8 +541,8 @@ def load_dataset(
         "dna": lambda p: load_wide(p, "dna"),
     }
     if name == "synthetic" or name.startswith("synthetic:"):
-        sizes = _synthetic_sizes(name, d or 8, rng)
-        pop = synthetic_population(n=1 << 16, sizes=sizes, rng=rng)
+        sizes, strength = _synthetic_spec(name, d or 8, rng)
+        pop = synthetic_population(n=1 << 16, sizes=sizes, strength=strength, rng=rng)
     elif name == "demo":
         pop = demo_population(100_000, rng=0 if rng is None else rng)
     elif name.startswith("csv:"):
