@@ -639,7 +639,8 @@ def _simulation(
 def _print_simulation(out: dict[str, Any], pop: Any, args: argparse.Namespace) -> None:
     chosen = out["chosen"]
     print(pop.describe())
-    listed = ("not_collected", "notes")  # printed on lines of their own
+    # printed on lines of their own
+    listed = ("not_collected", "notes", "predicted_sse", "median_sse", "sse_range")
     chose = ", ".join(f"{k_} = {_readable(v)}" for k_, v in chosen.items() if k_ not in listed)
     print(
         f"{out['mechanism']}{' (' + chose + ')' if chose else ''}: epsilon {args.epsilon}, "
@@ -649,6 +650,13 @@ def _print_simulation(out: dict[str, Any], pop: Any, args: argparse.Namespace) -
         f"  SSE  {out['mechanism']} {out['sse_mean']:.3g} +- {out['sse_std']:.2g} "
         f"(sd over reps)   Uniform {out['uniform_sse_mean']:.3g}"
     )
+    if "median_sse" in chosen:
+        low, high = chosen["sse_range"]
+        print(
+            f"  predicted SSE (the planner, first rep): {chosen['median_sse']:.3g} at the "
+            f"pilot's median dependence, {low:.3g}-{high:.3g} at its 10%-90% quantiles, "
+            f"{chosen['predicted_sse']:.3g} averaged over them"
+        )
     if chosen.get("not_collected"):
         print(f"  not collected (one category, or too few users): {chosen['not_collected']}")
     for note in chosen.get("notes", ()):

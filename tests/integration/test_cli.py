@@ -319,10 +319,13 @@ def test_simulate_prints_the_plan_readably(capsys: pytest.CaptureFixture[str]) -
     assert main([*args, "--queries", "10", "--reps", "2", "--seed", "3", "--json"]) == 0
     chosen = json.loads(capsys.readouterr().out)["chosen"]
     # floats to 3 significant digits on the terminal, whole in the JSON
-    assert f"predicted_sse = {chosen['predicted_sse']:.3g}," in text
     low, high = chosen["sse_range"]
-    assert f"sse_range = [{low:.3g}, {high:.3g}]" in text
-    assert f"pilot_users = {chosen['pilot_users']}," in text
+    assert (
+        f"  predicted SSE (the planner, first rep): {chosen['median_sse']:.3g} at the pilot's "
+        f"median dependence, {low:.3g}-{high:.3g} at its 10%-90% quantiles, "
+        f"{chosen['predicted_sse']:.3g} averaged over them"
+    ) in text.splitlines()
+    assert f"pilot_users = {chosen['pilot_users']}" in text and "predicted_sse =" not in text
     assert "(sd over reps)" in text
     assert "no pair" not in text  # 4,000 pilot users measure binary pairs at eps 1
     # at eps 0.3 they cannot: the plan's note says its prediction is the prior's

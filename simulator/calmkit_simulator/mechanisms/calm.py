@@ -64,10 +64,13 @@ def margin_notes(estimator: Estimator, names: Sequence[str]) -> list[str]:
         return []
     listed = ", ".join(names[a] for a in shrunk[:6]) + (", ..." if len(shrunk) > 6 else "")
     low, high = min(factors[a] for a in shrunk), max(factors[a] for a in shrunk)
+    spread = (
+        f"factor {low:.2g}" if f"{low:.2g}" == f"{high:.2g}" else f"factors {low:.2g}-{high:.2g}"
+    )
     return [
         f"the margins of {len(shrunk)} of {len(names)} attributes ({listed}) were mostly "
-        f"noise at these users and epsilon and were pulled towards uniform (factors "
-        f"{low:.2g}-{high:.2g}, 1 = kept): answers over them lean on the uniform table"
+        f"noise at these users and epsilon and were pulled towards uniform ({spread}, "
+        "1 = kept): answers over them lean on the uniform table"
     ]
 
 
