@@ -475,7 +475,7 @@ DATASETS: dict[str, str] = {
     "synthetic": "random Bayesian network, d binary attributes (default, needs no files)",
     "synthetic:LO-HI": "the same with LO to HI categories per attribute (drawn uniformly)",
     "synthetic[:LO-HI]:strength=S": "either with network strength S (default 1.5; 0: "
-    "independent; 4 on 3-12 categories: 40% of a triple's cells near empty)",
+    "independent; 4 on 3-12 categories: 2 in 5 of a triple's cells near empty)",
     "demo": "the population of `calmkit demo`: 100,000 users, 8 attributes of 2-4 categories",
     "adult": "UCI Adult, 15 attributes, numeric ones bucketized",
     "nltcs": "NLTCS, 16 binary attributes",
