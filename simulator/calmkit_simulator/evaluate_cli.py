@@ -7,7 +7,8 @@ the same queries are answered, with the same seeds, by:
   reconstruction, after a pilot);
 - Algorithm 1 of the CALM paper (Zhang et al., "CALM: Consistent Adaptive Local
   Marginal for Marginal Release under Local Differential Privacy", CCS 2018, §4.3);
-- one attribute per view (l = 1), the plan that can never be misled by dependence;
+- one attribute per view (l = 1) for every user, no pilot: the plan that can never be
+  misled by dependence;
 - Uniform (answering 1/cells everywhere: knowing nothing);
 - and any ``--mechanism`` asked for.
 
@@ -38,7 +39,7 @@ __all__ = ["VARIANTS", "register"]
 VARIANTS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("default planner", "calm", {}),
     ("Algorithm 1", "calm", {"planner": "paper"}),
-    ("l = 1", "calm", {"l": 1}),
+    ("l = 1", "calm", {"l": 1, "pilot": 0}),  # the plain design: every user, no pilot
     ("Uniform", "uni", {}),
 )
 

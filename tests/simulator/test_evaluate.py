@@ -85,7 +85,13 @@ def test_a_row_is_what_simulate_gives_with_the_same_options(
         "5",
     ]
     out = _evaluate([*common, "--epsilon", "1", "--no-plot", "--out", str(tmp_path)], capsys)
-    for method, extra in (("default planner", []), ("Algorithm 1", ["--planner", "paper"])):
+    # "l = 1" is the plain design: one attribute per view for every user, no pilot
+    variants = (
+        ("default planner", []),
+        ("Algorithm 1", ["--planner", "paper"]),
+        ("l = 1", ["--l", "1", "--pilot", "0"]),
+    )
+    for method, extra in variants:
         assert main(["simulate", *common, "--epsilon", "1", *extra, "--json"]) == 0
         sim = json.loads(capsys.readouterr().out)
         row = next(r for r in out["rows"] if r["method"] == method)
