@@ -545,3 +545,26 @@ def test_the_prediction_carries_its_range_over_the_dependence_quantiles() -> Non
     known = DataProfile.from_marginals([np.array([0.3, 0.7])] * 8, 0.02)
     exact = choose_plan((2,) * 8, 1.0, 50_000, Workload(k=3), known, rng=0)
     assert exact.sse_range[0] == pytest.approx(exact.sse_range[1], rel=1e-12)
+
+
+def test_the_plan_names_a_design_predicted_lower_on_average_that_it_left() -> None:
+    # from the prior, 12 attributes of 3-12 categories at eps 2: 64 views of three hold
+    # every query (predicted the same at every dependence quantile) and are lower on
+    # average than Algorithm 1's pairs, but the planner keeps the safe design; the note
+    # says which design it left and why, with both predictions
+    sizes = (8, 11, 12, 8, 6, 11, 5, 12, 11, 3, 3, 5)
+    choice = choose_plan(sizes, 2.0, 50_000, Workload(k=3))
+    best = min(choice.candidates, key=lambda c: c.sse)
+    assert (choice.l, choice.design) == (2, "paper") and (best.l, best.m) == (3, 64)
+    assert best.sse < 0.95 * choice.predicted.sse
+    low, high = choice.sse_range
+    (note,) = choice.notes([f"a{i}" for i in range(len(sizes))])
+    assert note.startswith(
+        f"l = 3, m = 64 ({best.design}) is predicted lower on average ({best.sse:.3g}, "
+        f"from {min(best.range):.3g} to {max(best.range):.3g} over the dependence "
+        f"quantiles, against {choice.predicted.sse:.3g}, from {low:.3g} to {high:.3g}); "
+    )
+    # where the chosen design is the lowest on average, no such note
+    binary = choose_plan((2,) * 16, 0.5, 20_000, Workload(k=3))
+    assert min(binary.candidates, key=lambda c: c.sse).sse == binary.predicted.sse
+    assert not any("lower on average" in n for n in binary.notes([f"a{i}" for i in range(16)]))

@@ -173,6 +173,15 @@ class PlannedViews:
         chosen = self._chosen
         return (min(chosen.range), max(chosen.range)) if chosen.range else (chosen.sse,) * 2
 
+    def _lower_on_average(self) -> Candidate | None:
+        """The candidate of the lowest expected SSE when it is not the chosen one (nor
+        the one set aside) and at least 5% lower: what the choice gave up for safety."""
+        best = min(self.candidates, key=lambda c: c.sse)
+        chosen, aside = self._chosen, self.set_aside
+        if best is chosen or best == aside or best.sse >= 0.95 * chosen.sse or not best.range:
+            return None
+        return best
+
     @property
     def _chosen(self) -> Candidate:
         return next(
@@ -181,7 +190,8 @@ class PlannedViews:
 
     def notes(self, names: Sequence[str]) -> list[str]:
         """Plain-language notes: a pilot that measured no pair (the prediction is then
-        the prior's), skipped and uncollected attributes, a design set aside."""
+        the prior's), a design predicted lower on average than the one chosen, skipped
+        and uncollected attributes, a design set aside."""
         out = []
         pilot = self.fixed_views if self.profile.source == "pilot" else ()
         if pilot and all(len(v) < 2 for v in pilot):
@@ -202,6 +212,17 @@ class PlannedViews:
                 f"l = {c.l}, m = {c.m} ({c.design}) beat the safe designs at the pilot's "
                 "estimated margins but not at the most or the least skewed margins its "
                 f"reports allow: kept l = {self.l}, m = {self.m} ({self.design})"
+            )
+        lower = self._lower_on_average()
+        if lower is not None:
+            low, high = self.sse_range
+            out.append(
+                f"l = {lower.l}, m = {lower.m} ({lower.design}) is predicted lower on average "
+                f"({lower.sse:.3g}, from {min(lower.range):.3g} to {max(lower.range):.3g} "
+                f"over the dependence quantiles, against {self.predicted.sse:.3g}, from "
+                f"{low:.3g} to {high:.3g}); the planner weighs every quantile alike and "
+                "leaves the safe designs (one attribute per view, Algorithm 1's plan) only "
+                "for a design that beats them by more than the prediction's uncertainty"
             )
         if self.single:
             listed = ", ".join(repr(names[a]) for a in self.single)
