@@ -560,9 +560,9 @@ def test_the_plan_names_a_design_predicted_lower_on_average_that_it_left() -> No
     low, high = choice.sse_range
     (note,) = choice.notes([f"a{i}" for i in range(len(sizes))])
     assert note.startswith(
-        f"l = 3, m = 64 ({best.design}) is predicted lower on average ({best.sse:.3g}, "
-        f"from {min(best.range):.3g} to {max(best.range):.3g} over the dependence "
-        f"quantiles, against {choice.predicted.sse:.3g}, from {low:.3g} to {high:.3g}); "
+        f"l = 3, m = 64 ({best.design}) is predicted lower on average ({best.sse:.3g} at "
+        f"every dependence quantile, against {choice.predicted.sse:.3g}, from {low:.3g} "
+        f"to {high:.3g} over the dependence quantiles); "
     )
     # where the chosen design is the lowest on average, no such note
     binary = choose_plan((2,) * 16, 0.5, 20_000, Workload(k=3))

@@ -215,14 +215,12 @@ class PlannedViews:
             )
         lower = self._lower_on_average()
         if lower is not None:
-            low, high = self.sse_range
             out.append(
                 f"l = {lower.l}, m = {lower.m} ({lower.design}) is predicted lower on average "
-                f"({lower.sse:.3g}, from {min(lower.range):.3g} to {max(lower.range):.3g} "
-                f"over the dependence quantiles, against {self.predicted.sse:.3g}, from "
-                f"{low:.3g} to {high:.3g}); the planner weighs every quantile alike and "
-                "leaves the safe designs (one attribute per view, Algorithm 1's plan) only "
-                "for a design that beats them by more than the prediction's uncertainty"
+                f"({_over_quantiles(lower)}, against {_over_quantiles(self._chosen)}); the "
+                "planner weighs every quantile alike and leaves the safe designs (one "
+                "attribute per view, Algorithm 1's plan) only for a design that beats them "
+                "by more than the prediction's uncertainty"
             )
         if self.single:
             listed = ", ".join(repr(names[a]) for a in self.single)
@@ -237,6 +235,14 @@ class PlannedViews:
                 f"to hold them all; answered as uniform): {listed}"
             )
         return out
+
+
+def _over_quantiles(candidate: Candidate) -> str:
+    """A candidate's expected SSE and its spread over the dependence quantiles, in words."""
+    if not candidate.range or _steady(candidate):
+        return f"{candidate.sse:.3g} at every dependence quantile"
+    low, high = min(candidate.range), max(candidate.range)
+    return f"{candidate.sse:.3g}, from {low:.3g} to {high:.3g} over the dependence quantiles"
 
 
 @lru_cache(maxsize=64)
