@@ -340,6 +340,13 @@ def test_a_pilot_holding_every_pair_leaves_pairs_to_measure_again() -> None:
     assert len(every.views) == 6
     with pytest.raises(PlanError, match=r"^m \(7\) must be <= 6 distinct views of size 2$"):
         choose_plan([2] * 4, 1.0, 20_000, Workload(k=2), _flat(4), l=2, m=7)
+    # m alone: only view sizes that hold m distinct views are scored (4 attributes hold
+    # 4 singles, 6 pairs, 4 triples, 1 view of all four: 5 views are pairs)
+    five = choose_plan([2] * 4, 1.0, 20_000, Workload(k=2), _flat(4), m=5)
+    assert (five.l, five.m) == (2, 5) and len(set(five.views)) == 5
+    assert {c.l for c in five.candidates} == {2}
+    with pytest.raises(PlanError, match=r"^m \(7\) must be <= 6 distinct views of any size$"):
+        choose_plan([2] * 4, 1.0, 20_000, Workload(k=2), _flat(4), m=7)
 
 
 def test_the_prediction_counts_the_fixed_views_users_in_the_population() -> None:

@@ -144,6 +144,8 @@ class PlannedViews:
         single: attributes with one category (nothing to collect).
         set_aside: a design that beat the safe ones at the pilot's estimated margins
             but not at both ends of their range, so was not chosen (None: none).
+        restricted: l or m was fixed by the caller (the choice is then the smallest
+            regret among the designs they allow, no safe design preferred).
     """
 
     views: tuple[tuple[int, ...], ...]
@@ -156,6 +158,7 @@ class PlannedViews:
     profile: DataProfile
     single: tuple[int, ...] = field(default=())
     set_aside: Candidate | None = None
+    restricted: bool = False
 
     @property
     def median_sse(self) -> float:
@@ -175,7 +178,10 @@ class PlannedViews:
 
     def _lower_on_average(self) -> Candidate | None:
         """The candidate of the lowest expected SSE when it is not the chosen one (nor
-        the one set aside) and at least 5% lower: what the choice gave up for safety."""
+        the one set aside) and at least 5% lower: what the choice gave up for safety
+        (None when l or m was fixed: the safe designs are not preferred then)."""
+        if self.restricted:
+            return None
         best = min(self.candidates, key=lambda c: c.sse)
         chosen, aside = self._chosen, self.set_aside
         if best is chosen or best == aside or best.sse >= 0.95 * chosen.sse or not best.range:
@@ -458,6 +464,7 @@ class _Search:
             p.profile,
             p.single,
             set_aside,
+            p.restricted,
         )
 
     # -- scoring designs -------------------------------------------------------------------
@@ -604,13 +611,18 @@ class _Search:
             best_overall = min(best_overall, best_l)
             if p.l is None and lv >= p.workload.order and worse >= _PATIENCE:
                 break
+        if not self.scored and p.m is not None:
+            most = max(self.room(lv) for lv in range(lmin, lmax + 1))
+            raise PlanError(f"m ({p.m}) must be <= {most} distinct views of any size")
 
     def one_size(self, lv: int, hi: int, best_overall: float) -> float:
         """Every design of size ``lv``; returns the best prediction among them."""
         p = self.p
         if p.m is not None:
-            if p.m > self.room(lv):
+            if p.m > self.room(lv) and p.l is not None:
                 raise PlanError(f"m ({p.m}) must be <= {self.room(lv)} distinct views of size {lv}")
+            if p.m > self.room(lv):  # l is the planner's: this size cannot hold m views
+                return math.inf
             best_l = min(self.spread(lv, int(p.m)), self.dependent_near_best(lv))
         else:
             best_l = min(self.sweep(lv, hi), self.dependent_near_best(lv))
