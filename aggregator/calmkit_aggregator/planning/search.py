@@ -178,10 +178,8 @@ class PlannedViews:
 
     def _lower_on_average(self) -> Candidate | None:
         """The candidate of the lowest expected SSE when it is not the chosen one (nor
-        the one set aside) and at least 5% lower: what the choice gave up for safety
-        (None when l or m was fixed: the safe designs are not preferred then)."""
-        if self.restricted:
-            return None
+        the one set aside) and at least 5% lower: what the choice gave up for safety,
+        or (l or m fixed) for a design good at every dependence quantile."""
         best = min(self.candidates, key=lambda c: c.sse)
         chosen, aside = self._chosen, self.set_aside
         if best is chosen or best == aside or best.sse >= 0.95 * chosen.sse or not best.range:
@@ -221,12 +219,18 @@ class PlannedViews:
             )
         lower = self._lower_on_average()
         if lower is not None:
+            rule = (
+                "takes the design closest to the best at every quantile alike (the smallest "
+                "mean log ratio), not the lowest average"
+                if self.restricted
+                else "weighs every quantile alike and leaves the safe designs (one attribute "
+                "per view, Algorithm 1's plan) only for a design that beats them by more "
+                "than the prediction's uncertainty"
+            )
             out.append(
                 f"l = {lower.l}, m = {lower.m} ({lower.design}) is predicted lower on average "
                 f"({_over_quantiles(lower)}, against {_over_quantiles(self._chosen)}); the "
-                "planner weighs every quantile alike and leaves the safe designs (one "
-                "attribute per view, Algorithm 1's plan) only for a design that beats them "
-                "by more than the prediction's uncertainty"
+                f"planner {rule}"
             )
         if self.single:
             listed = ", ".join(repr(names[a]) for a in self.single)
