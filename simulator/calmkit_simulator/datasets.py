@@ -245,6 +245,8 @@ def load_csv(
         ) from None
     except csv.Error as exc:
         raise DatasetError(f"CSV ({path}) cannot be parsed: {exc}") from None
+    if not rows:
+        raise DatasetError(f"CSV ({path}) must have a data row below its header (it has none)")
     bad = [i for i, r in enumerate(rows) if len(r) != len(header)]
     if bad:
         raise DatasetError(

@@ -76,6 +76,13 @@ def test_own_csv_with_domains(tmp_path: Path) -> None:
     assert "('smoker' empty in 1 row)" in pop.notes[0]  # which column cost the row
 
 
+def test_a_csv_of_a_header_alone_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "blank.csv"
+    path.write_text("age,sex\n\n")
+    with pytest.raises(DatasetError, match=r"blank.csv\) must have a data row below its header"):
+        load_csv(path)
+
+
 def test_numeric_labels_are_in_numeric_order(tmp_path: Path) -> None:
     path = tmp_path / "households.csv"
     path.write_text("kids,size,region\n10,1.0,N\n2,1,S\n0,-3,E\n2,2.5,N\n")
