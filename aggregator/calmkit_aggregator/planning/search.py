@@ -623,10 +623,12 @@ class _Search:
         """Every design of size ``lv``; returns the best prediction among them."""
         p = self.p
         if p.m is not None:
-            if p.m > self.room(lv) and p.l is not None:
-                raise PlanError(f"m ({p.m}) must be <= {self.room(lv)} distinct views of size {lv}")
-            if p.m > self.room(lv):  # l is the planner's: this size cannot hold m views
-                return math.inf
+            if p.m > self.room(lv):
+                if p.l is not None:
+                    raise PlanError(
+                        f"m ({p.m}) must be <= {self.room(lv)} distinct views of size {lv}"
+                    )
+                return math.inf  # l is the planner's: this size cannot hold m views
             best_l = min(self.spread(lv, int(p.m)), self.dependent_near_best(lv))
         else:
             best_l = min(self.sweep(lv, hi), self.dependent_near_best(lv))
