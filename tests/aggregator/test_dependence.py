@@ -172,7 +172,7 @@ def test_pair_evidence_replays_its_simulation_and_skips_what_tells_nothing() -> 
     assert evidence.pairs.tolist() == [[0, 1]]
     gen = np.random.default_rng(_BOOTSTRAP)
     noise = dependence_statistic(
-        draw_estimates(oracle, np.outer(*margs[:2]).reshape(-1), 900, gen), 2, 3
+        draw_estimates(oracle, np.outer(*margs[:2]).reshape(-1), 900, gen, _BOOTSTRAP), 2, 3
     )
     raw = float(dependence_statistic(tables[0].values.reshape(1, -1), 2, 3)[0])
     assert evidence.raw[0] == raw and evidence.unit[0] == pytest.approx(2 / 6)
@@ -189,7 +189,7 @@ def test_the_bootstrap_draws_reports_as_the_oracle_does(cells: int, eps: float) 
     oracle = choose_oracle(cells, eps)
     truth = np.random.default_rng(cells).dirichlet(np.ones(cells))
     gen = np.random.default_rng(7)
-    draws = np.concatenate([draw_estimates(oracle, truth, 300, gen) for _ in range(40)])
+    draws = np.concatenate([draw_estimates(oracle, truth, 300, gen, _BOOTSTRAP) for _ in range(40)])
     exact = np.asarray(oracle.variance(300, truth)) + truth * (1 - truth) / 300
     assert np.all(np.abs(draws.mean(axis=0) - truth) <= MARGIN * np.sqrt(exact / len(draws)))
     se_var = exact * math.sqrt(2 / (draws.shape[0] - 1))

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from scipy.stats import truncnorm
 
+from calmkit_aggregator.reconstruction.estimate import draw_estimates
 from calmkit_aggregator.reconstruction.marginal import MarginalTable
 from calmkit_aggregator.reconstruction.unseen import (
     NO_EVIDENCE,
@@ -16,6 +20,7 @@ from calmkit_aggregator.reconstruction.unseen import (
     top_interaction,
     unseen_squared_bias,
 )
+from calmkit_client import choose_oracle
 
 PAIR = np.array([[0.30, 0.10, 0.05], [0.05, 0.20, 0.30]])  # dependent 2 x 3
 
@@ -87,3 +92,62 @@ def test_the_cap_leaves_binary_sets_at_no_evidence_and_measured_strengths_below_
     answer = np.outer([0.45, 0.55], [0.2, 0.3, 0.5])
     gap = unseen_squared_bias(answer, [(0, 1)], scale)
     assert (gap / spread_weights(answer, (0, 1))).max() == pytest.approx(scale.per_dof(2))
+
+
+SKEWED = np.outer([0.8, 0.1, 0.06, 0.04], [0.7, 0.2, 0.05, 0.05])  # independent, skewed
+
+
+def _closed_form(table: np.ndarray, power: float) -> float:
+    """The strength read in closed form: the set's own noise ``power dof`` is all the
+    noise subtracted (what the scale did before it simulated the noise)."""
+    base = lower_order_base(table)
+    dof = (table.shape[0] - 1) * (table.shape[1] - 1)
+    gap = float((top_interaction(table - base) ** 2).sum())
+    return (gap - power * dof) / float(spread_weights(base, (0, 1)).sum())
+
+
+@pytest.mark.parametrize("oracle", [False, True])
+def test_skewed_independent_margins_measure_no_strength(oracle: bool) -> None:
+    """Independent attributes with skewed margins: a noisy margin times the other's
+    skew lands in the top interaction, which the simulated noise accounts for. The
+    mean estimate over R runs is 0 within 4 of its standard errors (the served
+    variance), the served variance is not below the runs' own (a sample variance of
+    R = 200 has relative sd 0.1), and the closed form reads a strength many standard
+    errors above 0. Tables with an oracle are drawn as the oracle draws them (OUE at
+    eps 1, 12,000 users); without, independent normal noise of the given power."""
+    runs = 200
+    gen = np.random.default_rng(5)
+    if oracle:
+        ue = choose_oracle(16, 1.0)
+        users = 12_000
+        tables = draw_estimates(ue, SKEWED.reshape(-1), users, gen, runs).reshape(runs, 4, 4)
+        power = ue.contrast_variance(users)
+        views = [MarginalTable((0, 1), t, ue.variance(users), users, ue) for t in tables]
+    else:
+        power = 1e-4
+        tables = SKEWED + gen.normal(0.0, np.sqrt(power), (runs, 4, 4))
+        views = [MarginalTable((0, 1), t, 0.0, 100) for t in tables]
+    measured = [InteractionScale([v], [power]).strength((0, 1), 0, power) for v in views]
+    values = np.array([m[0] for m in measured if m is not None])
+    served = np.array([m[1] for m in measured if m is not None])
+    assert values.size == runs
+    se = math.sqrt(served.mean() / runs)
+    assert abs(values.mean()) < 4 * se, (values.mean(), se)
+    assert values.var() < 1.5 * served.mean(), (values.var(), served.mean())
+    closed = np.mean([_closed_form(t, power) for t in tables])
+    assert closed > 10 * se, (closed, se)
+
+
+def test_an_uncertain_estimate_serves_its_posterior_mean() -> None:
+    """A pair whose noise dwarfs any strength it could hold: the estimate (clipped at 0
+    by :meth:`measured`) may be 0, but the served strength is the mean of the strength
+    flat on [0, most] given the estimate, well above 0; exact views serve the estimate
+    itself (test above)."""
+    power = 0.04  # the table as measured is exactly independent; its noise is large
+    table = np.outer([0.3, 0.3, 0.4], [0.5, 0.2, 0.3])
+    scale = InteractionScale([MarginalTable((0, 1), table, 0.0, 100)], [power])
+    estimate, se, most = scale.pooled(2)
+    assert most == most_per_dof([3, 3]) and estimate < 0 < most / 4 < se
+    lo, hi = -estimate / se, (most - estimate) / se
+    assert scale.per_dof(2) == pytest.approx(truncnorm.mean(lo, hi, loc=estimate, scale=se))
+    assert scale.per_dof(2) > 0.0 == scale.measured(2)  # clipped, it would serve none

@@ -42,6 +42,7 @@ import numpy as np
 
 from calmkit_client import FrequencyOracle
 
+from ..reconstruction.estimate import draw_estimates
 from ..reconstruction.marginal import MarginalTable
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "DependencePosterior",
     "PairEvidence",
     "dependence_posterior",
+    "draw_estimates",
     "pair_evidence",
 ]
 
@@ -192,7 +194,8 @@ def pair_evidence(
         if (la - 1) * (lb - 1) == 0:
             continue
         truth = np.outer(margs[table.attrs[0]], margs[table.attrs[1]]).reshape(-1)
-        nulls.append(dependence_statistic(draw_estimates(oracle, truth, int(table.n), gen), la, lb))
+        draws = draw_estimates(oracle, truth, int(table.n), gen, _BOOTSTRAP)
+        nulls.append(dependence_statistic(draws, la, lb))
         pairs.append(table.attrs)
         raw.append(float(dependence_statistic(table.values.reshape(1, -1), la, lb)[0]))
         dims.append((la - 1) * (lb - 1))
@@ -205,22 +208,6 @@ def pair_evidence(
         dim / np.array(cells, dtype=np.float64) if cells else np.zeros(0),
         dim,
     )
-
-
-def draw_estimates(
-    oracle: FrequencyOracle, truth: np.ndarray, n: int, gen: np.random.Generator
-) -> np.ndarray:
-    """(_BOOTSTRAP, L) estimates of ``n`` reports from a population with view table
-    ``truth``, drawn as the oracle draws them."""
-    p, q = oracle.p, oracle.q
-    t = truth / truth.sum()
-    if oracle.name == "GRR":
-        counts = gen.multinomial(n, (p - q) * t + q, size=_BOOTSTRAP)
-    else:
-        cells = gen.multinomial(n, t, size=_BOOTSTRAP)
-        counts = gen.binomial(cells, p) + gen.binomial(n - cells, q)
-    out: np.ndarray = (counts / n - q) / (p - q)
-    return out
 
 
 def dependence_statistic(flat: np.ndarray, la: int, lb: int) -> np.ndarray:

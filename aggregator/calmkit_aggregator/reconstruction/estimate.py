@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from calmkit_client import FrequencyOracle
+
 from .marginal import MarginalTable
 from .support import SupportCounts
 
-__all__ = ["contrast_variances", "estimate_views"]
+__all__ = ["contrast_variances", "draw_estimates", "estimate_views"]
 
 
 def estimate_views(support: SupportCounts) -> list[MarginalTable]:
@@ -41,3 +43,21 @@ def contrast_variances(support: SupportCounts) -> list[float]:
         oracle.contrast_variance(int(n)) if n > 0 else np.inf
         for oracle, n in zip(support.plan.view_oracles, support.n)
     ]
+
+
+def draw_estimates(
+    oracle: FrequencyOracle, truth: np.ndarray, n: int, gen: np.random.Generator, draws: int
+) -> np.ndarray:
+    """(draws, L) estimates of ``n`` reports from a population with view table
+    ``truth`` (L cells, normalised here), drawn as the oracle draws them: the users
+    spread over the cells (multinomial), then each report perturbed (GRR: one
+    multinomial of the reported values; OUE: each bit a binomial)."""
+    p, q = oracle.p, oracle.q
+    t = truth / truth.sum()
+    if oracle.name == "GRR":
+        counts = gen.multinomial(n, (p - q) * t + q, size=draws)
+    else:
+        cells = gen.multinomial(n, t, size=draws)
+        counts = gen.binomial(cells, p) + gen.binomial(n - cells, q)
+    out: np.ndarray = (counts / n - q) / (p - q)
+    return out
