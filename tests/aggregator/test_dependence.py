@@ -18,10 +18,10 @@ from calmkit_aggregator.planning.dependence import (
     PairEvidence,
     dependence_posterior,
     dependence_statistic,
-    draw_estimates,
     pair_evidence,
 )
 from calmkit_aggregator.planning.profile import pair_dependence
+from calmkit_aggregator.reconstruction.estimate import draw_estimates
 from calmkit_aggregator.reconstruction.marginal import MarginalTable
 from calmkit_client import choose_oracle
 

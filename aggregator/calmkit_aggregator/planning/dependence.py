@@ -50,7 +50,6 @@ __all__ = [
     "DependencePosterior",
     "PairEvidence",
     "dependence_posterior",
-    "draw_estimates",
     "pair_evidence",
 ]
 
