@@ -18,6 +18,7 @@ from calmkit_aggregator.reconstruction.unseen import (
     most_per_dof,
     spread_weights,
     top_interaction,
+    unseen_sizing,
     unseen_squared_bias,
 )
 from calmkit_client import choose_oracle
@@ -146,8 +147,32 @@ def test_an_uncertain_estimate_serves_its_posterior_mean() -> None:
     power = 0.04  # the table as measured is exactly independent; its noise is large
     table = np.outer([0.3, 0.3, 0.4], [0.5, 0.2, 0.3])
     scale = InteractionScale([MarginalTable((0, 1), table, 0.0, 100)], [power])
-    estimate, se, most = scale.pooled(2)
+    pooled = scale.pooled(2)
+    assert pooled is not None and pooled.sets == 1 and pooled.within_noise
+    estimate, se, most = pooled.estimate, pooled.se, pooled.most
     assert most == most_per_dof([3, 3]) and estimate < 0 < most / 4 < se
     lo, hi = -estimate / se, (most - estimate) / se
     assert scale.per_dof(2) == pytest.approx(truncnorm.mean(lo, hi, loc=estimate, scale=se))
     assert scale.per_dof(2) > 0.0 == scale.measured(2)  # clipped, it would serve none
+
+
+def test_the_sizing_says_how_each_missing_order_was_found() -> None:
+    """What an answer's variance_method tells a user about term 4: measured, within
+    noise (the posterior mean over [0, most]), or no view holds one (the most, or the
+    lower order's strength)."""
+    exact = InteractionScale(_views(), [1e-12, 1e-12])  # the dependent 2 x 3 pair, exact
+    assert exact.sizing(2) == "pairs: measured on the 1 the views hold"
+    assert unseen_sizing([(0, 2)], exact) == "pairs: measured on the 1 the views hold"
+    assert unseen_sizing([(0, 1, 2)], exact) == (
+        "pairs: measured on the 1 the views hold; "
+        "triples: no view holds one, taken as strong as the pairs"
+    )
+    assert unseen_sizing([], exact) == ""
+    noisy = InteractionScale(
+        [MarginalTable((0, 1), np.outer([0.3, 0.7], [0.5, 0.5]), 0, 9)], [0.04]
+    )
+    assert "show no strength above their noise" in noisy.sizing(2)
+    singles = InteractionScale(_views()[1:], [1e-12])
+    assert singles.sizing(2) == (
+        "pairs: no view holds one, sized at the most their tables can hold"
+    )

@@ -68,6 +68,9 @@ def test_counts_and_answers_equal_the_in_process_pipeline(
             assert np.all(np.isfinite(answer.variance)) and np.all(answer.variance > 0)
             assert answer.replicates == 32 and "bootstrap" in answer.variance_method
             assert "total error (noise + estimated bias)" in answer.variance_method
+            # a max-ent answer also says how the interactions it misses were sized
+            sized = "sized from those the views show (" in answer.variance_method
+            assert sized == (answer.method != "projection"), answer.variance_method
         # the global reconstruction on request, equal to the in-process one
         in_model = reconstruct_global(expected)
         methods = set()

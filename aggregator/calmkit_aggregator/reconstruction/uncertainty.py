@@ -25,7 +25,7 @@ from calmkit_client.validation import is_int
 from .estimate import contrast_variances, estimate_views
 from .pipeline import Estimator, reconstruct_by
 from .support import SupportCounts
-from .unseen import InteractionScale, missing_sets, unseen_squared_bias
+from .unseen import InteractionScale, missing_sets, unseen_sizing, unseen_squared_bias
 
 __all__ = [
     "PLUG_INS",
@@ -117,6 +117,15 @@ class Bootstrap:
             return np.zeros(answer.values.shape)
         missing = missing_sets(estimator.views.tables, answer.attrs)
         return unseen_squared_bias(answer.values, missing, self.scale)
+
+    def unseen_sizing(self, attrs: Sequence[AttrRef], estimator: Estimator) -> str:
+        """How :meth:`unseen` sized the interactions ``estimator``'s answer misses, in
+        words (:func:`~.unseen.unseen_sizing`; empty for a projection, or without a
+        scale)."""
+        answer = estimator.answer(attrs)
+        if self.scale is None or answer.method == "projection":
+            return ""
+        return unseen_sizing(missing_sets(estimator.views.tables, answer.attrs), self.scale)
 
     def mean_squared_error(self, attrs: Sequence[AttrRef], estimator: Estimator) -> np.ndarray:
         """Per-cell expected squared total error of ``estimator``'s answer, bounded by

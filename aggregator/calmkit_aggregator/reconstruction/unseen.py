@@ -51,11 +51,19 @@ from .estimate import draw_estimates
 from .marginal import MarginalTable
 from .maxent import query_constraints
 
-__all__ = ["InteractionScale", "missing_sets", "most_per_dof", "unseen_squared_bias"]
+__all__ = [
+    "InteractionScale",
+    "PooledStrength",
+    "missing_sets",
+    "most_per_dof",
+    "unseen_sizing",
+    "unseen_squared_bias",
+]
 
 MAX_SETS_PER_ORDER = 64  # observed sets measured per order (evenly spaced beyond it)
 NULL_DRAWS = 32  # simulated noise tables per observed set (InteractionScale.strength)
 _SWEEPS = 100  # iterative proportional fitting sweeps at most (lower_order_bases)
+_ORDERS = {2: "pairs", 3: "triples"}
 NO_EVIDENCE = 1.0  # per-dof chi-square when no set of any order is observed: the most
 # a pair of binary attributes can hold (perfect dependence)
 
@@ -94,6 +102,24 @@ def spread_weights(values: np.ndarray, axes: Iterable[int]) -> np.ndarray:
     return np.asarray(share * values)
 
 
+@dataclass(frozen=True)
+class PooledStrength:
+    """The observed sets of one order, pooled: ``estimate`` (per dof, not clipped) and
+    its standard error ``se``, ``most`` the largest strength any of their tables can
+    hold (:func:`most_per_dof`), ``sets`` how many were measured."""
+
+    estimate: float
+    se: float
+    most: float
+    sets: int
+
+    @property
+    def within_noise(self) -> bool:
+        """Whether the estimate is within 2 standard errors of 0: the views cannot tell
+        these interactions from none."""
+        return self.estimate < 2.0 * self.se
+
+
 @dataclass
 class InteractionScale:
     """Pooled interaction strength of each order in the views (module docstring),
@@ -106,6 +132,7 @@ class InteractionScale:
     raw: Sequence[MarginalTable]
     contrast: Sequence[float]
     _per_dof: dict[int, float] = field(default_factory=dict)
+    _pooled: dict[int, PooledStrength | None] = field(default_factory=dict)
 
     def observed_sets(self, order: int) -> dict[tuple[int, ...], tuple[int, float]]:
         """Every attribute set of ``order`` inside some view: the view measuring it with
@@ -126,19 +153,23 @@ class InteractionScale:
         """``r_order`` from the sets the views hold (clipped at 0), None if they hold
         none."""
         pooled = self.pooled(order)
-        return None if pooled is None else max(0.0, pooled[0])
+        return None if pooled is None else max(0.0, pooled.estimate)
 
-    def pooled(self, order: int) -> tuple[float, float, float] | None:
-        """The sets of ``order`` the views hold, pooled: ``(estimate, se, most)``, the
-        inverse-variance mean of their unbiased strengths (:meth:`strength`, not
-        clipped), its standard error and the largest strength any of their tables can
-        hold (:func:`most_per_dof`); None if the views hold no such set."""
+    def pooled(self, order: int) -> PooledStrength | None:
+        """The sets of ``order`` the views hold, pooled (:class:`PooledStrength`; the
+        inverse-variance mean of their unbiased strengths, :meth:`strength`); None if
+        the views hold no such set. Computed once per order."""
+        if order not in self._pooled:
+            self._pooled[order] = self._pool(order)
+        return self._pooled[order]
+
+    def _pool(self, order: int) -> PooledStrength | None:
         sets = self.observed_sets(order)
         chosen = sorted(sets)
         if len(chosen) > MAX_SETS_PER_ORDER:
             step = len(chosen) / MAX_SETS_PER_ORDER
             chosen = [chosen[int(i * step)] for i in range(MAX_SETS_PER_ORDER)]
-        signal, weight, most = 0.0, 0.0, 0.0
+        signal, weight, most, count = 0.0, 0.0, 0.0, 0
         for s in chosen:
             measured = self.strength(s, *sets[s])
             if measured is None:  # a degenerate marginal holds no interaction
@@ -147,9 +178,10 @@ class InteractionScale:
             signal += precision * measured[0]
             weight += precision
             most = max(most, most_per_dof(self.raw[sets[s][0]].project(s).values.shape))
+            count += 1
         if weight <= 0:
             return None
-        return signal / weight, weight**-0.5, most
+        return PooledStrength(signal / weight, weight**-0.5, most, count)
 
     def strength(
         self, attrs: tuple[int, ...], view: int, power: float
@@ -205,9 +237,27 @@ class InteractionScale:
             if pooled is None:
                 value = self.per_dof(order - 1) if order > 2 else NO_EVIDENCE
             else:
-                value = _posterior_mean(*pooled)
+                value = _posterior_mean(pooled.estimate, pooled.se, pooled.most)
             self._per_dof[order] = value
         return self._per_dof[order]
+
+    def sizing(self, order: int) -> str:
+        """How the served strength of ``order`` was found, in words (an answer's
+        ``variance_method`` says it, so that a user who meets wide max-ent intervals
+        reads why)."""
+        name = _ORDERS.get(order, f"{order}-way sets")
+        pooled = self.pooled(order)
+        if pooled is None and order > 2:
+            lower = _ORDERS.get(order - 1, f"{order - 1}-way sets")
+            return f"{name}: no view holds one, taken as strong as the {lower}"
+        if pooled is None:
+            return f"{name}: no view holds one, sized at the most their tables can hold"
+        if pooled.within_noise:
+            return (
+                f"{name}: the {pooled.sets} the views hold show no strength above their "
+                "noise, sized between none and the most their tables can hold"
+            )
+        return f"{name}: measured on the {pooled.sets} the views hold"
 
 
 def _posterior_mean(estimate: float, se: float, most: float) -> float:
@@ -276,6 +326,18 @@ def most_per_dof(sizes: Sequence[int]) -> float:
     cells = int(np.prod(sizes, dtype=np.int64))
     dof = _dof(sizes)
     return (cells // max(sizes) - 1) / dof if dof > 0 else 0.0
+
+
+def unseen_sizing(missing: Iterable[tuple[int, ...]], scale: InteractionScale) -> str:
+    """How the strengths of the ``missing`` sets' orders were found
+    (:meth:`InteractionScale.sizing`), joined, with each lower order an unobserved one
+    is taken from; empty for no missing set."""
+    orders = {len(s) for s in missing}
+    for order in sorted(orders):
+        while order > 2 and scale.pooled(order) is None:
+            order -= 1
+            orders.add(order)
+    return "; ".join(scale.sizing(order) for order in sorted(orders))
 
 
 def unseen_squared_bias(

@@ -549,7 +549,7 @@ class AggregatorService(wire.AggregatorServicer):
             boot.mean_squared_error(attrs, estimator),
             total,
             record.state,
-            total_error_method(answer.method, replicates),
+            total_error_method(answer.method, replicates, boot.unseen_sizing(attrs, estimator)),
             replicates,
             self._flags(collection_id, record),
             answer_shift(support.plan, attrs),
@@ -574,12 +574,17 @@ def _safe_plan(design: PhasedDesign, pilot: SupportCounts) -> Plan:
     )
 
 
-def total_error_method(answer_method: str, replicates: int) -> str:
-    """What the served per-cell ``variance`` is (the answer's ``variance_method``)."""
+def total_error_method(answer_method: str, replicates: int, sizing: str = "") -> str:
+    """What the served per-cell ``variance`` is (the answer's ``variance_method``);
+    ``sizing``: how the interactions a max-ent answer misses were sized
+    (:meth:`~..reconstruction.uncertainty.Bootstrap.unseen_sizing`)."""
     unseen = (
         ""
         if answer_method == "projection"
-        else (" + the interactions no view holds (max-ent), sized from those the views show")
+        else (
+            " + the interactions no view holds (max-ent), sized from those the views show"
+            + (f" ({sizing})" if sizing else "")
+        )
     )
     return (
         "mean squared total error (noise + estimated bias), not noise alone: parametric "
