@@ -1,14 +1,15 @@
 """Coverage of the served error bars: how often estimate +- 1.96 std.err holds the truth.
 
     python benchmarks/bench_coverage.py [--reps 5] [--queries 20] [--settings demo,nltcs]
+        [--epsilon 1]
 
 Each setting is collected ``--reps`` times (seeds 1..reps) as the service collects
 it: a pilot of 20% of the users on pairs (in two rounds where half of it can measure
-pairs), then the views the pipeline planner
-chooses for 3-way marginals from the pilot's reports (epsilon 1), every report drawn
-from the oracles' exact law. Per run, up to ``--queries`` 2- and 3-way queries of
-each answer kind (projection of a view, maximum entropy) are drawn at random, and
-every cell of their answers is checked against the population's true marginal:
+pairs), then the views the pipeline planner chooses for 3-way marginals from the
+pilot's reports (at ``--epsilon``), every report drawn from the oracles' exact law.
+Per run, up to ``--queries`` 2- and 3-way queries of each answer kind (projection of a
+view, maximum entropy) are drawn at random, and every cell of their answers is checked
+against the population's true marginal:
 
 - *old*: the noise-only bootstrap (replicates drawn from the served reconstruction,
   ``bootstrap(..., plug_in="served")``, per-cell variance over the replicates);
@@ -62,7 +63,7 @@ from calmkit_simulator import (
 )
 from calmkit_simulator.mechanisms.calm import collect_pilot
 
-EPSILON, K, REPLICATES = 1.0, 3, 32
+K, REPLICATES = 3, 32
 TREE_SIZES = (9, 8, 3, 3, 11, 10, 11, 8, 11, 6, 7, 10)
 DEMO_SIZES = (2, 3, 2, 2, 4, 2, 3, 2)
 KINDS = ("projection", "maxent")
@@ -110,10 +111,10 @@ def held_out(spec: str, d: int, n: int, seed: int) -> Population:
     return load_dataset(spec, d=d, rng=seed).resample(n, rng=seed)
 
 
-def collect(pop: Population, seed: int) -> SupportCounts:
+def collect(pop: Population, seed: int, epsilon: float = 1.0) -> SupportCounts:
     """The service's phases: a pilot on pairs (one round or two), then the planner's
     views."""
-    start = start_pilot(pop.schema, EPSILON, pop.n, seed=seed)
+    start = start_pilot(pop.schema, epsilon, pop.n, seed=seed)
     design = PhasedDesign(pop.n, start.reports, K, seed, first_round=start.first_round)
     order = np.random.default_rng(seed + 1000).permutation(pop.n)
     pilot = collect_pilot(pop, start, design, order, rng=seed)
@@ -154,10 +155,12 @@ class Tally:
         self.zero_width += int(((new_var <= 0) & (np.abs(err) > 1e-12)).sum())
 
 
-def run(pop: Population, seed: int, per_kind: int, tallies: dict[str, Tally]) -> float:
+def run(
+    pop: Population, seed: int, per_kind: int, tallies: dict[str, Tally], epsilon: float
+) -> float:
     """One collection; adds its cells to ``tallies``; returns the new bootstrap's
     seconds (replicates and every answer's bound)."""
-    support = collect(pop, seed)
+    support = collect(pop, seed, epsilon)
     est = reconstruct_by(support)
     old = bootstrap(support, est, REPLICATES, rng=seed, plug_in="served")
     t0 = time.perf_counter()
@@ -177,6 +180,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=20, help="queries per answer kind per run")
     ap.add_argument("--settings", default="demo,adult3,adult,nltcs")
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--epsilon", type=float, default=1.0)
     args = ap.parse_args()
     loaders = populations(args.data_dir)
     for name in args.settings.split(","):
@@ -184,7 +188,7 @@ def main() -> None:
             ap.error(f"setting ({name!r}) must be one of {sorted(loaders)} or csv:PATH")
     print(
         f"# coverage of estimate +- 1.96 std.err ({args.reps} runs per setting, seeds "
-        f"1..{args.reps}, eps {EPSILON:g}, {REPLICATES} replicates)\n"
+        f"1..{args.reps}, eps {args.epsilon:g}, {REPLICATES} replicates)\n"
     )
     print(
         "| setting | answer | cells | old (noise only) | new (total error) | "
@@ -197,7 +201,7 @@ def main() -> None:
         try:
             for seed in range(1, args.reps + 1):
                 pop = load_dataset(name) if name.startswith("csv:") else loaders[name](seed)
-                seconds.append(run(pop, seed, args.queries, tallies))
+                seconds.append(run(pop, seed, args.queries, tallies, args.epsilon))
         except DatasetError as exc:
             print(f"| {name} | skipped: {exc} | | | | | | | |")
             continue

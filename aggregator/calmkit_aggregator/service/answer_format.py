@@ -10,7 +10,7 @@ import numpy as np
 
 from calmkit_client.wire import MarginalAnswer
 
-__all__ = ["FORMATS", "format_answer"]
+__all__ = ["FORMATS", "format_answer", "unresolved_note"]
 
 FORMATS = ("table", "csv", "json")
 
@@ -52,4 +52,18 @@ def format_answer(answer: MarginalAnswer, fmt: str) -> str:
             f"total.err: root of the {answer.variance_method}; fraction +- 1.96 "
             "total.err is a ~95% interval"
         )
-    return "\n".join(lines)
+    note = unresolved_note(answer)
+    return "\n".join([*lines, note] if note else lines)
+
+
+def unresolved_note(answer: MarginalAnswer) -> str:
+    """What cells served as 0 with a total error of 0 mean ("" if there are none):
+    Norm-Sub set a rare category to 0, in the answer and in every bootstrap replicate,
+    so the error bars cannot see that the truth is not 0."""
+    count = int(((answer.values == 0) & (answer.variance == 0)).sum())
+    if not count:
+        return ""
+    return (
+        f"{count} cell(s) at 0 with total.err 0: below what the reports can resolve "
+        "(the estimate set a rare category to 0), not known to be empty"
+    )

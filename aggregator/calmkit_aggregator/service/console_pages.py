@@ -14,6 +14,7 @@ import numpy as np
 
 from calmkit_client.wire import CollectionInfo, MarginalAnswer
 
+from .answer_format import unresolved_note
 from .console_svg import bars, heatmap, heatmap_panels, rate_line
 
 __all__ = [
@@ -247,6 +248,8 @@ def marginal_section(
         else ""
     )
     provisional = " (collection open: provisional)" if answer.state != "closed" else ""
+    note = unresolved_note(answer)
+    unresolved = f'<p class="note" id=unresolved>{escape(note)}.</p>' if note else ""
     query = urlencode([*(("attr", a) for a in answer.attributes), ("reconstruct", reconstruct)])
     base = _link(collection_id)
     title = " \u00d7 ".join(answer.attributes)
@@ -259,6 +262,7 @@ def marginal_section(
         f"<strong id=uniform>{uni:.4g}</strong></p>{verdict}"
         f'<p class="note">total error: root of the {escape(answer.variance_method)}; '
         "fraction \u00b1 1.96 total error is a ~95% interval.</p>"
+        f"{unresolved}"
         f'<p>download: <a id=csv href="{base}/marginal.csv?{escape(query)}">CSV</a> '
         f'<a id=json href="{base}/marginal.json?{escape(query)}">JSON</a> (what '
         "<code>calmkit query --format csv|json</code> prints)</p>"
