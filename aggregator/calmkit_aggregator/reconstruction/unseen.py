@@ -186,9 +186,10 @@ class InteractionScale:
     def strength(
         self, attrs: tuple[int, ...], view: int, power: float
     ) -> tuple[float, float] | None:
-        """Set ``attrs``' strength per dof from ``view``'s raw estimate: ``(r, variance)``,
-        its statistic (:func:`strength_statistic`) less the statistic's mean under
-        noise alone, and that noise's variance; None where a marginal is degenerate.
+        """Set ``attrs``' strength per dof from ``view``'s raw estimate: ``(r,
+        variance)``, its squared gap (:func:`squared_gap`) less the gap's mean under
+        noise alone, over the spread of its lower-order base, and the variance of that
+        under the noise; None where a marginal is degenerate.
 
         The noise is simulated (:data:`NULL_DRAWS` tables, a seed fixed per set): the
         set's table with no interaction of its order (its lower-order base) plus the
@@ -196,8 +197,8 @@ class InteractionScale:
         set (a table without an oracle: independent normal noise of ``power`` per
         cell). Read in closed form, the statistic's noise is ``power dof`` only where
         the margins are uniform: a noisy margin times the other attributes' deviation
-        from uniform lands in the top interaction, an OUE table's total is noisy, and
-        on skewed margins the spread in the denominator is itself noisy. On 12
+        from uniform lands in the top interaction, and an OUE table's total is noisy.
+        On 12
         attributes of 3-12 categories the closed form read pairs of strength 0.005 as
         0.58 and triples of 0.0001 as 0.1-0.4."""
         table = self.raw[view]
