@@ -16,7 +16,7 @@ def _answer(values: list[list[float]], variance: list[list[float]]) -> MarginalA
 
 
 def test_a_table_says_what_cells_at_zero_with_no_error_mean() -> None:
-    # Norm-Sub can set a rare category to 0 in the answer and in every bootstrap
+    # Norm-Sub can set a rare cell to 0 in the answer and in every bootstrap
     # replicate, so its cells are served 0 +- 0: the table says that is a resolution
     # limit, not an empty cell; no such cell, no such line
     zero = _answer([[0.5, 0.0], [0.3, 0.2]], [[1e-4, 0.0], [1e-4, 1e-4]])

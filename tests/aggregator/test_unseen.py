@@ -18,6 +18,7 @@ from calmkit_aggregator.reconstruction.unseen import (
     most_per_dof,
     spread_weights,
     top_interaction,
+    unresolved_floor,
     unseen_sizing,
     unseen_squared_bias,
 )
@@ -176,3 +177,28 @@ def test_the_sizing_says_how_each_missing_order_was_found() -> None:
     assert singles.sizing(2) == (
         "pairs: no view holds one, sized at the most their tables can hold"
     )
+
+
+def test_a_category_at_zero_is_floored_at_its_noise_spread_like_the_others() -> None:
+    """A category whose estimated margin is 0 gets, in each of its cells, its margin's
+    noise times the other attributes' shares squared; cells of categories above 0 get
+    nothing (a 0 there is the answer's, not the margin's); an attribute no view holds
+    (noise inf) is never floored."""
+    values = np.array([[0.5, 0.0, 0.2], [0.3, 0.0, 0.0]])  # column 1 at 0; (1, 2) too
+    floor = unresolved_floor(values, [1e-4, 4e-4])
+    np.testing.assert_allclose(floor[:, 1], 4e-4 * np.array([0.7, 0.3]) ** 2)
+    assert np.all(floor[:, [0, 2]] == 0)
+    assert np.all(unresolved_floor(values, [1e-4, np.inf]) == 0)
+    both = unresolved_floor(np.array([[0.0, 0.0], [0.0, 1.0]]), [1e-4, 4e-4])
+    np.testing.assert_allclose(both, [[1e-4 * 4e-4, 1e-4 * 1.0], [4e-4 * 1.0, 0.0]])
+
+
+def test_margin_noise_pools_the_views_that_hold_the_attribute() -> None:
+    # a 2 x 3 view sums 3 cells into each category of attribute 0; a view of 0 alone
+    pair = MarginalTable((0, 1), PAIR, 2e-4, 1000)
+    single = MarginalTable((0,), PAIR.sum(axis=1), 1e-3, 1000)
+    empty = MarginalTable((0,), PAIR.sum(axis=1), np.inf, 0)
+    scale = InteractionScale([pair, single, empty], [1e-4, 1e-3, np.inf])
+    assert scale.margin_noise(0) == pytest.approx(1 / (1 / (3 * 2e-4) + 1 / 1e-3))
+    assert scale.margin_noise(1) == pytest.approx(2 * 2e-4)
+    assert scale.margin_noise(2) == np.inf

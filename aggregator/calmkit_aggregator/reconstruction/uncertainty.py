@@ -25,7 +25,13 @@ from calmkit_client.validation import is_int
 from .estimate import contrast_variances, estimate_views
 from .pipeline import Estimator, reconstruct_by
 from .support import SupportCounts
-from .unseen import InteractionScale, missing_sets, unseen_sizing, unseen_squared_bias
+from .unseen import (
+    InteractionScale,
+    missing_sets,
+    unresolved_floor,
+    unseen_sizing,
+    unseen_squared_bias,
+)
 
 __all__ = [
     "PLUG_INS",
@@ -133,7 +139,8 @@ class Bootstrap:
         replicates) and bias (the replicates' mean minus the plug-in's answer, squared,
         less the noise of that mean, ``variance / B``, clipped at 0), how far the served
         answer is from the plug-in's (the shrinkage's displacement, known exactly), and
-        what the views cannot show (:meth:`unseen`)."""
+        what the views cannot show (:meth:`unseen`); at least the floor of a category
+        held at 0 (:meth:`unresolved`), which no replicate can see."""
         answers = self.answers(attrs)
         variance = answers.var(axis=0, ddof=1)
         served = estimator.answer(attrs).values
@@ -143,7 +150,17 @@ class Bootstrap:
         gap = answers.mean(axis=0) - plug_in
         squared_bias = np.clip(gap**2 - variance / len(self.replicates), 0.0, None)
         displacement = (served - plug_in) ** 2
-        return np.asarray(variance + squared_bias + displacement + self.unseen(attrs, estimator))
+        total = variance + squared_bias + displacement + self.unseen(attrs, estimator)
+        return np.asarray(np.maximum(total, self.unresolved(attrs, estimator)))
+
+    def unresolved(self, attrs: Sequence[AttrRef], estimator: Estimator) -> np.ndarray:
+        """The floor of a cell the answer holds at 0 because a category's estimated
+        margin is 0 (:func:`~.unseen.unresolved_floor`; zeros without a scale)."""
+        answer = estimator.answer(attrs)
+        if self.scale is None:
+            return np.zeros(answer.values.shape)
+        noise = [self.scale.margin_noise(a) for a in answer.attrs]
+        return unresolved_floor(answer.values, noise)
 
 
 PLUG_INS = ("unshrunk", "served")

@@ -56,6 +56,7 @@ __all__ = [
     "PooledStrength",
     "missing_sets",
     "most_per_dof",
+    "unresolved_floor",
     "unseen_sizing",
     "unseen_squared_bias",
 ]
@@ -242,6 +243,17 @@ class InteractionScale:
             self._per_dof[order] = value
         return self._per_dof[order]
 
+    def margin_noise(self, attr: int) -> float:
+        """The noise variance of one category of ``attr``'s margin pooled over the raw
+        views that hold it (inverse variance, as consistency pools them; a view's
+        margin cell sums its cells over the other attributes); inf if none does."""
+        precision = sum(
+            1.0 / t.project((attr,)).variance
+            for t in self.raw
+            if attr in t.attrs and 0 < t.project((attr,)).variance < np.inf
+        )
+        return 1.0 / precision if precision > 0 else float("inf")
+
     def sizing(self, order: int) -> str:
         """How the served strength of ``order`` was found, in words (an answer's
         ``variance_method`` says it, so that a user who meets wide max-ent intervals
@@ -327,6 +339,27 @@ def most_per_dof(sizes: Sequence[int]) -> float:
     cells = int(np.prod(sizes, dtype=np.int64))
     dof = _dof(sizes)
     return (cells // max(sizes) - 1) / dof if dof > 0 else 0.0
+
+
+def unresolved_floor(values: np.ndarray, noise: Sequence[float]) -> np.ndarray:
+    """Per-cell squared error the answer ``values`` cannot rule out where it holds a
+    category at 0 (Norm-Sub set the category's estimated margin to 0, in the answer and
+    in every bootstrap replicate, so the bootstrap sees no error there): the
+    category's true share may be as large as its margin's noise (``noise[i]``: the
+    variance of one category of axis i's margin, :meth:`InteractionScale.margin_noise`).
+    A cell with such a category gets the product over the axes of its categories'
+    shares squared, a category at 0 counting its noise's standard deviation (the
+    truth spread over the other attributes as their margins are). Zeros elsewhere."""
+    values = np.asarray(values, dtype=np.float64)
+    product = np.ones(values.shape)
+    unresolved = np.zeros(values.shape, dtype=bool)
+    for axis, var in enumerate(noise):
+        others = tuple(a for a in range(values.ndim) if a != axis)
+        margin = values.sum(axis=others, keepdims=True)
+        zero = (margin == 0) & bool(np.isfinite(var))  # no view holds it: not set to 0
+        product = product * np.where(zero, var, margin**2)
+        unresolved = unresolved | zero
+    return np.where(unresolved, product, 0.0)
 
 
 def unseen_sizing(missing: Iterable[tuple[int, ...]], scale: InteractionScale) -> str:

@@ -58,12 +58,13 @@ def format_answer(answer: MarginalAnswer, fmt: str) -> str:
 
 def unresolved_note(answer: MarginalAnswer) -> str:
     """What cells served as 0 with a total error of 0 mean ("" if there are none):
-    Norm-Sub set a rare category to 0, in the answer and in every bootstrap replicate,
-    so the error bars cannot see that the truth is not 0."""
+    Norm-Sub set a rare cell to 0, in the answer and in every bootstrap replicate, so
+    the error bars cannot see that the truth is not 0 (a category held at 0 gets a
+    floor, :func:`~..reconstruction.unseen.unresolved_floor`; a single cell does not)."""
     count = int(((answer.values == 0) & (answer.variance == 0)).sum())
     if not count:
         return ""
     return (
         f"{count} cell(s) at 0 with total.err 0: below what the reports can resolve "
-        "(the estimate set a rare category to 0), not known to be empty"
+        "(the estimate set them to 0), not known to be empty"
     )
