@@ -134,6 +134,7 @@ class InteractionScale:
     contrast: Sequence[float]
     _per_dof: dict[int, float] = field(default_factory=dict)
     _pooled: dict[int, PooledStrength | None] = field(default_factory=dict)
+    _margin_noise: dict[int, float] = field(default_factory=dict)
 
     def observed_sets(self, order: int) -> dict[tuple[int, ...], tuple[int, float]]:
         """Every attribute set of ``order`` inside some view: the view measuring it with
@@ -178,7 +179,8 @@ class InteractionScale:
             precision = 1.0 / max(measured[1], 1e-300)
             signal += precision * measured[0]
             weight += precision
-            most = max(most, most_per_dof(self.raw[sets[s][0]].project(s).values.shape))
+            table = self.raw[sets[s][0]]
+            most = max(most, most_per_dof([table.values.shape[i] for i in table.axes_of(s)]))
             count += 1
         if weight <= 0:
             return None
@@ -246,13 +248,13 @@ class InteractionScale:
     def margin_noise(self, attr: int) -> float:
         """The noise variance of one category of ``attr``'s margin pooled over the raw
         views that hold it (inverse variance, as consistency pools them; a view's
-        margin cell sums its cells over the other attributes); inf if none does."""
-        precision = sum(
-            1.0 / t.project((attr,)).variance
-            for t in self.raw
-            if attr in t.attrs and 0 < t.project((attr,)).variance < np.inf
-        )
-        return 1.0 / precision if precision > 0 else float("inf")
+        margin cell sums its cells over the other attributes); inf if none does.
+        Computed once per attribute."""
+        if attr not in self._margin_noise:
+            variances = [t.project((attr,)).variance for t in self.raw if attr in t.attrs]
+            precision = sum(1.0 / v for v in variances if 0 < v < np.inf)
+            self._margin_noise[attr] = 1.0 / precision if precision > 0 else float("inf")
+        return self._margin_noise[attr]
 
     def sizing(self, order: int) -> str:
         """How the served strength of ``order`` was found, in words (an answer's
