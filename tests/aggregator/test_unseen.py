@@ -65,7 +65,9 @@ def test_noise_alone_measures_no_interaction() -> None:
     for seed in range(200):
         noise = np.random.default_rng(seed).normal(0, np.sqrt(c), truth.shape)
         tables = [MarginalTable((0, 1), truth + noise, 0.0, 100)]
-        estimates.append(InteractionScale(tables, [c]).measured(2))
+        pooled = InteractionScale(tables, [c]).pooled(2)
+        assert pooled is not None
+        estimates.append(max(0.0, pooled.estimate))
     # the noise subtracted, the estimate is ~0 (clipped at 0: about half the runs);
     # the noise's own size, unsubtracted, would be c * dof / spread ~ 1e-4 / 0.33
     strong = InteractionScale(_views(), [1e-12, 1e-12]).per_dof(2)
@@ -141,8 +143,8 @@ def test_skewed_independent_margins_measure_no_strength(oracle: bool) -> None:
 
 
 def test_an_uncertain_estimate_serves_its_posterior_mean() -> None:
-    """A pair whose noise dwarfs any strength it could hold: the estimate (clipped at 0
-    by :meth:`measured`) may be 0, but the served strength is the mean of the strength
+    """A pair whose noise dwarfs any strength it could hold: the estimate, clipped
+    at 0, would be 0, but the served strength is the mean of the strength
     flat on [0, most] given the estimate, well above 0; exact views serve the estimate
     itself (test above)."""
     power = 0.04  # the table as measured is exactly independent; its noise is large
@@ -154,7 +156,7 @@ def test_an_uncertain_estimate_serves_its_posterior_mean() -> None:
     assert most == most_per_dof([3, 3]) and estimate < 0 < most / 4 < se
     lo, hi = -estimate / se, (most - estimate) / se
     assert scale.per_dof(2) == pytest.approx(truncnorm.mean(lo, hi, loc=estimate, scale=se))
-    assert scale.per_dof(2) > 0.0 == scale.measured(2)  # clipped, it would serve none
+    assert scale.per_dof(2) > 0.0 == max(0.0, estimate)  # clipped, it would serve none
 
 
 def test_the_sizing_says_how_each_missing_order_was_found() -> None:

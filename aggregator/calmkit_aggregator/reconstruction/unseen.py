@@ -151,12 +151,6 @@ class InteractionScale:
                     best[s] = (j, power)
         return best
 
-    def measured(self, order: int) -> float | None:
-        """``r_order`` from the sets the views hold (clipped at 0), None if they hold
-        none."""
-        pooled = self.pooled(order)
-        return None if pooled is None else max(0.0, pooled.estimate)
-
     def pooled(self, order: int) -> PooledStrength | None:
         """The sets of ``order`` the views hold, pooled (:class:`PooledStrength`; the
         inverse-variance mean of their unbiased strengths, :meth:`strength`); None if
@@ -211,17 +205,21 @@ class InteractionScale:
         if spread <= 1e-12:
             return None
         gen = np.random.default_rng([NULL_DRAWS, *attrs])
-        null = squared_gap(null_truth + self._noise(table, attrs, power, gen))
+        null = squared_gap(null_truth + self._noise(table, attrs, values.shape, power, gen))
         observed = float(squared_gap(values[None])[0])
         estimate = (observed - float(null.mean())) / spread
         return estimate, float(null.var(ddof=1)) * (1 + 1 / null.size) / spread**2
 
     @staticmethod
     def _noise(
-        table: MarginalTable, attrs: tuple[int, ...], power: float, gen: np.random.Generator
+        table: MarginalTable,
+        attrs: tuple[int, ...],
+        shape: tuple[int, ...],
+        power: float,
+        gen: np.random.Generator,
     ) -> np.ndarray:
-        """(NULL_DRAWS, *shape of ``attrs``' marginal) estimation noise of ``table``."""
-        shape = table.project(attrs).values.shape
+        """(NULL_DRAWS, *shape) estimation noise of ``table`` on ``attrs``' marginal
+        (of that ``shape``)."""
         if table.oracle is None or table.n < 1:
             return gen.normal(0.0, np.sqrt(power), (NULL_DRAWS, *shape))
         truth = np.clip(table.values, 0.0, None).reshape(-1)
