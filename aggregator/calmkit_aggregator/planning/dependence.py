@@ -16,9 +16,13 @@ reports at epsilon 1 adds about 0.8 to ``raw`` where a real pair of that size ho
   unequal noise is kept, not replaced by a normal or Gamma law with two of its
   moments: on a 6 x 41 table the
   statistic's skewness is twice a matched Gamma's, and a lighter tail reads large
-  noise draws as dependence); a signal shifts it by ``S`` and adds the noise along the
-  signal, normal with variance ``4 nu S`` (``nu`` the noise per interaction dimension,
-  ``null_mean / dim``).
+  noise draws as dependence). Beyond the draws' 90% quantile the density is at least
+  an exponential tail fitted to them (:func:`_tail_masses`): a kernel's tail ends a
+  bandwidth past the largest of 200 draws, so a statistic the noise reaches once in
+  1,000 pilots read as up to e^-20 less likely than it is, and one such pair made a
+  pilot of independent attributes look strongly dependent. A signal shifts the noise
+  by ``S`` and adds the noise along the signal, normal with variance ``4 nu S`` (``nu``
+  the noise per interaction dimension, ``null_mean / dim``).
 - :func:`dependence_posterior` pools the pairs: pair ``i``'s dependence (in the
   profile's unit, ``S / (dim / L)``) is ``D w_i r_i``, with ``D`` the mean dependence
   over all pairs, ``w_i`` its weight (what its margins allow) and ``r_i ~ Gamma(alpha,
@@ -66,6 +70,7 @@ _FLOOR = 1e-12  # a pair's likelihood below this fraction of its peak is FFT rou
 _DENSE = 1024  # pair tables up to this many cells are measured
 _BOOTSTRAP = 200  # simulated tables per pair under independence
 _NODES = 160  # points of the noise density (of its square root)
+_TAIL_FROM = 0.9  # quantile of the null draws past which the exponential tail holds
 # Each node's mass is a normal this wide in units of the spacing of the nodes' y = v^2
 # (2 v dv): the sum of such normals has no ripple (below 0.1%) between nodes.
 _NODE_WIDTH = 0.6
@@ -110,7 +115,7 @@ class PairEvidence:
     def log_likelihood(self, dependence: np.ndarray) -> np.ndarray:
         """Log density of each observed ``raw`` given the pair's dependence (profile
         unit, >= 0; (P, G) or broadcastable to it): the noise's density (the null
-        draws' kernel density, :func:`_root_density`) shifted by ``S`` and convolved
+        draws' kernel density with its tail, :func:`_root_density`) shifted by ``S`` and convolved
         with the noise along the signal, ``N(0, 4 nu S)``. Returns (P, G) float64."""
         signal = np.asarray(dependence, dtype=np.float64) * self.unit[:, None]
         signal = np.broadcast_to(signal, np.broadcast_shapes(signal.shape, (self.count, 1)))
@@ -137,7 +142,7 @@ class PairEvidence:
         (:data:`_NODE_WIDTH`), convolved with the normal noise along the signal and read
         at ``raw - S``."""
         i = pair
-        v, mass = _root_density(self.null[i], float(self.raw[i]))
+        v, mass = _root_density(self.null[i], float(self.raw[i]), float(self.dim[i]))
         c2 = 4.0 * float(self.null[i].mean() / self.dim[i]) * signal
         step = v[1] - v[0]
         var = c2 + (_NODE_WIDTH**2 * (4.0 * v * v * step * step + step**4))[:, None]
@@ -148,12 +153,13 @@ class PairEvidence:
         return out[None, :] - 0.5 * math.log(2 * math.pi)
 
 
-def _root_density(null: np.ndarray, raw: float) -> tuple[np.ndarray, np.ndarray]:
+def _root_density(null: np.ndarray, raw: float, dim: float) -> tuple[np.ndarray, np.ndarray]:
     """Nodes ``v`` (:data:`_NODES`, from 0 past the largest of ``sqrt(null)`` and
-    ``sqrt(raw)``) and the probability of each node's cell under the normal kernel
-    density of ``sqrt(null)`` reflected at 0 (Silverman's bandwidth). The square root
-    makes a one-dimensional statistic's spike at 0 (a chi-square with one degree of
-    freedom) a smooth half-normal the kernel can follow."""
+    ``sqrt(raw)``) and the probability of each node's cell: the normal kernel density
+    of ``sqrt(null)`` reflected at 0 (Silverman's bandwidth), at least the exponential
+    tail of :func:`_tail_masses` (then normalised again). The square root makes a
+    one-dimensional statistic's spike at 0 (a chi-square with one degree of freedom) a
+    smooth half-normal the kernel can follow."""
     roots = np.sqrt(np.maximum(null, 0.0))
     h = float(_bandwidth(roots[None, :])[0])
     v = np.linspace(0.0, max(float(roots.max()), math.sqrt(max(raw, 0.0))) + 8 * h, _NODES)
@@ -161,8 +167,34 @@ def _root_density(null: np.ndarray, raw: float) -> tuple[np.ndarray, np.ndarray]
         np.exp(-0.5 * ((v[:, None] - roots[None, :]) / h) ** 2)
         + np.exp(-0.5 * ((v[:, None] + roots[None, :]) / h) ** 2)
     ).sum(axis=1)
-    mass: np.ndarray = dens / dens.sum()
-    return v, mass
+    mass = np.maximum(dens / dens.sum(), _tail_masses(null, v, dim))
+    out: np.ndarray = mass / mass.sum()
+    return v, out
+
+
+def _tail_masses(null: np.ndarray, v: np.ndarray, dim: float) -> np.ndarray:
+    """The probability of each node's cell ``[(v - step/2)^2, (v + step/2)^2]`` under an
+    exponential tail of the statistic past the draws' :data:`_TAIL_FROM` quantile
+    ``u``: the share of draws above ``u`` times ``exp(-(y - u) / beta)``. A sum of
+    squared normal noise decays as ``exp(-y / (2 lambda_max))``, its largest
+    eigenvalue at least ``mean / dim`` (all of them for a 2 x 2 table, a chi-square
+    with one degree of freedom); ``beta`` is the largest of ``2 mean / dim``, the
+    draws' variance over mean (the same for a chi-square) and their mean excess over
+    ``u``, so an estimate from 200 draws errs towards a heavier tail. Measured against
+    400,000 draws at tail probabilities 1e-2 to 2e-5: within 1.4 nats of the exact log
+    density on 2 x 2 and 2 x 8 tables, up to 1.7 (at 1e-4) and 3.5 (at 2e-5) nats
+    light on 6 x 10 and 3 x 12 tables; the kernel alone was up to 135 nats light."""
+    u = float(np.quantile(null, _TAIL_FROM))
+    above = null[null > u]
+    mean = float(null.mean())
+    if above.size < 2 or mean <= 0:
+        return np.zeros_like(v)
+    beta = max(2 * mean / dim, float(null.var()) / mean, float((above - u).mean()))
+    step = v[1] - v[0]
+    lo, hi = (np.maximum(np.maximum(v + d, 0.0) ** 2, u) for d in (-step / 2, step / 2))
+    share = above.size / null.size
+    out: np.ndarray = share * (np.exp(-(lo - u) / beta) - np.exp(-(hi - u) / beta))
+    return out
 
 
 def _bandwidth(null: np.ndarray) -> np.ndarray:
