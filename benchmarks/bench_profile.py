@@ -159,7 +159,7 @@ def _report(rows, shapes, reps: int) -> str:  # type: ignore[no-untyped-def]
         "likelihood, its noise simulated under independence with margins read without a "
         "prior's pull, pooled over the pairs with their heterogeneity: each pair's "
         "dependence a Gamma-distributed multiple of its marginal weight, its shape alpha "
-        "log-uniform on [1/16, 4]) and of the **baseline**, the rule up to commit f78fe53 "
+        "log-uniform on [1/64, 4]) and of the **baseline**, the rule up to commit f78fe53 "
         "(the pairs' ratio estimate sum x / sum w taken as normal, margins shrunk by a "
         "Dirichlet(1) prior). The pilot is the default's: where its pair views cannot tell "
         "a typical dependence from none (small epsilon, large tables), it measures the "

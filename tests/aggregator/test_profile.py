@@ -352,7 +352,7 @@ def test_the_prior_is_log_uniform_on_its_documented_range() -> None:
     # (binary) and 3/4 (three categories), so the one pair's range is [5e-4, 0.25]:
     # median sqrt(1.25e-4), quantiles 5e-4 x 500^f
     prior = DataProfile.prior(Schema.from_sizes([2, 3]))
-    assert CONTINGENCY_PRIOR == (1e-3, 0.5) and HETEROGENEITY_PRIOR == (1 / 16, 4.0)
+    assert CONTINGENCY_PRIOR == (1e-3, 0.5) and HETEROGENEITY_PRIOR == (1 / 64, 4.0)
     assert dependence_range(prior.marginals) == pytest.approx((5e-4, 0.25), rel=1e-12)
     assert prior.dependence == pytest.approx(math.sqrt(1.25e-4), rel=1e-12)
     expected = [5e-4 * 500**f for f in (0.1, 0.3, 0.5, 0.7, 0.9)]
