@@ -118,8 +118,9 @@ class PairEvidence:
     def log_likelihood(self, dependence: np.ndarray) -> np.ndarray:
         """Log density of each observed ``raw`` given the pair's dependence (profile
         unit, >= 0; (P, G) or broadcastable to it): the noise's density (the null
-        draws' kernel density with its tail, :func:`_root_density`) shifted by ``S`` and convolved
-        with the noise along the signal, ``N(0, 4 nu S)``. Returns (P, G) float64."""
+        draws' kernel density with its tail, :func:`_root_density`) shifted by ``S``
+        and convolved with the noise along the signal, ``N(0, 4 nu S)``. Returns
+        (P, G) float64."""
         signal = np.asarray(dependence, dtype=np.float64) * self.unit[:, None]
         signal = np.broadcast_to(signal, np.broadcast_shapes(signal.shape, (self.count, 1)))
         nu = (self.null_mean / self.dim)[:, None]
