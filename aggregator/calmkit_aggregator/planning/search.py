@@ -74,6 +74,7 @@ __all__ = [
     "choose_plan",
     "convincing",
     "fewest_users",
+    "score_views",
 ]
 
 MAX_VIEWS = 4096
@@ -109,6 +110,13 @@ class Candidate:
     noise: float
     bias: float
     range: tuple[float, ...] = ()  # predicted SSE at each dependence quantile
+
+    @property
+    def steady(self) -> bool:
+        """Whether the predicted SSE is the same at every dependence quantile: a design
+        whose every query lies in a view (no dependence left to miss), whose
+        prediction the profile's uncertainty cannot move."""
+        return bool(self.range) and max(self.range) <= min(self.range) * (1 + 1e-9)
 
     @property
     def typical(self) -> float:
@@ -187,6 +195,11 @@ class PlannedViews:
         return best
 
     @property
+    def chosen(self) -> Candidate:
+        """The chosen candidate (its predicted SSE at each dependence quantile)."""
+        return self._chosen
+
+    @property
     def _chosen(self) -> Candidate:
         return next(
             c for c in self.candidates if (c.l, c.m, c.design) == (self.l, self.m, self.design)
@@ -202,7 +215,7 @@ class PlannedViews:
             low, high = self.sse_range
             effect = (
                 "which the prediction does not hang on (every query is in a view)"
-                if _steady(self._chosen)
+                if self._chosen.steady
                 else f"and the predicted SSE ranges from {low:.3g} to {high:.3g} over it"
             )
             out.append(
@@ -249,7 +262,7 @@ class PlannedViews:
 
 def _over_quantiles(candidate: Candidate) -> str:
     """A candidate's expected SSE and its spread over the dependence quantiles, in words."""
-    if not candidate.range or _steady(candidate):
+    if not candidate.range or candidate.steady:
         return f"{candidate.sse:.3g} at every dependence quantile"
     low, high = min(candidate.range), max(candidate.range)
     return f"{candidate.sse:.3g}, from {low:.3g} to {high:.3g} over the dependence quantiles"
@@ -309,6 +322,43 @@ def choose_plan(
         reconstruction,
     )
     return _Search(problem).run()
+
+
+def score_views(
+    sizes: Sequence[int],
+    epsilon: float,
+    n: int,
+    workload: Workload,
+    profile: DataProfile,
+    views: Sequence[Sequence[int]],
+    design: str,
+    fixed_views: Sequence[Sequence[int]] = (),
+    fixed_users: Sequence[float] = (),
+    rng: int = 0,
+    reconstruction: str = "local",
+) -> Candidate:
+    """``views`` for ``n`` users (beside ``fixed_views``, as in :func:`choose_plan`)
+    scored as :func:`choose_plan` scores a design: its predicted SSE at each of
+    ``profile``'s dependence quantiles, named ``design``."""
+    problem = _problem(
+        sizes,
+        epsilon,
+        n,
+        workload,
+        profile,
+        fixed_views,
+        fixed_users,
+        None,
+        None,
+        rng,
+        True,
+        None,
+        reconstruction,
+    )
+    search = _Search(problem)
+    chosen = tuple(tuple(sorted(int(a) for a in v)) for v in views)
+    search.score(max(len(v) for v in chosen), chosen, design)
+    return search.scored[-1][0]
 
 
 @dataclass(frozen=True)
@@ -514,7 +564,7 @@ class _Search:
         safe or steady choice, a restricted search, or known marginals."""
         cand, views, _ = choice
         ends = self.p.profile.marginal_range
-        if ends is None or self.p.restricted or _is_safe(cand) or _steady(cand):
+        if ends is None or self.p.restricted or _is_safe(cand) or cand.steady:
             return True
         safe = _safe_designs(self.scored, _regret(self.scored))
         if not all(convincing(cand, s[0]) for s in safe):
@@ -804,7 +854,7 @@ def _safe_choice(
     the prediction's own uncertainty (:func:`convincing`): the smallest regret
     (:func:`_regret`) among those that do. Else the smallest regret among the safe
     designs and, for a profile a pilot ``informed``, the best steady one
-    (:func:`_steady`: every query inside a view, so its prediction does not hang on the
+    (:attr:`Candidate.steady`: every query inside a view, so its prediction does not hang on the
     uncertain dependence; where the pilot cannot tell a weak dependence from a strong
     one, it is the design that is right either way). From the prior alone, whose
     dependence spans every kind of data, the steady design is not weighed: planned
@@ -826,7 +876,7 @@ def _safe_choice(
     winners = [x for x in others if beating and all(convincing(x[0], s[0]) for s in safe)]
     if winners:
         return min(winners, key=key)
-    steady = [x for x in others if informed and _steady(x[0])]
+    steady = [x for x in others if informed and x[0].steady]
     choice = min(safe + ([min(steady, key=key)] if steady else []), key=key)
     return min([choice, *_dominating(scored, choice[0])], key=key)
 
@@ -845,14 +895,6 @@ def _dominating(scored: Sequence[Scored], chosen: Candidate) -> list[Scored]:
         and x[0].design in ("spread", "balanced")
         and all(a <= b for a, b in zip(x[0].range, chosen.range))
     ]
-
-
-def _steady(candidate: Candidate) -> bool:
-    """Whether ``candidate``'s predicted SSE is the same at every dependence quantile:
-    a design whose every query lies in a view (no dependence left to miss), whose
-    prediction the profile's uncertainty cannot move."""
-    sses = candidate.range
-    return bool(sses) and max(sses) <= min(sses) * (1 + 1e-9)
 
 
 def convincing(candidate: Candidate, safe: Candidate) -> bool:
