@@ -24,7 +24,22 @@ from calmkit_client import CalmkitError, Plan, PlanError
 from .reconstruction.methods import check_reconstruction
 from .reconstruction.support import SupportCounts
 
-__all__ = ["PhasedDesign", "combine_phases"]
+__all__ = ["PILOT_SET_ASIDE", "PhasedDesign", "combine_phases", "pilot_left_out"]
+
+# Appended to a collection's stored pilot check when the planner left the pilot's
+# reports out of the answers (:class:`~.planning.pilot.MainPlan`).
+PILOT_SET_ASIDE = (
+    "left out of the answers: the planner predicted them more accurate without the "
+    "pilot's small pair tables"
+)
+
+
+def pilot_left_out(pilot_check: str) -> bool:
+    """Whether a collection's answers leave its pilot phases out, read from its stored
+    pilot check: a failed check (its reports may be fakes, and the next phase was
+    planned without them) or a pilot the planner set aside (:data:`PILOT_SET_ASIDE`).
+    The answers then rest on the last phase alone."""
+    return pilot_check.startswith("failed") or pilot_check.endswith(PILOT_SET_ASIDE)
 
 
 def combine_phases(parts: Sequence[SupportCounts]) -> SupportCounts:

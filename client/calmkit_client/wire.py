@@ -218,7 +218,8 @@ class CollectionInfo:
     reports; ``pilot_target``: the pilot's reports (in one phase or two), after which
     the main phase starts (0: no pilot);
     ``max_reports``: the report cap (0: none); ``flags``: manipulation flags (counts
-    no honest population explains); ``pilot_check``: the pilot's feasibility check;
+    no honest population explains); ``pilot_check``: the pilot's feasibility check
+    (followed by a note where the planner left the pilot's reports out of the answers);
     ``admission``: the admission-ticket scheme and key fingerprint ("" when reports
     need no ticket); ``expected_n``: the users it was planned for (0: not given)."""
 

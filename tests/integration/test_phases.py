@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import plan_collection, reconstruct
-from calmkit_aggregator.phases import PhasedDesign, combine_phases
+from calmkit_aggregator.phases import PILOT_SET_ASIDE, PhasedDesign, combine_phases
 from calmkit_aggregator.planning.error_model import Workload
 from calmkit_aggregator.planning.pilot import (
     pilot_size,
@@ -42,6 +42,10 @@ WIDE = synthetic_population(n=6000, sizes=(2,) * 10, strength=1.5, rng=3)
 # 8 dependent binary attributes, 20,000 users: half the pilot (2,000 reports over 4
 # pairs) measures pairs, so the pilot takes two rounds
 TWO = synthetic_population(n=20_000, sizes=(2,) * 8, strength=1.5, rng=4)
+# 12 independent binary attributes, 20,000 users, eps 2: the pilot's two rounds of
+# small pair tables hold nothing but noise, and the planner leaves them out
+LOOSE = synthetic_population(n=20_000, sizes=(2,) * 12, max_parents=0, rng=3)
+LOOSE_SEED = 1  # the devices' entropy: reproducible reports, hence a reproducible plan
 
 
 @contextmanager
@@ -194,6 +198,40 @@ def test_a_pilot_of_two_rounds_plans_its_second_round_then_the_main_phase(
     with Storage(tmp_path / "agg.db") as reopened:  # restart: three phases, one design
         record = reopened.get_collection("t")
         assert record.plans == (start.plan, second, main) and record.design == design
+
+
+def test_a_pilot_the_planner_sets_aside_is_left_out_of_the_answers(
+    tmp_path: Path, seeded_entropy: Callable[[int], None]
+) -> None:
+    seeded_entropy(LOOSE_SEED)
+    start = start_pilot(LOOSE.schema, 2.0, LOOSE.n, seed=2)
+    target = start.reports
+    assert start.first_round == target // 2  # two rounds
+    design = PhasedDesign(LOOSE.n, target, 3, 2, first_round=start.first_round)
+    ids = np.arange(LOOSE.n, dtype=np.uint64)
+    with _serving(tmp_path) as (address, storage):
+        with AdminClient(address) as admin:
+            info = admin.create_collection(LOOSE.schema, 2.0, LOOSE.n, 3, collection_id="s", seed=2)
+            token = info.submit_token
+            assert token is not None
+            half = start.first_round
+            with Collector(address, "s", token, DeviceState.in_memory(), batch_size=500) as c:
+                for lo, hi in ((0, half), (half, target), (target, LOOSE.n)):
+                    c.plan(refresh=True)  # each round's users report under its plan
+                    assert c.submit_many(LOOSE.codes[lo:hi], ids[lo:hi]).accepted == hi - lo
+            status = admin.get_collection("s")
+            assert status.phase == 2 and not status.in_pilot
+            assert status.pilot_check == f"passed; {PILOT_SET_ASIDE}"
+            pilot = combine_phases([storage.phase_support("s", i) for i in range(2)])
+            main = plan_next_phase(design, pilot)
+            assert not main.keeps_pilot and status.plan == main.plan
+            answer = admin.query("s", ["a0", "a1", "a2"])
+        # the answers rest on the main phase alone
+        assert answer.reports == LOOSE.n - target
+        alone = reconstruct(storage.phase_support("s", 2)).answer(["a0", "a1", "a2"])
+        np.testing.assert_allclose(answer.values, alone.values, rtol=0, atol=1e-12)
+    with Storage(tmp_path / "agg.db") as reopened:  # the decision survives a restart
+        assert reopened.get_collection("s").pilot_check == status.pilot_check
 
 
 def test_one_batch_past_the_whole_pilot_starts_the_main_phase(tmp_path: Path) -> None:

@@ -16,14 +16,22 @@ second round looks where the first found some. Where half the pilot cannot measu
 any pair (large domains, few users, low epsilon), the pilot is one round of random
 matchings (or single attributes) over all of its users, as before.
 
-Each user still reports exactly once, under one of the plans; the pilot's views stay
-part of the final estimate (:func:`~..phases.combine_phases`), so no report is
-wasted.
+Each user still reports exactly once, under one of the plans. The pilot's views are
+part of the final estimate (:func:`~..phases.combine_phases`) unless the planner
+predicts the answers convincingly better without them (:func:`plan_after_pilot`):
+a two-round pilot spreads its users over a hundred or more pair views, and the
+consistency step's non-negativity holds each of those small, noisy tables as firmly
+as a large one. On 24 independent binary attributes (n = 47,000, eps 2) one attribute
+per view measured 4.5e-4 alone and 2.5e-3 with the pilot's 125 views of about 60
+reports each beside it; where the pilot's pairs hold real dependence they help
+instead (dropping them cost 6-38% on the planner benchmark's datasets), and the
+error model tells the two apart (docs/planner-notes.md).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +46,7 @@ from ..reconstruction.support import SupportCounts
 from .designs import pilot_views
 from .error_model import Workload
 from .profile import CONTINGENCY_PRIOR, DataProfile, estimate_profile
-from .search import PlannedViews, choose_plan, fewest_users
+from .search import Candidate, PlannedViews, choose_plan, convincing, fewest_users, score_views
 
 __all__ = [
     "MAX_MATCHINGS",
@@ -244,10 +252,31 @@ def profile_from_pilot(support: SupportCounts, prior: DataProfile | None = None)
 @dataclass(frozen=True)
 class MainPlan:
     """The main phase (after the pilot's one or two rounds): its ``plan`` and the
-    planner's ``choice`` (the prediction covers the pilot's views too)."""
+    planner's ``choice``. ``with_pilot`` is None when the pilot's reports are part of
+    the answers (``choice``'s prediction then covers the pilot's views too); else the
+    best choice with them, which ``choice`` (the main phase's views alone) beat
+    convincingly: the answers are then reconstructed from the main phase alone."""
 
     plan: Plan
     choice: PlannedViews
+    with_pilot: PlannedViews | None = None
+
+    @property
+    def keeps_pilot(self) -> bool:
+        """Whether the pilot's reports are part of the answers."""
+        return self.with_pilot is None
+
+    def notes(self, names: Sequence[str]) -> list[str]:
+        """The choice's notes (:meth:`~.search.PlannedViews.notes`) and, where the
+        pilot is left out of the answers, why."""
+        out = self.choice.notes(names)
+        if self.with_pilot is not None:
+            out.append(
+                "the pilot's reports are left out of the answers: its many small pair "
+                f"tables were predicted to add noise (SSE {self.choice.predicted.sse:.3g} "
+                f"without them against {self.with_pilot.predicted.sse:.3g} with them)"
+            )
+        return out
 
 
 def plan_after_pilot(
@@ -263,25 +292,49 @@ def plan_after_pilot(
 ) -> MainPlan:
     """Views for the ``n`` users after the pilot, chosen with the pilot's profile and
     with the pilot's views (and their reports) counted in the design, for answers
-    reconstructed by ``reconstruction`` ("local" or "global")."""
+    reconstructed by ``reconstruction`` ("local" or "global").
+
+    The pilot is left out of the answers where it is predicted to add noise: where one
+    attribute per view is predicted convincingly better without the pilot's pair
+    tables than with them (:func:`~.search.convincing`: by more than the
+    prediction's own uncertainty; the same views, so what the dependence leaves
+    uncertain moves both alike), the views are chosen again for the ``n`` users
+    alone, and that choice is taken if it beats the first convincingly, unless it
+    gives up a design that holds every query (steady) for one whose prediction rests
+    on the uncertain dependence."""
     profile = profile_from_pilot(pilot, prior)
     schema = pilot.plan.schema
-    users = np.maximum(pilot.n, 1).astype(float)
-    choice = choose_plan(
-        schema.sizes,
-        pilot.plan.epsilon,
-        n,
-        workload,
-        profile,
-        fixed_views=pilot.plan.views,
-        fixed_users=users,
-        l=l,
-        m=m,
-        rng=seed,
-        covering_dir=covering_dir,
-        reconstruction=reconstruction,
-    )
-    return MainPlan(Plan(schema, pilot.plan.epsilon, choice.views, seed=seed), choice)
+    users = tuple(np.maximum(pilot.n, 1).astype(float))
+    args = (schema.sizes, pilot.plan.epsilon, n, workload, profile)
+
+    def plan(
+        fixed: Sequence[tuple[int, ...]] = (), fixed_users: Sequence[float] = ()
+    ) -> PlannedViews:
+        return choose_plan(
+            *args,
+            fixed_views=fixed,
+            fixed_users=fixed_users,
+            l=l,
+            m=m,
+            rng=seed,
+            covering_dir=covering_dir,
+            reconstruction=reconstruction,
+        )
+
+    def singles(
+        fixed: Sequence[tuple[int, ...]] = (), fixed_users: Sequence[float] = ()
+    ) -> Candidate:
+        views = [(a,) for a, size in enumerate(schema.sizes) if size > 1]
+        return score_views(*args, views, "spread", fixed, fixed_users, seed, reconstruction)
+
+    choice, with_pilot = plan(pilot.plan.views, users), None
+    pairs = any(len(v) > 1 for v in pilot.plan.views)
+    if pairs and convincing(singles(), singles(pilot.plan.views, users)):
+        alone = plan()
+        steady = alone.chosen.steady or not choice.chosen.steady
+        if steady and convincing(alone.chosen, choice.chosen):
+            choice, with_pilot = alone, choice
+    return MainPlan(Plan(schema, pilot.plan.epsilon, choice.views, seed=seed), choice, with_pilot)
 
 
 def plan_next_phase(design: PhasedDesign, pilot: SupportCounts) -> MainPlan:

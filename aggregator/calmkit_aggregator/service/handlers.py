@@ -45,7 +45,7 @@ from calmkit_client.errors import (
 from calmkit_client.ids import check_collection_id
 from calmkit_client.wire import CollectionInfo, MarginalAnswer
 
-from ..phases import PhasedDesign, combine_phases
+from ..phases import PILOT_SET_ASIDE, PhasedDesign, combine_phases, pilot_left_out
 from ..planning.collection import plan_collection
 from ..planning.pilot import plan_next_phase, plan_pilot_round, start_pilot
 from ..reconstruction.methods import check_reconstruction
@@ -422,8 +422,11 @@ class AggregatorService(wire.AggregatorServicer):
                     predicted_sse=round(main.choice.predicted.sse, 6),
                     predicted_range=[round(x, 6) for x in main.choice.sse_range],
                     dependence=round(main.choice.profile.dependence, 5),
-                    notes=main.choice.notes(main.plan.schema.names),
+                    pilot_kept=main.keeps_pilot,
+                    notes=main.notes(main.plan.schema.names),
                 )
+                if not main.keeps_pilot:  # stored once the main phase is: see _estimator
+                    self.storage.set_pilot_check(collection_id, f"{check}; {PILOT_SET_ASIDE}")
         return True
 
     def _start_phase(
@@ -450,10 +453,11 @@ class AggregatorService(wire.AggregatorServicer):
     ) -> tuple[SupportCounts, Estimator, int]:
         """The support counted now, its reconstruction (cached per collection and
         reconstruction until more reports arrive) and how many reports it rests on.
-        A pilot that failed its feasibility check is left out: its reports may be
-        fakes, and every later phase was planned without them."""
+        A pilot that failed its feasibility check is left out (its reports may be
+        fakes, and every later phase was planned without them), and so is one the
+        planner set aside (:attr:`~..planning.pilot.MainPlan.keeps_pilot`)."""
         record = self.storage.get_collection(collection_id)
-        if record.pilot_check.startswith("failed") and record.phase >= 1:
+        if pilot_left_out(record.pilot_check) and record.phase >= 1:
             # the phase planned without the pilot is the last: every earlier one is left out
             support = self.storage.phase_support(collection_id, record.phase)
         else:

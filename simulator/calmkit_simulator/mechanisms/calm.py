@@ -8,7 +8,9 @@ pilot first unless ``pilot=0`` or both ``l`` and ``m`` are fixed: a random
 ``pilot`` fraction of the users reports on attribute pairs (in two rounds, the second
 on pairs chosen from the first's reports, where half the pilot can measure pairs:
 :func:`~calmkit_aggregator.planning.pilot.start_pilot`), the profile estimated from
-their reports picks the views of the others, and the estimate uses every phase.
+their reports picks the views of the others, and the estimate uses every phase (the
+main phase alone where the planner predicts the pilot's pair tables would add more
+noise than they hold: ``chosen["pilot_kept"]``).
 ``"paper"`` is Algorithm 1 in one phase.
 
 One-phase plans are made once per setting (schema, n, k, epsilon, planner, theta,
@@ -205,15 +207,15 @@ class Calm(Mechanism):
             reconstruction=self.reconstruction,
         )
         main_support = collect_support(population, main.plan, gen, path=self.path, rows=rest)
-        estimator = reconstruct_by(
-            combine_phases([pilot_support, main_support]), self.reconstruction, self.shrink
-        )
+        phases = [pilot_support, main_support] if main.keeps_pilot else [main_support]
+        estimator = reconstruct_by(combine_phases(phases), self.reconstruction, self.shrink)
         chosen_main: dict[str, object] = {
             "m": main.plan.m,
             "l": main.choice.l,
             "design": main.choice.design,
             "pilot_m": pilot_support.plan.m,
             "pilot_users": int(cut),
+            "pilot_kept": main.keeps_pilot,
             "predicted_sse": float(main.choice.predicted.sse),
             "median_sse": float(main.choice.median_sse),
             "sse_range": [float(x) for x in main.choice.sse_range],
@@ -222,7 +224,7 @@ class Calm(Mechanism):
         if skipped:  # attributes in no view: one category, or too few users
             chosen_main["not_collected"] = [population.schema.names[a] for a in skipped]
         notes = [
-            *main.choice.notes(population.schema.names),
+            *main.notes(population.schema.names),
             *margin_notes(estimator, population.schema.names),
         ]
         if notes:  # what the plan rests on (a pilot without pairs, a design set aside)
