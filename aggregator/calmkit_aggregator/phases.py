@@ -7,8 +7,10 @@ then plans the other users' views from what the pilot showed (:mod:`.planning.pi
 does the planning). Storage keeps the :class:`PhasedDesign`
 beside the collection and each phase's support counts under that phase's own plan;
 :func:`combine_phases` joins them for the reconstruction, so no pilot report is
-wasted. This module loads neither the planner nor the reconstruction: the storage
-backends import it.
+wasted, unless the pilot is left out of the answers (:func:`pilot_left_out`: its
+check failed, or the planner predicted the answers convincingly better without its
+small pair tables). This module loads neither the planner nor the reconstruction: the
+storage backends import it.
 """
 
 from __future__ import annotations
