@@ -92,22 +92,26 @@ def test_token_less_flood_keeps_memory_flat(served_process) -> None:  # type: ig
 
 def test_health_answers_during_a_flood(served_process) -> None:  # type: ignore[no-untyped-def]
     _, address = served_process
-    with futures.ThreadPoolExecutor(1) as pool:
-        flood = pool.submit(_flood, address, 64)
-        latencies = []
-        with open_channel(address) as channel:
-            check = health_pb2_grpc.HealthStub(channel).Check
-            check(health_pb2.HealthCheckRequest(), timeout=5)
-            while not flood.done():
-                t0 = time.perf_counter()
-                check(health_pb2.HealthCheckRequest(), timeout=5)
-                latencies.append(time.perf_counter() - t0)
-                time.sleep(0.01)
-        flood.result()
-    assert len(latencies) >= 5
-    p99 = float(np.quantile(latencies, 0.99))
-    # 2.5x the 100 ms target (measured ~40 ms; calmkit before the limits: 400-570 ms)
-    assert p99 < 0.25, f"health p99 {1e3 * p99:.0f} ms during the flood (target 100 ms)"
+    latencies = []
+    with open_channel(address) as channel:
+        check = health_pb2_grpc.HealthStub(channel).Check
+        check(health_pb2.HealthCheckRequest(), timeout=5)
+        for _ in range(2):  # two floods in turn: ~50 checks
+            with futures.ThreadPoolExecutor(1) as pool:
+                flood = pool.submit(_flood, address, 64)
+                while not flood.done():
+                    t0 = time.perf_counter()
+                    check(health_pb2.HealthCheckRequest(), timeout=5)
+                    latencies.append(time.perf_counter() - t0)
+                    time.sleep(0.01)
+                flood.result()
+    assert len(latencies) >= 20
+    # The 90th percentile, not the 99th: with ~50 checks the 99th is the single slowest,
+    # which one scheduler stall on a shared 2-core machine sets (a CI run once saw
+    # 390 ms). Measured on 6 runs of one flood each: 31-58 ms with the limits,
+    # 162-342 ms in calmkit before them (their largest: 48-81 ms and 250-580 ms).
+    p90 = float(np.quantile(latencies, 0.9))
+    assert p90 < 0.12, f"health p90 {1e3 * p90:.0f} ms during the flood (target 100 ms)"
 
 
 def _never_sent(stop: threading.Event) -> Iterator[bytes]:
