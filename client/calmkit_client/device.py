@@ -3,7 +3,8 @@
 The aggregator keeps one report per user per collection, keyed by a 16-byte
 *pseudonym* the client sends with each report. A :class:`DeviceState` holds
 
-* a 32-byte device secret, drawn once from ``os.urandom`` and stored; the pseudonym
+* a 32-byte device secret, drawn once from the OS entropy source (``os.urandom``,
+  through :class:`~.randomness.OsEntropy`) and stored; the pseudonym
   of a collection is ``HMAC-SHA256(secret, msg)[:16]`` with
   ``msg = b"calmkit/pseudonym/v1\\0" + collection_id (UTF-8)`` for the device's own
   user, followed by ``b"\\0" + encode_user_id(user_id)`` when acting for a named user.
@@ -55,7 +56,7 @@ from .budget import DEFAULT_BUDGET, PrivacyBudget
 from .errors import BudgetExceeded, CalmkitError
 from .ids import check_collection_id
 from .plan import Plan
-from .randomness import SourceLike
+from .randomness import OsEntropy, SourceLike
 from .report import Report, make_report, make_reports
 from .schema import Label
 
@@ -176,7 +177,7 @@ class DeviceState:
     ``DeviceState()`` opens the per-user default file (:func:`default_state_path`);
     pass ``path`` to keep it elsewhere, or use :meth:`in_memory` to opt out of
     persistence. A missing file (and its parent folder) is created with mode 0o600
-    (0o700); a new file gets a fresh 32-byte secret from ``os.urandom``; a format-1
+    (0o700); a new file gets a fresh 32-byte secret from the OS entropy source; a format-1
     file is migrated in place. Use as a context manager or call :meth:`close`.
     """
 
@@ -256,11 +257,10 @@ class DeviceState:
                         f"device state format ({version}) of {self._where} must be 1 or "
                         f"{_FORMAT} (written by a newer calmkit?)"
                     )
-                conn.execute(
-                    "INSERT OR IGNORE INTO device (id, secret) VALUES (1, ?)",
-                    (os.urandom(SECRET_BYTES),),
-                )
-                secret = conn.execute("SELECT secret FROM device WHERE id = 1").fetchone()[0]
+                row = conn.execute("SELECT secret FROM device WHERE id = 1").fetchone()
+                secret = OsEntropy().token(SECRET_BYTES) if row is None else row[0]
+                if row is None:  # drawn only for a new file, inside this transaction
+                    conn.execute("INSERT INTO device (id, secret) VALUES (1, ?)", (secret,))
                 if version == 1:
                     self._migrate_from_1(conn, secret)
                 conn.execute("COMMIT")

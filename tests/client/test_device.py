@@ -62,6 +62,22 @@ def test_two_devices_have_unrelated_pseudonyms(tmp_path: Path) -> None:
         assert one.pseudonym("flu-2024", 7) != two.pseudonym("flu-2024", 7)
 
 
+def test_the_secret_comes_from_the_entropy_source_once(
+    tmp_path: Path, seeded_entropy: Callable[[int], None], entropy_draws: list[int]
+) -> None:
+    # drawn through OsEntropy (so a seeded test reproduces a device's views), only for
+    # a new file: reopening draws nothing and keeps it
+    seeded_entropy(4)
+    with DeviceState(tmp_path / "a.db") as one:
+        assert entropy_draws == [32]
+        mine = one.pseudonym("flu-2024")
+    with DeviceState(tmp_path / "a.db") as again:
+        assert again.pseudonym("flu-2024") == mine and entropy_draws == [32]
+    seeded_entropy(4)
+    with DeviceState.in_memory() as twin:
+        assert twin.pseudonym("flu-2024") == mine
+
+
 def test_pseudonym_is_the_documented_keyed_hash(tmp_path: Path) -> None:
     path = tmp_path / "device.db"
     with DeviceState(path) as state:

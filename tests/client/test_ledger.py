@@ -99,6 +99,8 @@ def test_a_plan_above_the_per_collection_cap_is_refused_before_any_draw(
     entropy_draws: list[int],
 ) -> None:
     with DeviceState.in_memory() as state:
+        assert entropy_draws == [32]  # the new device's secret, drawn when it is opened
+        entropy_draws.clear()
         cap = r"epsilon \(20.0\) of collection 'c' must be <= the per-collection cap \(4.0\)"
         with pytest.raises(BudgetExceeded, match=cap):
             state.report_for("c", _plan(20.0), RECORD)

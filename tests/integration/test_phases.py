@@ -45,7 +45,7 @@ TWO = synthetic_population(n=20_000, sizes=(2,) * 8, strength=1.5, rng=4)
 # 12 independent binary attributes, 20,000 users, eps 2: the pilot's two rounds of
 # small pair tables hold nothing but noise, and the planner leaves them out
 LOOSE = synthetic_population(n=20_000, sizes=(2,) * 12, max_parents=0, rng=3)
-LOOSE_SEED = 1  # the devices' entropy: reproducible reports, hence a reproducible plan
+LOOSE_SEED = 2  # the devices' entropy (secrets, hence views, and reports): a reproducible plan
 
 
 @contextmanager
