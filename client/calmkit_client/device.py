@@ -258,9 +258,11 @@ class DeviceState:
                         f"{_FORMAT} (written by a newer calmkit?)"
                     )
                 row = conn.execute("SELECT secret FROM device WHERE id = 1").fetchone()
-                secret = OsEntropy().token(SECRET_BYTES) if row is None else row[0]
-                if row is None:  # drawn only for a new file, inside this transaction
+                if row is None:  # a new file: its secret, under this transaction's write lock
+                    secret = OsEntropy().token(SECRET_BYTES)
                     conn.execute("INSERT INTO device (id, secret) VALUES (1, ?)", (secret,))
+                else:
+                    secret = row[0]
                 if version == 1:
                     self._migrate_from_1(conn, secret)
                 conn.execute("COMMIT")
