@@ -31,8 +31,8 @@ error model tells the two apart (docs/planner-notes.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -301,21 +301,27 @@ def plan_after_pilot(
     uncertain moves both alike), the views are chosen again for the ``n`` users
     alone, and that choice is taken if it beats the first convincingly, unless it
     gives up a design that holds every query (steady) for one whose prediction rests
-    on the uncertain dependence."""
+    on the uncertain dependence. Where that choice does not beat the first but one
+    of the candidates it weighed does, the best such candidate (lowest typical SSE)
+    is planned again at its l and m and taken on the same test: the choice alone is
+    the better bet among plans without the pilot, yet its prediction may be too
+    uncertain to be a convincing step away from the plan with it."""
     profile = profile_from_pilot(pilot, prior)
     schema = pilot.plan.schema
     users = tuple(np.maximum(pilot.n, 1).astype(float))
     args = (schema.sizes, pilot.plan.epsilon, n, workload, profile)
 
     def plan(
-        fixed: Sequence[tuple[int, ...]] = (), fixed_users: Sequence[float] = ()
+        fixed: Sequence[tuple[int, ...]] = (),
+        fixed_users: Sequence[float] = (),
+        size: tuple[int | None, int | None] = (l, m),
     ) -> PlannedViews:
         return choose_plan(
             *args,
             fixed_views=fixed,
             fixed_users=fixed_users,
-            l=l,
-            m=m,
+            l=size[0],
+            m=size[1],
             rng=seed,
             covering_dir=covering_dir,
             reconstruction=reconstruction,
@@ -330,11 +336,29 @@ def plan_after_pilot(
     choice, with_pilot = plan(pilot.plan.views, users), None
     pairs = any(len(v) > 1 for v in pilot.plan.views)
     if pairs and convincing(singles(), singles(pilot.plan.views, users)):
-        alone = plan()
-        steady = alone.chosen.steady or not choice.chosen.steady
-        if steady and convincing(alone.chosen, choice.chosen):
+        alone = _beating(plan(), choice.chosen, lambda c: plan(size=(c.l, c.m)))
+        if alone is not None:
             choice, with_pilot = alone, choice
     return MainPlan(Plan(schema, pilot.plan.epsilon, choice.views, seed=seed), choice, with_pilot)
+
+
+def _beating(
+    alone: PlannedViews, first: Candidate, replan: Callable[[Candidate], PlannedViews]
+) -> PlannedViews | None:
+    """``alone`` if its choice beats ``first`` convincingly, else the views of the
+    best of its candidates that does (``replan`` at its l and m), else None. A design
+    that holds every query is never given up for one that does not."""
+
+    def beats(c: Candidate) -> bool:
+        return (c.steady or not first.steady) and convincing(c, first)
+
+    if beats(alone.chosen):
+        return alone
+    better = [c for c in alone.candidates if beats(c)]
+    if not better:
+        return None
+    again = replan(min(better, key=lambda c: c.typical))
+    return replace(again, restricted=alone.restricted) if beats(again.chosen) else None
 
 
 def plan_next_phase(design: PhasedDesign, pilot: SupportCounts) -> MainPlan:
