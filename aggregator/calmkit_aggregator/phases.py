@@ -9,7 +9,8 @@ beside the collection and each phase's support counts under that phase's own pla
 :func:`combine_phases` joins them for the reconstruction, so no pilot report is
 wasted, unless the pilot is left out of the answers (:func:`pilot_left_out`: its
 check failed, or the planner predicted the answers convincingly better without its
-small pair tables). This module loads neither the planner nor the reconstruction: the
+small pair tables; its reports then count in the attributes' margins only,
+:func:`pilot_set_aside`). This module loads neither the planner nor the reconstruction: the
 storage backends import it.
 """
 
@@ -26,7 +27,13 @@ from calmkit_client import CalmkitError, Plan, PlanError
 from .reconstruction.methods import check_reconstruction
 from .reconstruction.support import SupportCounts
 
-__all__ = ["PILOT_SET_ASIDE", "PhasedDesign", "combine_phases", "pilot_left_out"]
+__all__ = [
+    "PILOT_SET_ASIDE",
+    "PhasedDesign",
+    "combine_phases",
+    "pilot_left_out",
+    "pilot_set_aside",
+]
 
 # Appended to a collection's stored pilot check when the planner left the pilot's
 # reports out of the answers (:class:`~.planning.pilot.MainPlan`).
@@ -42,6 +49,14 @@ def pilot_left_out(pilot_check: str) -> bool:
     planned without them) or a pilot the planner set aside (:data:`PILOT_SET_ASIDE`).
     The answers then rest on the last phase alone."""
     return pilot_check.startswith("failed") or pilot_check.endswith(PILOT_SET_ASIDE)
+
+
+def pilot_set_aside(pilot_check: str) -> bool:
+    """Whether the planner set the collection's pilot aside (:data:`PILOT_SET_ASIDE`)
+    after it passed its check: its reports then still count in the attributes'
+    margins (:attr:`~.reconstruction.support.SupportCounts.margins_from`). A pilot
+    that failed its check counts nowhere: its reports may be fakes."""
+    return pilot_check.startswith("passed") and pilot_check.endswith(PILOT_SET_ASIDE)
 
 
 def combine_phases(parts: Sequence[SupportCounts]) -> SupportCounts:

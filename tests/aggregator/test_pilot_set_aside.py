@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calmkit_aggregator import reconstruct
+from calmkit_aggregator import reconstruct, reconstruct_by
 from calmkit_aggregator.phases import PhasedDesign, combine_phases
 from calmkit_aggregator.planning import pilot as pilot_module
 from calmkit_aggregator.planning.pilot import MainPlan, plan_next_phase, start_pilot
@@ -22,6 +22,7 @@ from calmkit_aggregator.reconstruction.support import SupportCounts
 from calmkit_simulator import synthetic_population
 from calmkit_simulator.collect import collect_support
 from calmkit_simulator.mechanisms import Calm
+from calmkit_simulator.mechanisms import calm as calm_module
 from calmkit_simulator.mechanisms.calm import _CalmRelease, collect_pilot
 from calmkit_simulator.population import Population
 
@@ -136,12 +137,25 @@ def test_a_plan_that_beats_the_pilot_is_found_among_the_candidates(
     assert _sse(support, INDEPENDENT) < _sse(combine_phases([pilot, support]), INDEPENDENT)
 
 
-def test_the_simulator_answers_from_the_main_phase_alone_when_the_pilot_is_set_aside() -> None:
+def test_the_simulator_answers_from_the_main_phase_alone_when_the_pilot_is_set_aside(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # the harness's CALM runs the same phases: the release says whether the pilot was
-    # kept, and a set-aside pilot's views are not in the reconstruction
+    # kept, and a set-aside pilot's views are not in the reconstruction: its reports
+    # count in the margins only
     kept = {}
+    seen: list[SupportCounts] = []
+
+    def recorded(support: SupportCounts, *args: Any) -> Any:
+        seen.append(support)
+        return reconstruct_by(support, *args)
+
+    monkeypatch.setattr(calm_module, "reconstruct_by", recorded)
     for name, pop in (("independent", INDEPENDENT), ("dependent", DEPENDENT)):
         release = Calm().run(pop, EPSILON, 3, rng=1)
+        side = seen[-1].margins_from
+        assert (side is None) == release.describe()["pilot_kept"]
+        assert side is None or int(side.n.sum()) == release.describe()["pilot_users"]
         assert isinstance(release, _CalmRelease)
         chosen = release.describe()
         views = release.estimator.plan.views

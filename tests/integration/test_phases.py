@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -226,10 +227,14 @@ def test_a_pilot_the_planner_sets_aside_is_left_out_of_the_answers(
             main = plan_next_phase(design, pilot)
             assert not main.keeps_pilot and status.plan == main.plan
             answer = admin.query("s", ["a0", "a1", "a2"])
-        # the answers rest on the main phase alone
-        assert answer.reports == LOOSE.n - target
-        alone = reconstruct(storage.phase_support("s", 2)).answer(["a0", "a1", "a2"])
+        # the answers rest on the main phase's views, and on the pilot's reports only
+        # through the attributes' margins
+        assert answer.reports == LOOSE.n
+        main_only = storage.phase_support("s", 2)
+        alone = reconstruct(replace(main_only, margins_from=pilot)).answer(["a0", "a1", "a2"])
         np.testing.assert_allclose(answer.values, alone.values, rtol=0, atol=1e-12)
+        without = reconstruct(main_only).answer(["a0", "a1", "a2"])
+        assert np.abs(answer.values - without.values).max() > 1e-4
     with Storage(tmp_path / "agg.db") as reopened:  # the decision survives a restart
         assert reopened.get_collection("s").pilot_check == status.pilot_check
 

@@ -272,9 +272,10 @@ class MainPlan:
         out = self.choice.notes(names)
         if self.with_pilot is not None:
             out.append(
-                "the pilot's reports are left out of the answers: its many small pair "
-                f"tables were predicted to add noise (SSE {self.choice.predicted.sse:.3g} "
-                f"without them against {self.with_pilot.predicted.sse:.3g} with them)"
+                "the pilot's reports are left out of the answers but for the attributes' "
+                "margins: its many small pair tables were predicted to add noise (SSE "
+                f"{self.choice.predicted.sse:.3g} without them against "
+                f"{self.with_pilot.predicted.sse:.3g} with them)"
             )
         return out
 

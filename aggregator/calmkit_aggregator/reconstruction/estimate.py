@@ -12,7 +12,7 @@ from calmkit_client import FrequencyOracle
 from .marginal import MarginalTable
 from .support import SupportCounts
 
-__all__ = ["contrast_variances", "draw_estimates", "estimate_views"]
+__all__ = ["contrast_variances", "draw_estimates", "estimate_views", "side_margins"]
 
 
 def estimate_views(support: SupportCounts) -> list[MarginalTable]:
@@ -33,6 +33,32 @@ def estimate_views(support: SupportCounts) -> list[MarginalTable]:
         values = oracle.estimate(support.counts[j], n).reshape(shape)
         tables.append(MarginalTable(view, values, float(oracle.variance(n)), n, oracle))
     return tables
+
+
+def side_margins(support: SupportCounts) -> list[MarginalTable]:
+    """One 1-way table per attribute that ``support.margins_from``'s views measure
+    (none without it): each such view's unbiased estimate summed onto the attribute
+    (:meth:`MarginalTable.project`: its variance times the cells summed), pooled over
+    the views by inverse variance. The pipeline makes them consistent with the views
+    and then drops them, so the views' margins take these reports in and nothing
+    else of the phase does: neither its tables' interactions nor their Norm-Sub."""
+    side = support.margins_from
+    if side is None:
+        return []
+    parts: dict[int, list[MarginalTable]] = {}
+    for table in estimate_views(side.pooled()):
+        if table.n > 0:
+            for a in table.attrs:
+                parts.setdefault(a, []).append(table.project((a,)))
+    return [_pooled(tables) for _, tables in sorted(parts.items())]
+
+
+def _pooled(tables: list[MarginalTable]) -> MarginalTable:
+    """Inverse-variance average of estimates of one marginal (variance 1 / sum 1/var)."""
+    precision = np.array([1.0 / t.variance for t in tables])
+    values = sum(w * t.values for w, t in zip(precision / precision.sum(), tables))
+    n = sum(t.n for t in tables)
+    return MarginalTable(tables[0].attrs, np.asarray(values), 1.0 / precision.sum(), n)
 
 
 def contrast_variances(support: SupportCounts) -> list[float]:

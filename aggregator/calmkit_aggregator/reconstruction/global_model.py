@@ -67,7 +67,7 @@ from calmkit_client.schema import AttrRef
 from calmkit_client.validation import check_int
 
 from .consistency import ConsistentViews, make_consistent
-from .estimate import contrast_variances, estimate_views
+from .estimate import contrast_variances, estimate_views, side_margins
 from .junction import (
     JunctionTree,
     TableTooLarge,
@@ -312,9 +312,11 @@ def fit_global(
     max_clique: int = DEFAULT_MAX_CLIQUE,
     max_cells: int = DEFAULT_MAX_CELLS,
     answers: str = "pairs",
+    side: Sequence[MarginalTable] = (),
 ) -> GlobalEstimator:
     """The global model of ``plan``'s estimated views ``tables`` (one per view, in
-    order; :func:`~.estimate.estimate_views`): pooled and made non-negative; when
+    order; :func:`~.estimate.estimate_views`), made consistent with the ``side``
+    margins (:func:`~.estimate.side_margins`): pooled and made non-negative; when
     ``contrast`` (each view's noise per contrast dimension; None: neither) is given,
     shrunk as the local pipeline shrinks them (the views answers meet) and moved to
     their posterior means under the model's prior (what the model is fitted to)
@@ -327,7 +329,8 @@ def fit_global(
         raise CalmkitError(f"answers ({answers!r}) must be one of {list(ANSWERS)}")
     if len(tables) != plan.m:
         raise CalmkitError(f"tables ({len(tables)}) must hold one table per view ({plan.m})")
-    views = make_consistent(tables, tol=tol, max_iter=max_iter)
+    views = make_consistent([*tables, *side], tol=tol, max_iter=max_iter)
+    views = replace(views, tables=views.tables[: len(tables)])  # side margins: consistency only
     targets, factors, prior = views.tables, None, None
     if contrast is not None:
         targets, prior = _prior_targets(views, contrast)
@@ -371,14 +374,16 @@ def reconstruct_global(
     (:func:`fit_global`), with the shrinkage (the margins' first,
     :func:`~.shrinkage.shrink_margins`) and the prior unless ``shrink=False``. Views
     measured more than once under one oracle are pooled first
-    (:meth:`~.support.SupportCounts.pooled`)."""
+    (:meth:`~.support.SupportCounts.pooled`); the margins of a phase in
+    ``support.margins_from`` join the consistency step (:func:`~.estimate.side_margins`).
+    """
     support = support.pooled()
+    side = side_margins(support)
+    sizes = (max_clique, max_cells, answers, side)
     if not shrink:
         tables = estimate_views(support)
-        return fit_global(support.plan, tables, None, tol, max_iter, max_clique, max_cells, answers)
+        return fit_global(support.plan, tables, None, tol, max_iter, *sizes)
     contrast = contrast_variances(support)
     margins = shrink_margins(estimate_views(support), contrast)
-    fitted = fit_global(
-        support.plan, margins.tables, contrast, tol, max_iter, max_clique, max_cells, answers
-    )
+    fitted = fit_global(support.plan, margins.tables, contrast, tol, max_iter, *sizes)
     return replace(fitted, margins=margins.factors)

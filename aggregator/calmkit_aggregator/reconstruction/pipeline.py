@@ -14,8 +14,9 @@ from calmkit_client import Plan
 from calmkit_client.schema import AttrRef
 
 from .consistency import ConsistentViews, make_consistent
-from .estimate import contrast_variances, estimate_views
+from .estimate import contrast_variances, estimate_views, side_margins
 from .global_model import reconstruct_global
+from .marginal import MarginalTable
 from .maxent import Answer, answer_query
 from .methods import check_reconstruction
 from .shrinkage import shrink_interactions, shrink_margins
@@ -57,17 +58,31 @@ def reconstruct(
     nearly flat margin is first shrunk towards uniform and, after consistency, each
     view's unshared interactions towards max-ent, both by their estimated
     signal-to-noise ratio (:mod:`.shrinkage`). Views measured more than once under one
-    oracle are pooled first (:meth:`~.support.SupportCounts.pooled`)."""
+    oracle are pooled first (:meth:`~.support.SupportCounts.pooled`); the margins of a
+    phase in ``support.margins_from`` join the consistency step
+    (:func:`~.estimate.side_margins`)."""
     support = support.pooled()
     if not shrink:
-        views = make_consistent(estimate_views(support), tol=tol, max_iter=max_iter)
+        views = consistent_with_side(estimate_views(support), support, tol, max_iter)
         return MarginalEstimator(support.plan, views)
     contrast = contrast_variances(support)
     margins = shrink_margins(estimate_views(support), contrast)
-    views = make_consistent(margins.tables, tol=tol, max_iter=max_iter)
+    views = consistent_with_side(margins.tables, support, tol, max_iter)
     shrunk = shrink_interactions(views.tables, contrast, closure=views.closure)
     views = replace(views, tables=shrunk.tables)
     return MarginalEstimator(support.plan, views, shrinkage=shrunk.factors, margins=margins.factors)
+
+
+def consistent_with_side(
+    tables: Sequence[MarginalTable], support: SupportCounts, tol: float, max_iter: int
+) -> ConsistentViews:
+    """:func:`~.consistency.make_consistent` of ``tables`` (one per view of
+    ``support``) together with ``support``'s side margins
+    (:func:`~.estimate.side_margins`), which are then dropped: the views come out
+    consistent with them, and one table per view."""
+    side = side_margins(support)
+    views = make_consistent([*tables, *side], tol=tol, max_iter=max_iter)
+    return replace(views, tables=views.tables[: len(tables)])
 
 
 class Estimator(Protocol):

@@ -20,13 +20,25 @@ __all__ = ["SupportCounts"]
 @dataclass(frozen=True)
 class SupportCounts:
     """Report counts ``n`` (m,) int64 and support counts per view (list of (L_j,) int64)
-    of one collection under ``plan``."""
+    of one collection under ``plan``.
+
+    ``margins_from``: the counts of an earlier phase whose reports the answers use only
+    through the margins of single attributes (a pilot the planner set aside: on
+    independent attributes its many small pair tables hold noise in their
+    interactions, while every table's margins are unbiased and take all its users);
+    see :func:`~.estimate.side_margins`. None: no such phase."""
 
     plan: Plan
     n: np.ndarray
     counts: tuple[np.ndarray, ...]
+    margins_from: SupportCounts | None = None
 
     def __post_init__(self) -> None:
+        side = self.margins_from
+        if side is not None and side.plan.schema != self.plan.schema:
+            raise PlanError("margins_from must share the schema of plan")
+        if side is not None and side.margins_from is not None:
+            raise PlanError("margins_from must not itself have margins_from")
         n = np.asarray(self.n, dtype=np.int64)
         if n.shape != (self.plan.m,) or (n < 0).any():
             raise PlanError(f"n (shape {n.shape}) must be {self.plan.m} counts >= 0")
@@ -112,12 +124,14 @@ class SupportCounts:
             oracles=tuple(keys[j][1] for j in order),
             seed=plan.seed,
         )
-        return SupportCounts(pooled, n, tuple(counts))
+        return SupportCounts(pooled, n, tuple(counts), self.margins_from)
 
     def merge(self, other: SupportCounts) -> SupportCounts:
-        """Counts of both collections (same plan)."""
+        """Counts of both collections (same plan; neither with ``margins_from``)."""
         if other.plan.digest != self.plan.digest:
             raise PlanError(f"plan ({other.plan.digest[:12]}) must match ({self.plan.digest[:12]})")
+        if self.margins_from is not None or other.margins_from is not None:
+            raise PlanError("counts with margins_from cannot be merged: merge each phase alone")
         return SupportCounts(
             self.plan, self.n + other.n, tuple(a + b for a, b in zip(self.counts, other.counts))
         )

@@ -6,14 +6,16 @@ variance. The bootstrap treats the reconstructed views as the truth: each view's
 ``n_j`` users get cell counts ``round(n_j * table)``, fresh support counts are drawn
 from the oracles' exact law for that fixed population (:func:`sample_support`), the
 whole pipeline runs again, and the spread of an answer over the replicates is its
-variance. A view's raw estimate (and its projections) has a closed form instead:
+variance. A phase counted in the margins only (``SupportCounts.margins_from``) is
+drawn afresh too, its views' tables answered by the same reconstruction. A view's raw
+estimate (and its projections) has a closed form instead:
 :meth:`calmkit_aggregator.reconstruction.marginal.MarginalTable.cell_variance`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -69,12 +71,41 @@ def sample_support(
     return SupportCounts(plan, n, tuple(support))
 
 
+def _replicate_draw(
+    support: SupportCounts, truth_of: Estimator
+) -> Callable[[np.random.Generator], SupportCounts]:
+    """A replicate's support counts drawn from ``truth_of``: every view's, and those
+    of ``support.margins_from`` (a set-aside phase: its views' tables are answered by
+    ``truth_of``), so that the replicates carry that phase's noise too."""
+    truth = plug_in_counts(truth_of, support.n)
+    side = support.margins_from.pooled() if support.margins_from is not None else None
+    side_truth = (
+        _counts([truth_of.answer(list(v)).values for v in side.plan.views], side.n)
+        if side is not None
+        else []
+    )
+
+    def draw(gen: np.random.Generator) -> SupportCounts:
+        main = sample_support(support.plan, support.n, truth, gen)
+        if side is None:
+            return main
+        return replace(main, margins_from=sample_support(side.plan, side.n, side_truth, gen))
+
+    return draw
+
+
 def plug_in_counts(estimator: Estimator, n: np.ndarray) -> list[np.ndarray]:
     """Integer cell counts (L_j,) per view: ``n_j`` times the reconstructed view,
     rounded by largest remainder so that they sum to ``n_j``."""
+    return _counts([table.values for table in estimator.views.tables], n)
+
+
+def _counts(tables: Sequence[np.ndarray], n: np.ndarray) -> list[np.ndarray]:
+    """``n_j`` times each table, clipped at 0 and normalised, rounded by largest
+    remainder to integers summing to ``n_j``."""
     counts = []
-    for table, nj in zip(estimator.views.tables, np.asarray(n, dtype=np.int64)):
-        share = np.clip(table.values.reshape(-1), 0.0, None)
+    for values, nj in zip(tables, np.asarray(n, dtype=np.int64)):
+        share = np.clip(values.reshape(-1), 0.0, None)
         total = share.sum()
         share = share / total if total > 0 else np.full(share.size, 1.0 / share.size)
         exact = share * int(nj)
@@ -207,13 +238,8 @@ def bootstrap(
         shrink_runs = False
         if shrink:
             truth_of = reconstruct_by(support, reconstruction, shrink=False)
-    truth = plug_in_counts(truth_of, support.n)
-    runs = tuple(
-        reconstruct_by(
-            sample_support(support.plan, support.n, truth, gen), reconstruction, shrink_runs
-        )
-        for _ in range(replicates)
-    )
+    draw = _replicate_draw(support, truth_of)
+    runs = tuple(reconstruct_by(draw(gen), reconstruction, shrink_runs) for _ in range(replicates))
     if plug_in == "served":
         return Bootstrap(runs)
     return Bootstrap(runs, truth_of, interaction_scale(support))

@@ -10,6 +10,7 @@ class in the ``calmkit-error`` trailing metadata.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import hmac
@@ -45,7 +46,13 @@ from calmkit_client.errors import (
 from calmkit_client.ids import check_collection_id
 from calmkit_client.wire import CollectionInfo, MarginalAnswer
 
-from ..phases import PILOT_SET_ASIDE, PhasedDesign, combine_phases, pilot_left_out
+from ..phases import (
+    PILOT_SET_ASIDE,
+    PhasedDesign,
+    combine_phases,
+    pilot_left_out,
+    pilot_set_aside,
+)
 from ..planning.collection import plan_collection
 from ..planning.pilot import plan_next_phase, plan_pilot_round, start_pilot
 from ..reconstruction.methods import check_reconstruction
@@ -455,14 +462,12 @@ class AggregatorService(wire.AggregatorServicer):
         reconstruction until more reports arrive) and how many reports it rests on.
         A pilot that failed its feasibility check is left out (its reports may be
         fakes, and every later phase was planned without them), and so is one the
-        planner set aside (:attr:`~..planning.pilot.MainPlan.keeps_pilot`)."""
-        record = self.storage.get_collection(collection_id)
-        if pilot_left_out(record.pilot_check) and record.phase >= 1:
-            # the phase planned without the pilot is the last: every earlier one is left out
-            support = self.storage.phase_support(collection_id, record.phase)
-        else:
-            support = self.storage.support(collection_id)
-        total = int(support.n.sum())
+        planner set aside (:attr:`~..planning.pilot.MainPlan.keeps_pilot`): that one's
+        reports still count in the attributes' margins
+        (:attr:`~..reconstruction.support.SupportCounts.margins_from`)."""
+        support = self._answer_support(collection_id)
+        side = support.margins_from
+        total = int(support.n.sum()) + (int(side.n.sum()) if side is not None else 0)
         if total == 0:
             raise CollectionClosed(f"collection_id ({collection_id!r}) has no reports yet")
         with self._estimate_lock:
@@ -471,6 +476,18 @@ class AggregatorService(wire.AggregatorServicer):
                 cached = (total, support, reconstruct_by(support, reconstruction))
                 self._estimates[(collection_id, reconstruction)] = cached
         return cached[1], cached[2], total
+
+    def _answer_support(self, collection_id: str) -> SupportCounts:
+        """The counts the collection's answers rest on (see :meth:`_estimator`)."""
+        record = self.storage.get_collection(collection_id)
+        if not (pilot_left_out(record.pilot_check) and record.phase >= 1):
+            return self.storage.support(collection_id)
+        # the phase planned without the pilot is the last: every earlier one is left out
+        support = self.storage.phase_support(collection_id, record.phase)
+        if not pilot_set_aside(record.pilot_check):
+            return support
+        pilot = [self.storage.phase_support(collection_id, i) for i in range(record.phase)]
+        return dataclasses.replace(support, margins_from=combine_phases(pilot))
 
     def _bootstrap(
         self,

@@ -9,8 +9,9 @@ pilot first unless ``pilot=0`` or both ``l`` and ``m`` are fixed: a random
 on pairs chosen from the first's reports, where half the pilot can measure pairs:
 :func:`~calmkit_aggregator.planning.pilot.start_pilot`), the profile estimated from
 their reports picks the views of the others, and the estimate uses every phase (the
-main phase alone where the planner predicts the pilot's pair tables would add more
-noise than they hold: ``chosen["pilot_kept"]``).
+main phase's views alone where the planner predicts the pilot's pair tables would add
+more noise than they hold: ``chosen["pilot_kept"]``; the pilot's reports then count in
+the attributes' margins only).
 ``"paper"`` is Algorithm 1 in one phase.
 
 One-phase plans are made once per setting (schema, n, k, epsilon, planner, theta,
@@ -23,6 +24,7 @@ process; each repetition still draws its own assignment seed and reports.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 from typing import Literal
 
@@ -207,8 +209,11 @@ class Calm(Mechanism):
             reconstruction=self.reconstruction,
         )
         main_support = collect_support(population, main.plan, gen, path=self.path, rows=rest)
-        phases = [pilot_support, main_support] if main.keeps_pilot else [main_support]
-        estimator = reconstruct_by(combine_phases(phases), self.reconstruction, self.shrink)
+        if main.keeps_pilot:
+            support = combine_phases([pilot_support, main_support])
+        else:  # a set-aside pilot's reports still count in its attributes' margins
+            support = replace(main_support, margins_from=pilot_support)
+        estimator = reconstruct_by(support, self.reconstruction, self.shrink)
         chosen_main: dict[str, object] = {
             "m": main.plan.m,
             "l": main.choice.l,
