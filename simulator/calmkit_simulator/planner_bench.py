@@ -483,9 +483,10 @@ _DEFAULT_PLANNER = (
     "then the safe design or the best design that holds every query in a "
     "view, whichever has the smaller regret, or a design of its view size laid out as "
     "evenly that is predicted no worse at every quantile of the dependence; the "
-    "pilot's reports are part of the answers unless one attribute per view is "
+    "pilot's tables are part of the answers unless one attribute per view is "
     "predicted convincingly better without them, and the views then planned for the "
-    "other users alone beat the first choice convincingly"
+    "other users alone (or the best of their candidates that does) beat the first "
+    "choice convincingly; a pilot set aside still counts in the attributes' margins"
 )
 
 
