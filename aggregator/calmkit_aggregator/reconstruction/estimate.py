@@ -9,7 +9,7 @@ import numpy as np
 
 from calmkit_client import FrequencyOracle
 
-from .marginal import MarginalTable
+from .marginal import MarginalTable, inverse_variance_weights
 from .support import SupportCounts
 
 __all__ = ["contrast_variances", "draw_estimates", "estimate_views", "side_margins"]
@@ -55,10 +55,10 @@ def side_margins(support: SupportCounts) -> list[MarginalTable]:
 
 def _pooled(tables: list[MarginalTable]) -> MarginalTable:
     """Inverse-variance average of estimates of one marginal (variance 1 / sum 1/var)."""
-    precision = np.array([1.0 / t.variance for t in tables])
-    values = sum(w * t.values for w, t in zip(precision / precision.sum(), tables))
-    n = sum(t.n for t in tables)
-    return MarginalTable(tables[0].attrs, np.asarray(values), 1.0 / precision.sum(), n)
+    weights = inverse_variance_weights(t.variance for t in tables)
+    values = sum(w * t.values for w, t in zip(weights, tables))
+    variance = 1.0 / sum(1.0 / t.variance for t in tables)
+    return MarginalTable(tables[0].attrs, np.asarray(values), variance, sum(t.n for t in tables))
 
 
 def contrast_variances(support: SupportCounts) -> list[float]:
