@@ -36,8 +36,14 @@ __all__ = [
 ]
 
 # Appended to a collection's stored pilot check when the planner left the pilot's
-# reports out of the answers (:class:`~.planning.pilot.MainPlan`).
+# tables out of the answers (:class:`~.planning.pilot.MainPlan`).
 PILOT_SET_ASIDE = (
+    "left out of the answers but for the attributes' margins: the planner predicted "
+    "them more accurate without the pilot's small pair tables"
+)
+# What collections stored before the set-aside pilot counted in the margins (read
+# alike: their answers now count it in the margins too).
+_PILOT_SET_ASIDE_BEFORE = (
     "left out of the answers: the planner predicted them more accurate without the "
     "pilot's small pair tables"
 )
@@ -48,7 +54,7 @@ def pilot_left_out(pilot_check: str) -> bool:
     pilot check: a failed check (its reports may be fakes, and the next phase was
     planned without them) or a pilot the planner set aside (:data:`PILOT_SET_ASIDE`).
     The answers then rest on the last phase alone."""
-    return pilot_check.startswith("failed") or pilot_check.endswith(PILOT_SET_ASIDE)
+    return pilot_check.startswith("failed") or _set_aside(pilot_check)
 
 
 def pilot_set_aside(pilot_check: str) -> bool:
@@ -56,7 +62,11 @@ def pilot_set_aside(pilot_check: str) -> bool:
     after it passed its check: its reports then still count in the attributes'
     margins (:attr:`~.reconstruction.support.SupportCounts.margins_from`). A pilot
     that failed its check counts nowhere: its reports may be fakes."""
-    return pilot_check.startswith("passed") and pilot_check.endswith(PILOT_SET_ASIDE)
+    return pilot_check.startswith("passed") and _set_aside(pilot_check)
+
+
+def _set_aside(pilot_check: str) -> bool:
+    return pilot_check.endswith((PILOT_SET_ASIDE, _PILOT_SET_ASIDE_BEFORE))
 
 
 def combine_phases(parts: Sequence[SupportCounts]) -> SupportCounts:

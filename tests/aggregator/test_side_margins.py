@@ -132,3 +132,10 @@ def test_only_a_pilot_that_passed_its_check_counts_in_the_margins() -> None:
     failed = "failed: view 0 (phase 0: 0 of 9 reports); phase 1 planned by Algorithm 1"
     assert pilot_left_out(failed) and not pilot_set_aside(failed)
     assert not pilot_set_aside(f"failed: view 0; {PILOT_SET_ASIDE}")
+    # what collections stored before (their answers now count the pilot's margins too)
+    before = (
+        "passed; left out of the answers: the planner predicted them more accurate "
+        "without the pilot's small pair tables"
+    )
+    assert pilot_set_aside(before) and pilot_left_out(before)
+    assert "but for the attributes' margins" in PILOT_SET_ASIDE
