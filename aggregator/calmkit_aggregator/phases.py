@@ -10,8 +10,8 @@ beside the collection and each phase's support counts under that phase's own pla
 wasted, unless the pilot is left out of the answers (:func:`pilot_left_out`: its
 check failed, or the planner predicted the answers convincingly better without its
 small pair tables; its reports then count in the attributes' margins only,
-:func:`pilot_set_aside`). This module loads neither the planner nor the reconstruction: the
-storage backends import it.
+:func:`pilot_set_aside`). This module loads neither the planner nor the
+reconstruction: the storage backends import it.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def pilot_left_out(pilot_check: str) -> bool:
     """Whether a collection's answers leave its pilot phases out, read from its stored
     pilot check: a failed check (its reports may be fakes, and the next phase was
     planned without them) or a pilot the planner set aside (:data:`PILOT_SET_ASIDE`).
-    The answers then rest on the last phase alone."""
+    The answers then rest on the last phase's views alone (a set-aside pilot still
+    counts in the margins: :func:`pilot_set_aside`)."""
     return pilot_check.startswith("failed") or _set_aside(pilot_check)
 
 
