@@ -46,11 +46,11 @@ import argparse
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from calmkit_aggregator.phases import PhasedDesign, combine_phases
+from calmkit_aggregator.phases import PhasedDesign, answer_support
 from calmkit_aggregator.planning.pilot import plan_next_phase, start_pilot
 from calmkit_aggregator.reconstruction.pipeline import Estimator, reconstruct_by
 from calmkit_aggregator.reconstruction.support import SupportCounts
@@ -126,9 +126,7 @@ def collect(pop: Population, seed: int, epsilon: float = 1.0) -> SupportCounts:
     pilot = collect_pilot(pop, start, design, order, rng=seed)
     main = plan_next_phase(design, pilot)
     rest = collect_support(pop, main.plan, rng=seed + 1, rows=order[start.reports :])
-    if main.keeps_pilot:
-        return combine_phases([pilot, rest])
-    return replace(rest, margins_from=pilot)  # set aside: the pilot counts in the margins
+    return answer_support(pilot, rest, main.keeps_pilot)
 
 
 def draw_queries(pop: Population, est: Estimator, per_kind: int, seed: int) -> list[tuple]:

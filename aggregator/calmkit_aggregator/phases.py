@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from .reconstruction.support import SupportCounts
 __all__ = [
     "PILOT_SET_ASIDE",
     "PhasedDesign",
+    "answer_support",
     "combine_phases",
     "pilot_left_out",
     "pilot_set_aside",
@@ -90,6 +91,16 @@ def combine_phases(parts: Sequence[SupportCounts]) -> SupportCounts:
     n = np.concatenate([part.n for part in parts])
     counts = tuple(c for part in parts for c in part.counts)
     return SupportCounts(plan, n, counts)
+
+
+def answer_support(pilot: SupportCounts, main: SupportCounts, keeps_pilot: bool) -> SupportCounts:
+    """The counts a phased collection's answers rest on: every phase's views
+    (:func:`combine_phases`) where the pilot is kept, else the main phase's views
+    with the pilot's reports counted in the attributes' margins only
+    (:attr:`~.reconstruction.support.SupportCounts.margins_from`)."""
+    if keeps_pilot:
+        return combine_phases([pilot, main])
+    return replace(main, margins_from=pilot)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,12 @@ import numpy as np
 import pytest
 
 from calmkit_aggregator import reconstruct
-from calmkit_aggregator.phases import PILOT_SET_ASIDE, pilot_left_out, pilot_set_aside
+from calmkit_aggregator.phases import (
+    PILOT_SET_ASIDE,
+    answer_support,
+    pilot_left_out,
+    pilot_set_aside,
+)
 from calmkit_aggregator.reconstruction.global_model import reconstruct_global
 from calmkit_aggregator.reconstruction.support import SupportCounts
 from calmkit_aggregator.reconstruction.uncertainty import bootstrap
@@ -139,3 +144,11 @@ def test_only_a_pilot_that_passed_its_check_counts_in_the_margins() -> None:
     )
     assert pilot_set_aside(before) and pilot_left_out(before)
     assert "but for the attributes' margins" in PILOT_SET_ASIDE
+
+
+def test_the_answers_rest_on_both_phases_or_on_the_main_one_with_the_pilot_margins() -> None:
+    main, side = _supports(5)
+    kept = answer_support(side, main, keeps_pilot=True)
+    assert kept.plan.views == SIDE.views + MAIN.views and kept.margins_from is None
+    set_aside = answer_support(side, main, keeps_pilot=False)
+    assert set_aside.plan == MAIN and set_aside.margins_from is side

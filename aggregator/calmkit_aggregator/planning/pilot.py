@@ -359,6 +359,7 @@ def _beating(
     if not better:
         return None
     again = replan(min(better, key=lambda c: c.typical))
+    # planned at a size the planner picked, not one the caller fixed: as restricted as alone
     return replace(again, restricted=alone.restricted) if beats(again.chosen) else None
 
 

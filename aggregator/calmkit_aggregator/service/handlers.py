@@ -10,7 +10,6 @@ class in the ``calmkit-error`` trailing metadata.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import hmac
@@ -49,6 +48,7 @@ from calmkit_client.wire import CollectionInfo, MarginalAnswer
 from ..phases import (
     PILOT_SET_ASIDE,
     PhasedDesign,
+    answer_support,
     combine_phases,
     pilot_left_out,
     pilot_set_aside,
@@ -487,7 +487,7 @@ class AggregatorService(wire.AggregatorServicer):
         if not pilot_set_aside(record.pilot_check):
             return support
         pilot = [self.storage.phase_support(collection_id, i) for i in range(record.phase)]
-        return dataclasses.replace(support, margins_from=combine_phases(pilot))
+        return answer_support(combine_phases(pilot), support, keeps_pilot=False)
 
     def _bootstrap(
         self,

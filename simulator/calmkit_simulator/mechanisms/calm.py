@@ -24,14 +24,13 @@ process; each repetition still draws its own assignment seed and reports.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from functools import lru_cache
 from typing import Literal
 
 import numpy as np
 
 from calmkit_aggregator import Estimator, plan_collection, reconstruct_by
-from calmkit_aggregator.phases import PhasedDesign, combine_phases
+from calmkit_aggregator.phases import PhasedDesign, answer_support, combine_phases
 from calmkit_aggregator.planning.collection import PLANNERS, workload_of
 from calmkit_aggregator.planning.pilot import (
     PILOT_FRACTION,
@@ -209,10 +208,7 @@ class Calm(Mechanism):
             reconstruction=self.reconstruction,
         )
         main_support = collect_support(population, main.plan, gen, path=self.path, rows=rest)
-        if main.keeps_pilot:
-            support = combine_phases([pilot_support, main_support])
-        else:  # a set-aside pilot's reports still count in its attributes' margins
-            support = replace(main_support, margins_from=pilot_support)
+        support = answer_support(pilot_support, main_support, main.keeps_pilot)
         estimator = reconstruct_by(support, self.reconstruction, self.shrink)
         chosen_main: dict[str, object] = {
             "m": main.plan.m,
