@@ -299,14 +299,17 @@ def plan_after_pilot(
     attribute per view is predicted convincingly better without the pilot's pair
     tables than with them (:func:`~.search.convincing`: by more than the
     prediction's own uncertainty; the same views, so what the dependence leaves
-    uncertain moves both alike), the views are chosen again for the ``n`` users
-    alone, and that choice is taken if it beats the first convincingly, unless it
-    gives up a design that holds every query (steady) for one whose prediction rests
-    on the uncertain dependence. Where that choice does not beat the first but one
-    of the candidates it weighed does, the best such candidate (lowest typical SSE)
-    is planned again at its l and m and taken on the same test: the choice alone is
-    the better bet among plans without the pilot, yet its prediction may be too
-    uncertain to be a convincing step away from the plan with it."""
+    uncertain moves both alike; without its tables the pilot still counts in the
+    margins, as the answers count it, :func:`_margin_views`), the views are chosen
+    again for the ``n`` users alone (scored without the pilot's margins, which errs
+    towards the plan with the pilot), and that choice is taken if it beats the first
+    convincingly, unless it gives up a design that holds every query (steady) for one
+    whose prediction rests on the uncertain dependence. Where that choice does not
+    beat the first but one of the candidates it weighed does, the best such candidate
+    (lowest typical SSE) is planned again at its l and m and taken on the same test:
+    the choice alone is the better bet among plans without the pilot, yet its
+    prediction may be too uncertain to be a convincing step away from the plan with
+    it."""
     profile = profile_from_pilot(pilot, prior)
     schema = pilot.plan.schema
     users = tuple(np.maximum(pilot.n, 1).astype(float))
@@ -336,11 +339,34 @@ def plan_after_pilot(
 
     choice, with_pilot = plan(pilot.plan.views, users), None
     pairs = any(len(v) > 1 for v in pilot.plan.views)
-    if pairs and convincing(singles(), singles(pilot.plan.views, users)):
+    if pairs and convincing(singles(*_margin_views(pilot)), singles(pilot.plan.views, users)):
         alone = _beating(plan(), choice.chosen, lambda c: plan(size=(c.l, c.m)))
         if alone is not None:
             choice, with_pilot = alone, choice
     return MainPlan(Plan(schema, pilot.plan.epsilon, choice.views, seed=seed), choice, with_pilot)
+
+
+def _margin_views(pilot: SupportCounts) -> tuple[list[tuple[int]], list[float]]:
+    """What a set-aside pilot still gives the answers, its attributes' margins
+    (:func:`~..reconstruction.estimate.side_margins`), as one 1-way view per attribute
+    and the reports that give a 1-way view the pooled margin's noise per contrast
+    dimension: view ``v`` of ``L_v`` cells and ``s_v`` reports reads attribute ``a``'s
+    margin with ``L_v / L_a`` times its own (the error model's ``nu_v``, oracle plus
+    sampling), pooled over the views by inverse variance."""
+    sizes, epsilon = pilot.plan.schema.sizes, pilot.plan.epsilon
+    precision: dict[int, float] = {}
+    for view, oracle, n in zip(pilot.plan.views, pilot.plan.view_oracles, pilot.n):
+        if n > 0:
+            cells = math.prod(sizes[a] for a in view)
+            nu = oracle.contrast_variance(int(n)) + 1.0 / (cells * n)
+            for a in view:
+                precision[a] = precision.get(a, 0.0) + sizes[a] / (cells * nu)
+    views, users = [], []
+    for a, prec in sorted(precision.items()):
+        one = choose_oracle(sizes[a], epsilon)  # nu of a 1-way view is (its nu at 1 report) / s
+        views.append((a,))
+        users.append((one.contrast_variance(1) + 1.0 / sizes[a]) * prec)
+    return views, users
 
 
 def _beating(
