@@ -290,13 +290,18 @@ def make_consistent(
     tol: float = 1e-9,
     max_iter: int = 1000,
     nonnegative: bool = True,
+    side: Sequence[MarginalTable] = (),
 ) -> ConsistentViews:
     """Alternate the consistency step and Norm-Sub (see module docstring).
 
     ``nonnegative=False`` runs the (linear, unbiased) consistency step once, alone.
+    ``side``: tables the views are made consistent with and that are then dropped (a
+    set-aside phase's margins, :func:`~.estimate.side_margins`): one table per view
+    comes out.
     """
-    closure = intersection_closure([t.attrs for t in tables])
-    stacks = _Stacks(tables, _steps(tables, closure))
+    joined = [*tables, *side]
+    closure = intersection_closure([t.attrs for t in joined])
+    stacks = _Stacks(joined, _steps(joined, closure))
     it = 0
     while it < max_iter:
         it += 1
@@ -308,5 +313,6 @@ def make_consistent(
             break
     negativity = max(0.0, -stacks.minimum())
     values = stacks.values()
+    # zip stops at the views: the side tables are dropped
     out = tuple(MarginalTable(t.attrs, v, t.variance, t.n) for t, v in zip(tables, values))
     return ConsistentViews(out, stacks.inconsistency(), negativity, it, tuple(closure))

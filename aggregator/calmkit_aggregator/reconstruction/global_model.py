@@ -329,8 +329,7 @@ def fit_global(
         raise CalmkitError(f"answers ({answers!r}) must be one of {list(ANSWERS)}")
     if len(tables) != plan.m:
         raise CalmkitError(f"tables ({len(tables)}) must hold one table per view ({plan.m})")
-    views = make_consistent([*tables, *side], tol=tol, max_iter=max_iter)
-    views = replace(views, tables=views.tables[: len(tables)])  # side margins: consistency only
+    views = make_consistent(tables, tol=tol, max_iter=max_iter, side=side)
     targets, factors, prior = views.tables, None, None
     if contrast is not None:
         targets, prior = _prior_targets(views, contrast)

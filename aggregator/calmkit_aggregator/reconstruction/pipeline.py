@@ -16,7 +16,6 @@ from calmkit_client.schema import AttrRef
 from .consistency import ConsistentViews, make_consistent
 from .estimate import contrast_variances, estimate_views, side_margins
 from .global_model import reconstruct_global
-from .marginal import MarginalTable
 from .maxent import Answer, answer_query
 from .methods import check_reconstruction
 from .shrinkage import shrink_interactions, shrink_margins
@@ -62,27 +61,16 @@ def reconstruct(
     phase in ``support.margins_from`` join the consistency step
     (:func:`~.estimate.side_margins`)."""
     support = support.pooled()
+    side = side_margins(support)
     if not shrink:
-        views = consistent_with_side(estimate_views(support), support, tol, max_iter)
+        views = make_consistent(estimate_views(support), tol=tol, max_iter=max_iter, side=side)
         return MarginalEstimator(support.plan, views)
     contrast = contrast_variances(support)
     margins = shrink_margins(estimate_views(support), contrast)
-    views = consistent_with_side(margins.tables, support, tol, max_iter)
+    views = make_consistent(margins.tables, tol=tol, max_iter=max_iter, side=side)
     shrunk = shrink_interactions(views.tables, contrast, closure=views.closure)
     views = replace(views, tables=shrunk.tables)
     return MarginalEstimator(support.plan, views, shrinkage=shrunk.factors, margins=margins.factors)
-
-
-def consistent_with_side(
-    tables: Sequence[MarginalTable], support: SupportCounts, tol: float, max_iter: int
-) -> ConsistentViews:
-    """:func:`~.consistency.make_consistent` of ``tables`` (one per view of
-    ``support``) together with ``support``'s side margins
-    (:func:`~.estimate.side_margins`), which are then dropped: the views come out
-    consistent with them, and one table per view."""
-    side = side_margins(support)
-    views = make_consistent([*tables, *side], tol=tol, max_iter=max_iter)
-    return replace(views, tables=views.tables[: len(tables)])
 
 
 class Estimator(Protocol):
