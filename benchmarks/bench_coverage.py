@@ -32,8 +32,11 @@ a triple's cells hold under 1e-4 of the users; n = 50,000), ``wide16`` (16 attri
 2-20 categories, strength 3, n = 30,000), ``binary120`` (120 binary attributes,
 strength 4, n = 20,000) and ``tree12`` (12 attributes of 3-12 categories, each category
 of a parent taking one category of its child with probability 0.85: 57% of a triple's
-cells hold under 1e-4 of the users; n = 50,000) and ``independent24`` (24 independent
-binary attributes, n = 47,000: at eps 2 the planner sets the pilot's tables aside);
+cells hold under 1e-4 of the users; n = 50,000), ``independent24`` (24 independent
+binary attributes, n = 47,000: at eps 2 the planner sets the pilot's tables aside),
+``kosarak100`` (Kosarak's 100 most frequent items, 17,000 users) and ``retail64``
+(retail's 64 most frequent items, 2^16 users): sparse items, half of them held by at
+most 1-1.5% of the users;
 ``csv:PATH`` reads any CSV. Only the
 first four run by default. The datasets are read from ``CALMKIT_DATA`` (or
 ``--data-dir``); a setting whose data is absent is
@@ -88,7 +91,15 @@ def populations(data_dir: str | None) -> dict[str, Callable[[int], Population]]:
         "independent24": lambda s: synthetic_population(
             n=47_000, sizes=(2,) * 24, max_parents=0, rng=s
         ),
+        # sparse items: half of them held by at most 1-1.5% of the users
+        "kosarak100": lambda s: sparse("kosarak", data_dir, 100, 17_000),
+        "retail64": lambda s: sparse("retail", data_dir, 64, 1 << 16),
     }
+
+
+def sparse(name: str, data_dir: str | None, d: int, n: int) -> Population:
+    """``name``'s ``d`` most frequent items, ``n`` users resampled from its rows."""
+    return load_dataset(name, data_dir, d=d).resample(n, rng=7)
 
 
 def tree(sizes: tuple[int, ...], n: int, strength: float, skew: float, seed: int) -> Population:
