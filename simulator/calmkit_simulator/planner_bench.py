@@ -483,11 +483,9 @@ _DEFAULT_PLANNER = (
     "then the safe design or the best design that holds every query in a "
     "view, whichever has the smaller regret, or a design of its view size laid out as "
     "evenly that is predicted no worse at every quantile of the dependence; the "
-    "pilot's tables are part of the answers unless one attribute per view is "
-    "predicted convincingly better without them (the pilot still counted in the "
-    "margins), and the views then planned for the "
-    "other users alone (or the best of their candidates that does) beat the first "
-    "choice convincingly; a pilot set aside still counts in the attributes' margins"
+    "pilot's tables are part of the answers unless the views planned for the other "
+    "users alone (or the best of their candidates that does) beat the choice with "
+    "them convincingly; a pilot set aside still counts in the attributes' margins"
 )
 
 

@@ -1186,3 +1186,15 @@ def test_a_view_measured_twice_is_predicted_as_one_with_both_users() -> None:
         oracles=["OUE", "GRR", "GRR"],
     )  # another oracle: two measurements, not one
     assert apart != once
+
+
+def test_the_shrinkage_risk_of_many_dimension_counts_at_once_is_each_one_s() -> None:
+    # _shrink reads the risk table of every view's dimension count in one call
+    from calmkit_aggregator.planning.error_model import _js_risk
+
+    gen = np.random.default_rng(3)
+    dims = gen.integers(1, 40, 300)
+    tau = np.concatenate([[0.0, 1e-3, 1e3, 5e3], gen.exponential(3.0, 296)])
+    rho = np.exp(gen.uniform(-3.0, 3.0, 300))
+    each = [float(_js_risk(int(d), tau[i : i + 1], rho[i : i + 1])[0]) for i, d in enumerate(dims)]
+    np.testing.assert_array_equal(_js_risk(dims, tau, rho), each)

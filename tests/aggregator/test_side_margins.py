@@ -19,15 +19,12 @@ from calmkit_aggregator.phases import (
     pilot_left_out,
     pilot_set_aside,
 )
-from calmkit_aggregator.planning import pilot as pilot_module
-from calmkit_aggregator.reconstruction.estimate import side_margins
 from calmkit_aggregator.reconstruction.global_model import reconstruct_global
 from calmkit_aggregator.reconstruction.support import SupportCounts
 from calmkit_aggregator.reconstruction.uncertainty import bootstrap
-from calmkit_client import Plan, PlanError, Schema, choose_oracle
+from calmkit_client import Plan, PlanError
 from calmkit_simulator import synthetic_population
 from calmkit_simulator.collect import collect_support
-from calmkit_simulator.population import Population
 
 EPSILON = 1.0
 POP = synthetic_population(n=60_000, sizes=(2,) * 6, max_parents=0, rng=5)
@@ -160,43 +157,3 @@ def test_the_answers_rest_on_both_phases_or_on_the_main_one_with_the_pilot_margi
 # attributes of 2-6 categories, uniform and independent (a view's sampling noise per
 # contrast dimension is then exactly the error model's 1 / (L s)); attribute 0 in three
 # views, the others in two
-_SIZES = (2, 3, 4, 6, 2, 3)
-_UNIFORM = Population(
-    Schema.from_sizes(_SIZES),
-    np.column_stack([np.random.default_rng(11).integers(0, s, 300_000) for s in _SIZES]),
-)
-_PAIRS = ((0, 1), (2, 3), (4, 5), (0, 2), (1, 4), (3, 5), (0, 5))
-
-
-@pytest.mark.parametrize("epsilon", [1.0, 3.0])
-def test_the_planner_scores_a_side_phase_as_1_way_views_of_its_margins_noise(
-    epsilon: float,
-) -> None:
-    # the planner weighs setting a pilot aside with its margins as 1-way views
-    # (pilot._margin_views); over 300 side phases of ~6,000 reports, the margins
-    # side_margins pools carry the noise those views are predicted to (squared error
-    # per contrast dimension, summed over the attributes), within 4 standard errors.
-    # Without the views' L_v / L_a the prediction misses at both; without their
-    # sampling term (1-5% of a view's noise at eps 1, 20-58% at eps 3), at eps 3
-    plan = Plan(_UNIFORM.schema, epsilon, _PAIRS)
-    truth = [_UNIFORM.marginal((a,)).reshape(-1) for a in range(len(_SIZES))]
-    measured, predicted = [], []
-    for seed in range(300):
-        gen = np.random.default_rng(seed)
-        side = collect_support(_UNIFORM, plan, gen, rows=gen.random(_UNIFORM.n) < 0.02)
-        error = 0.0
-        for table in side_margins(replace(side, margins_from=side)):
-            diff = table.values.reshape(-1) - truth[table.attrs[0]]
-            error += float(((diff - diff.mean()) ** 2).sum())
-        views, users = pilot_module._margin_views(side)
-        assert [v for (v,) in views] == list(range(len(_SIZES)))
-        sizes = [_SIZES[a] for (a,) in views]
-        measured.append(error)
-        predicted.append(
-            sum(
-                (size - 1) * (choose_oracle(size, epsilon).contrast_variance(1) + 1 / size) / s
-                for size, s in zip(sizes, users)
-            )
-        )
-    ratio = np.array(measured) / np.array(predicted)
-    assert abs(ratio.mean() - 1) < 4 * ratio.std() / np.sqrt(ratio.size)

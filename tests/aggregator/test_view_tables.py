@@ -104,3 +104,16 @@ def test_dense_views_of_dependent_data_clip_as_the_true_tables_do() -> None:
     assert abs(math.log(errors["representative"] / errors["true"])) < abs(
         math.log(errors["product"] / errors["true"])
     ), errors
+
+
+def test_kept_tables_are_the_profile_s_own_and_read_only() -> None:
+    # the planner scores one profile's views many times and keeps their tables: a
+    # second profile over the same views gets its own, never the first one's
+    views = np.array([[0, 1], [1, 2]])
+    first = DataProfile.from_marginals([np.array([0.7, 0.2, 0.1])] * 3, 0.0)
+    second = DataProfile.from_marginals([np.array([0.2, 0.3, 0.5])] * 3, 0.0)
+    kept = view_tables(first, views, (3, 3), 0.05)
+    assert view_tables(first, views, (3, 3), 0.05) is kept and not kept.flags.writeable
+    other = view_tables(second, views, (3, 3), 0.05)
+    np.testing.assert_allclose(other[0].reshape(3, 3).sum(axis=1), [0.2, 0.3, 0.5])
+    np.testing.assert_allclose(kept[0].reshape(3, 3).sum(axis=1), [0.7, 0.2, 0.1])

@@ -79,7 +79,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -695,19 +695,36 @@ def _js_table(dim: int) -> tuple[np.ndarray, np.ndarray]:
     return taus, risks[_JS_RHOS.tolist().index(1.0)]
 
 
-def _js_risk(dim: int, tau: np.ndarray, rho: np.ndarray) -> np.ndarray:
-    """The risk ratio of :func:`_js_tables` at each ``(tau, rho)``: linear in ``tau``
-    along each row, then in ``log rho`` between rows (``rho`` kept inside the table)."""
-    taus, log_rhos, risks = _js_tables(dim)
-    rows = np.array([np.interp(tau, taus, row, right=float(row[-1])) for row in risks])
+def _js_risk(dim: int | np.ndarray, tau: np.ndarray, rho: np.ndarray) -> np.ndarray:
+    """The risk ratio of :func:`_js_tables` at each ``(dim, tau, rho)`` (``dim`` one
+    dimension count or one per point): linear in ``tau`` along each row, then in ``log
+    rho`` between rows (``rho`` kept inside the table)."""
+    dims = np.broadcast_to(np.asarray(dim, dtype=np.int64), np.shape(tau))
+    unique, which = np.unique(dims, return_inverse=True)
+    taus, log_rhos, risks = _js_stack(tuple(int(d) for d in unique))
+    at = np.clip(np.searchsorted(taus, tau, side="right") - 1, 0, taus.size - 2)
+    t = np.clip((tau - taus[at]) / (taus[at + 1] - taus[at]), 0.0, 1.0)  # last value beyond
     pos = (np.clip(np.log(rho), log_rhos[0], log_rhos[-1]) - log_rhos[0]) / (
         log_rhos[1] - log_rhos[0]
     )
     low = np.minimum(np.floor(pos).astype(np.int64), log_rhos.size - 2)
     frac = pos - low
-    cols = np.arange(tau.size)
-    out: np.ndarray = rows[low, cols] * (1 - frac) + rows[low + 1, cols] * frac
+    which = which.reshape(np.shape(tau))
+
+    def row(r: np.ndarray) -> np.ndarray:
+        out: np.ndarray = risks[which, r, at] * (1 - t) + risks[which, r, at + 1] * t
+        return out
+
+    out: np.ndarray = row(low) * (1 - frac) + row(low + 1) * frac
     return out
+
+
+@lru_cache(maxsize=64)
+def _js_stack(dims: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_js_tables` of several dimension counts: the shared ``tau`` and ``log
+    rho`` grids and the risks stacked (dims, rhos, taus)."""
+    tables = [_js_tables(d) for d in dims]
+    return tables[0][0], tables[0][1], np.stack([risks for _, _, risks in tables])
 
 
 def _shrink_margins(
@@ -774,9 +791,8 @@ def _shrink(
     base = np.bincount(view, split * to_view, minlength=m) + lam**2 * high_noise
     ratio = np.ones(m)
     rounded = np.clip(np.rint(dims), 1, _JS_MAX_DIM).astype(np.int64)
-    for dim in np.unique(rounded[live]):
-        sel = live & (rounded == dim)
-        ratio[sel] = _js_risk(int(dim), tau[sel], rho[sel])
+    if live.any():
+        ratio[live] = _js_risk(rounded[live], tau[live], rho[live])
     scale = np.where(live & (base > 0), ratio * noise / np.where(base > 0, base, 1.0), 1.0)
     err[g] = split * scale[view]
     return err

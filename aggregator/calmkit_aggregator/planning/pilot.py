@@ -46,7 +46,7 @@ from ..reconstruction.support import SupportCounts
 from .designs import pilot_views
 from .error_model import Workload
 from .profile import CONTINGENCY_PRIOR, DataProfile, estimate_profile
-from .search import Candidate, PlannedViews, choose_plan, convincing, fewest_users, score_views
+from .search import Candidate, PlannedViews, choose_plan, convincing, fewest_users
 
 __all__ = [
     "MAX_MATCHINGS",
@@ -295,21 +295,26 @@ def plan_after_pilot(
     with the pilot's views (and their reports) counted in the design, for answers
     reconstructed by ``reconstruction`` ("local" or "global").
 
-    The pilot is left out of the answers where it is predicted to add noise: where one
-    attribute per view is predicted convincingly better without the pilot's pair
-    tables than with them (:func:`~.search.convincing`: by more than the
-    prediction's own uncertainty; the same views, so what the dependence leaves
-    uncertain moves both alike; without its tables the pilot still counts in the
-    margins, as the answers count it, :func:`_margin_views`), the views are chosen
-    again for the ``n`` users alone (scored without the pilot's margins, which errs
-    towards the plan with the pilot), and that choice is taken if it beats the first
-    convincingly, unless it gives up a design that holds every query (steady) for one
-    whose prediction rests on the uncertain dependence. Where that choice does not
-    beat the first but one of the candidates it weighed does, the best such candidate
-    (lowest typical SSE) is planned again at its l and m and taken on the same test:
-    the choice alone is the better bet among plans without the pilot, yet its
-    prediction may be too uncertain to be a convincing step away from the plan with
-    it."""
+    The pilot is left out of the answers where it is predicted to add noise: wherever
+    the pilot measured pairs, the views are also chosen for the ``n`` users alone
+    (scored without the pilot's margins, which errs towards the plan with the pilot),
+    and that choice is taken if it beats the first convincingly
+    (:func:`~.search.convincing`: by more than the prediction's own uncertainty),
+    unless it gives up a design that holds every query (steady) for one whose
+    prediction rests on the uncertain dependence. Where that choice does not beat the
+    first but one of the candidates it weighed does, the best such candidate (lowest
+    typical SSE) is planned again at its l and m and taken on the same test: the
+    choice alone is the better bet among plans without the pilot, yet its prediction
+    may be too uncertain to be a convincing step away from the plan with it.
+
+    The two plans are compared whole, not through one attribute per view with and
+    without the pilot's tables (the test before 2026-11-28): where one of the pilot's
+    pairs reads its noise as strong dependence, one attribute per view without that
+    table looks risky, yet the plan with the pilot is then a design that measures
+    every pair again to drown the small tables' noise, which a plan without the pilot
+    beats at every dependence the pilot allows (12 independent binary attributes,
+    eps 2: 2.85e-3 with the pilot against 1.25e-3 without it in that repetition;
+    docs/planner-notes.md)."""
     profile = profile_from_pilot(pilot, prior)
     schema = pilot.plan.schema
     users = tuple(np.maximum(pilot.n, 1).astype(float))
@@ -331,42 +336,13 @@ def plan_after_pilot(
             reconstruction=reconstruction,
         )
 
-    def singles(
-        fixed: Sequence[tuple[int, ...]] = (), fixed_users: Sequence[float] = ()
-    ) -> Candidate:
-        views = [(a,) for a, size in enumerate(schema.sizes) if size > 1]
-        return score_views(*args, views, "spread", fixed, fixed_users, seed, reconstruction)
-
     choice, with_pilot = plan(pilot.plan.views, users), None
     pairs = any(len(v) > 1 for v in pilot.plan.views)
-    if pairs and convincing(singles(*_margin_views(pilot)), singles(pilot.plan.views, users)):
+    if pairs:
         alone = _beating(plan(), choice.chosen, lambda c: plan(size=(c.l, c.m)))
         if alone is not None:
             choice, with_pilot = alone, choice
     return MainPlan(Plan(schema, pilot.plan.epsilon, choice.views, seed=seed), choice, with_pilot)
-
-
-def _margin_views(pilot: SupportCounts) -> tuple[list[tuple[int]], list[float]]:
-    """What a set-aside pilot still gives the answers, its attributes' margins
-    (:func:`~..reconstruction.estimate.side_margins`), as one 1-way view per attribute
-    and the reports that give a 1-way view the pooled margin's noise per contrast
-    dimension: view ``v`` of ``L_v`` cells and ``s_v`` reports reads attribute ``a``'s
-    margin with ``L_v / L_a`` times its own (the error model's ``nu_v``, oracle plus
-    sampling), pooled over the views by inverse variance."""
-    sizes, epsilon = pilot.plan.schema.sizes, pilot.plan.epsilon
-    precision: dict[int, float] = {}
-    for view, oracle, n in zip(pilot.plan.views, pilot.plan.view_oracles, pilot.n):
-        if n > 0:
-            cells = math.prod(sizes[a] for a in view)
-            nu = oracle.contrast_variance(int(n)) + 1.0 / (cells * n)
-            for a in view:
-                precision[a] = precision.get(a, 0.0) + sizes[a] / (cells * nu)
-    views, users = [], []
-    for a, prec in sorted(precision.items()):
-        one = choose_oracle(sizes[a], epsilon)  # nu of a 1-way view is (its nu at 1 report) / s
-        views.append((a,))
-        users.append((one.contrast_variance(1) + 1.0 / sizes[a]) * prec)
-    return views, users
 
 
 def _beating(

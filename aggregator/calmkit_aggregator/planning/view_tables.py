@@ -26,6 +26,9 @@ Each ``d_a`` stays below ``1 / max |z_a|``, so every cell is >= 0.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import numpy as np
 
 from .profile import DataProfile
@@ -34,6 +37,9 @@ __all__ = ["view_tables"]
 
 _FIT_ROUNDS = 12  # rank-one fit: alternate the imputed diagonal and the top eigenpair
 _INSIDE = 0.999  # d_a at most this share of the largest tilt that keeps cells >= 0
+_KEPT = 2048  # results kept (view_tables)
+_TABLES: OrderedDict[tuple[object, ...], tuple[DataProfile, np.ndarray]] = OrderedDict()
+_LOCK = threading.Lock()
 
 
 def view_tables(
@@ -42,7 +48,30 @@ def view_tables(
     """True tables (B, L) of B views of one shape (their attributes ``views``, (B, l)
     int) under ``profile`` at mean pair dependence ``dependence``: the margins'
     product when it is 0, else the latent-class tables of the module docstring.
-    Float64, each row sums to 1, cells in C order of ``shape``."""
+    Float64, read-only, each row sums to 1, cells in C order of ``shape``.
+
+    The planner scores many designs under one profile, and the same views in several
+    of them (the main phase with and without a pilot's tables): the last
+    :data:`_KEPT` results are kept, for the very profile object they were made from."""
+    views = np.ascontiguousarray(views, dtype=np.int64)
+    key = (id(profile), views.shape, views.tobytes(), tuple(shape), float(dependence))
+    with _LOCK:
+        kept = _TABLES.get(key)
+        if kept is not None and kept[0] is profile:
+            _TABLES.move_to_end(key)
+            return kept[1]
+    out = _view_tables(profile, views, shape, dependence)
+    out.setflags(write=False)
+    with _LOCK:
+        _TABLES[key] = (profile, out)  # the profile held: its id is not reused meanwhile
+        while len(_TABLES) > _KEPT:
+            _TABLES.popitem(last=False)
+    return out
+
+
+def _view_tables(
+    profile: DataProfile, views: np.ndarray, shape: tuple[int, ...], dependence: float
+) -> np.ndarray:
     margins = _padded(profile, views, shape)  # (B, l, Lmax)
     if dependence <= 0 or len(shape) < 2:
         return _product(margins, shape)
@@ -93,6 +122,8 @@ def _rank_one(target: np.ndarray) -> np.ndarray:
     size = target.shape[1]
     off = target * (1.0 - np.eye(size))[None]
     x: np.ndarray = np.sqrt(np.maximum(off.sum(axis=2) / max(size - 1, 1), 0.0))
+    if size <= 2:  # x_a = x_b = sqrt(t_ab) fits exactly: the rounds' fixed point
+        return x
     for _ in range(_FIT_ROUNDS):
         full = off + np.einsum("bi,ij->bij", x**2, np.eye(size))
         values, vectors = np.linalg.eigh(full)
