@@ -117,3 +117,19 @@ def test_kept_tables_are_the_profile_s_own_and_read_only() -> None:
     other = view_tables(second, views, (3, 3), 0.05)
     np.testing.assert_allclose(other[0].reshape(3, 3).sum(axis=1), [0.2, 0.3, 0.5])
     np.testing.assert_allclose(kept[0].reshape(3, 3).sum(axis=1), [0.7, 0.2, 0.1])
+
+
+def test_the_kept_tables_stay_within_their_byte_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    from calmkit_aggregator.planning import view_tables as module
+
+    kept = module._Kept(3 * 2 * 9 * 8)  # three results of two 3 x 3 tables
+    monkeypatch.setattr(module, "_KEPT", kept)
+    profile = DataProfile.from_marginals([np.array([0.7, 0.2, 0.1])] * 4, 0.0)
+    first = view_tables(profile, np.array([[0, 1], [1, 2]]), (3, 3), 0.05)
+    for a in range(3):
+        view_tables(profile, np.array([[a, a + 1], [0, 3]]), (3, 3), 0.05 + a)
+    assert kept.bytes == sum(t.nbytes for _, t in kept.items.values()) <= kept.budget
+    assert len(kept.items) == 3  # the oldest went first
+    again = view_tables(profile, np.array([[0, 1], [1, 2]]), (3, 3), 0.05)
+    assert again is not first
+    np.testing.assert_array_equal(again, first)

@@ -37,9 +37,39 @@ __all__ = ["view_tables"]
 
 _FIT_ROUNDS = 12  # rank-one fit: alternate the imputed diagonal and the top eigenpair
 _INSIDE = 0.999  # d_a at most this share of the largest tilt that keeps cells >= 0
-_KEPT = 2048  # results kept (view_tables)
-_TABLES: OrderedDict[tuple[object, ...], tuple[DataProfile, np.ndarray]] = OrderedDict()
-_LOCK = threading.Lock()
+# Results kept by view_tables, at most this many bytes of tables (least recently used
+# out first): the service plans for many collections in one process.
+_KEPT_BYTES = 1 << 27
+
+
+class _Kept:
+    """Tables by key with the profile they were made from, within a byte budget;
+    safe to share between threads."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.items: OrderedDict[tuple[object, ...], tuple[DataProfile, np.ndarray]] = OrderedDict()
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple[object, ...], profile: DataProfile) -> np.ndarray | None:
+        with self.lock:
+            kept = self.items.get(key)
+            if kept is None or kept[0] is not profile:
+                return None
+            self.items.move_to_end(key)
+            return kept[1]
+
+    def put(self, key: tuple[object, ...], profile: DataProfile, table: np.ndarray) -> None:
+        with self.lock:
+            old = self.items.pop(key, None)
+            self.bytes += table.nbytes - (old[1].nbytes if old else 0)
+            self.items[key] = (profile, table)  # the profile held: its id is not reused
+            while self.bytes > self.budget and len(self.items) > 1:
+                self.bytes -= self.items.popitem(last=False)[1][1].nbytes
+
+
+_KEPT = _Kept(_KEPT_BYTES)
 
 
 def view_tables(
@@ -51,21 +81,15 @@ def view_tables(
     Float64, read-only, each row sums to 1, cells in C order of ``shape``.
 
     The planner scores many designs under one profile, and the same views in several
-    of them (the main phase with and without a pilot's tables): the last
-    :data:`_KEPT` results are kept, for the very profile object they were made from."""
+    of them (the main phase with and without a pilot's tables): the latest results
+    are kept (:data:`_KEPT_BYTES`), for the very profile object they were made from."""
     views = np.ascontiguousarray(views, dtype=np.int64)
     key = (id(profile), views.shape, views.tobytes(), tuple(shape), float(dependence))
-    with _LOCK:
-        kept = _TABLES.get(key)
-        if kept is not None and kept[0] is profile:
-            _TABLES.move_to_end(key)
-            return kept[1]
-    out = _view_tables(profile, views, shape, dependence)
-    out.setflags(write=False)
-    with _LOCK:
-        _TABLES[key] = (profile, out)  # the profile held: its id is not reused meanwhile
-        while len(_TABLES) > _KEPT:
-            _TABLES.popitem(last=False)
+    out = _KEPT.get(key, profile)
+    if out is None:
+        out = _view_tables(profile, views, shape, dependence)
+        out.setflags(write=False)
+        _KEPT.put(key, profile, out)
     return out
 
 
