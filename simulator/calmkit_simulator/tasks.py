@@ -35,7 +35,7 @@ from calmkit_client import CalmkitError
 
 from .datasets import DatasetError, load_dataset
 from .experiment import random_queries, sse
-from .mechanisms import NotScalable, make_mechanism
+from .mechanisms import MECHANISMS, NotScalable, make_mechanism
 from .population import Population
 from .seeds import METHOD, SPLIT, stream
 
@@ -76,8 +76,9 @@ class Task:
     def key(self) -> str:
         """Stable identity: the SHA-256 of the task's fields (hex, 24 chars). Fields
         added later count only when set, so earlier caches keep their keys; a kind
-        whose seeds changed meaning counts its seeding version (:data:`_SEEDING`), so
-        results cached under the old meaning are not reused."""
+        whose seeds changed meaning counts its seeding version (:data:`_SEEDING`), and a
+        task asking for new views per repetition :data:`_REPLAN_VERSION`, so results
+        cached under the old meaning are not reused."""
         fields = asdict(self)
         for name, default in _LATER_FIELDS.items():
             if fields[name] == default:
@@ -85,6 +86,8 @@ class Task:
         version = max(_SEEDING.get(self.kind, 1), _SHARED_SEEDING if self.shared_seed else 1)
         if version > 1:
             fields["seeding"] = version
+        if dict(self.options).get("replan"):
+            fields["replan"] = _REPLAN_VERSION
         blob = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -113,6 +116,10 @@ _LATER_FIELDS: dict[str, Any] = {"shared_seed": False}
 _SEEDING: dict[str, int] = {"classify": 2}
 # Shared-seed tasks (the planner benchmark) from version 2: the method stream per rep.
 _SHARED_SEEDING = 2
+# Tasks asking CALM for new views in every repetition (``replan``), counted in the key
+# from version 2 on: before, the mechanisms' registry dropped the option, and every
+# repetition measured the views of seed 0.
+_REPLAN_VERSION = 2
 
 
 # -- running one task (in this process or a worker) -----------------------------------
@@ -171,8 +178,9 @@ def run_task(
     options = dict(task.options)
     # The figures reproduce the paper: CALM plans with Algorithm 1 unless a task names
     # another planner (the planner benchmark does).
-    options.setdefault("planner", "paper")
-    mechanism = make_mechanism(task.mechanism, **options)
+    if "planner" in MECHANISMS.get(task.mechanism, (None, ()))[1]:
+        options.setdefault("planner", "paper")
+    mechanism = make_mechanism(task.mechanism, strict=True, **options)
     try:
         if task.kind == "classify":  # checked on the training attributes, inside
             return _run_classify(task, data_dir, mechanism)

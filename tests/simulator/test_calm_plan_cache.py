@@ -54,3 +54,21 @@ def test_replan_plans_every_repetition_from_its_seed(planned: list[dict[str, Any
         mech.run(POP, 1.0, 3, gen)
     assert len(planned) == 3
     assert len({c["rng"] for c in planned}) == 3
+
+
+def test_the_planner_benchmarks_grid_tasks_plan_every_repetition(
+    planned: list[dict[str, Any]],
+) -> None:
+    # the planner benchmark's Algorithm 1 and grid tasks ask for new views in every
+    # repetition through the task's options; the registry once dropped that option in
+    # silence, and every repetition measured one draw of the views (seed 0)
+    from calmkit_simulator.planner_bench import planner_tasks
+    from calmkit_simulator.tasks import Task, run_task
+
+    grid = [t.task for t in planner_tasks(reps=1, quick=True) if t.role != "default"]
+    assert grid and all(dict(t.options).get("replan") is True for t in grid)
+    options = dict(grid[0].options) | {"l": 2, "m": 5}
+    task = Task("csv:pop", "calm", 1.0, 3, 3, options=tuple(options.items()), reps=3, queries=5)
+    result = run_task(task, population=POP)
+    assert result["status"] == "ok"
+    assert len(planned) == 3 and len({c["rng"] for c in planned}) == 3

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from calmkit_client import CalmkitError
 from calmkit_simulator import synthetic_population
 from calmkit_simulator.experiment import run_mechanism
 from calmkit_simulator.mechanisms import Calm, NotScalable, Uniform, make_mechanism
+from calmkit_simulator.tasks import Task, run_task
 from tests.simulator.mechs import Refuses
 
 POP = synthetic_population(n=8000, sizes=(2, 3, 2, 2), strength=1.5, rng=1)
@@ -38,3 +40,16 @@ def test_make_mechanism_passes_only_understood_options() -> None:
     calm = make_mechanism("calm", theta=0.01, m=3, l=2, path="fast", shrink=False)
     assert isinstance(calm, Calm) and (calm.m, calm.l, calm.shrink) == (3, 2, False)
     assert isinstance(make_mechanism("uni", theta=0.01), Uniform)
+
+
+def test_a_task_option_its_mechanism_does_not_take_is_an_error() -> None:
+    # calmkit simulate passes every flag to every mechanism, which ignores the others;
+    # an experiment's task names its mechanism's own options, and one dropped in
+    # silence would measure another experiment than the one reported
+    assert isinstance(make_mechanism("uni", theta=0.01), Uniform)
+    with pytest.raises(CalmkitError, match=r"options \['replans'\] are not options of"):
+        make_mechanism("calm", strict=True, replans=True)
+    assert make_mechanism("calm", strict=True, replan=True, l=2).replan
+    task = Task("synthetic", "uni", 1.0, 2, 2, options=(("rounds", 3),), reps=1, queries=2)
+    with pytest.raises(CalmkitError, match=r"\['rounds'\]"):
+        run_task(task)

@@ -196,3 +196,16 @@ def test_only_classification_and_shared_seed_tasks_changed_their_cache_keys() ->
     assert first != np.random.default_rng(0).random()  # the resample's seed
     fig6 = Task("adult", "calm", 1.0, 6, 6, kind="classify", classify="adult", reps=3)
     assert fig6.key() != "d168d420fb302ae293686acd"
+
+
+def test_tasks_asking_for_new_views_per_repetition_changed_their_cache_keys() -> None:
+    """The planner benchmark's Algorithm 1 and grid tasks ask for new views in every
+    repetition (``replan``), an option the mechanisms' registry once dropped: their
+    results cached before measured one draw of the views, so their keys changed (the
+    keys below are those before); the default planner's tasks keep theirs."""
+    common = dict(d=16, n=65536, shared_seed=True)
+    default = Task("kosarak", "calm", 1.0, 3, 3, options=(("planner", "pipeline"),), **common)
+    paper = (("planner", "paper"), ("replan", True))
+    grid = Task("kosarak", "calm", 1.0, 3, 3, options=paper, **common)
+    assert default.key() == "785406d34726e87dfc1c3cb9"
+    assert grid.key() != "3d6c0889edf348b1c4909c95"

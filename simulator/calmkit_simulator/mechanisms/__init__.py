@@ -39,9 +39,13 @@ __all__ = [
     "make_mechanism",
 ]
 
-# command-line name -> (class, the options of ``calmkit simulate`` it takes)
+# command-line name -> (class, the options it takes: ``calmkit simulate``'s and, for
+# CALM, ``replan``, which the planner benchmark's tasks set)
 MECHANISMS: dict[str, tuple[type[Mechanism], tuple[str, ...]]] = {
-    "calm": (Calm, ("theta", "m", "l", "path", "shrink", "planner", "pilot", "reconstruction")),
+    "calm": (
+        Calm,
+        ("theta", "m", "l", "path", "shrink", "planner", "pilot", "reconstruction", "replan"),
+    ),
     "uni": (Uniform, ()),
     "fc": (FullContingency, ("path",)),
     "am": (AllMarginals, ("path",)),
@@ -56,10 +60,19 @@ MECHANISMS: dict[str, tuple[type[Mechanism], tuple[str, ...]]] = {
 }
 
 
-def make_mechanism(name: str, **options: Any) -> Mechanism:
-    """The mechanism called ``name``, given the options it understands."""
+def make_mechanism(name: str, strict: bool = False, **options: Any) -> Mechanism:
+    """The mechanism called ``name``, given the options it understands. Others are
+    ignored (``calmkit simulate`` passes every flag to every mechanism), unless
+    ``strict``: then an option the mechanism does not take is an error (an
+    experiment's task names its mechanism's options; one dropped in silence would
+    run another experiment than the one reported)."""
     try:
         cls, accepted = MECHANISMS[name]
     except KeyError:
         raise CalmkitError(f"mechanism ({name!r}) must be one of {sorted(MECHANISMS)}") from None
+    unknown = sorted(k for k in options if k not in accepted)
+    if strict and unknown:
+        raise CalmkitError(
+            f"options {unknown} are not options of mechanism {name!r} (it takes {list(accepted)})"
+        )
     return cls(**{k: v for k, v in options.items() if k in accepted and v is not None})
