@@ -35,7 +35,7 @@ from calmkit_client import CalmkitError
 
 from .datasets import DatasetError, load_dataset
 from .experiment import random_queries, sse
-from .mechanisms import MECHANISMS, NotScalable, make_mechanism
+from .mechanisms import MECHANISMS, NotScalable, task_mechanism
 from .population import Population
 from .seeds import METHOD, SPLIT, stream
 
@@ -180,7 +180,7 @@ def run_task(
     # another planner (the planner benchmark does).
     if "planner" in MECHANISMS.get(task.mechanism, (None, ()))[1]:
         options.setdefault("planner", "paper")
-    mechanism = make_mechanism(task.mechanism, strict=True, **options)
+    mechanism = task_mechanism(task.mechanism, options)
     try:
         if task.kind == "classify":  # checked on the training attributes, inside
             return _run_classify(task, data_dir, mechanism)

@@ -8,7 +8,13 @@ import pytest
 from calmkit_client import CalmkitError
 from calmkit_simulator import synthetic_population
 from calmkit_simulator.experiment import run_mechanism
-from calmkit_simulator.mechanisms import Calm, NotScalable, Uniform, make_mechanism
+from calmkit_simulator.mechanisms import (
+    Calm,
+    NotScalable,
+    Uniform,
+    make_mechanism,
+    task_mechanism,
+)
 from calmkit_simulator.tasks import Task, run_task
 from tests.simulator.mechs import Refuses
 
@@ -48,8 +54,8 @@ def test_a_task_option_its_mechanism_does_not_take_is_an_error() -> None:
     # silence would measure another experiment than the one reported
     assert isinstance(make_mechanism("uni", theta=0.01), Uniform)
     with pytest.raises(CalmkitError, match=r"options \['replans'\] are not options of"):
-        make_mechanism("calm", strict=True, replans=True)
-    assert make_mechanism("calm", strict=True, replan=True, l=2).replan
+        task_mechanism("calm", {"replans": True})
+    assert task_mechanism("calm", {"replan": True, "l": 2}).replan
     task = Task("synthetic", "uni", 1.0, 2, 2, options=(("rounds", 3),), reps=1, queries=2)
     with pytest.raises(CalmkitError, match=r"\['rounds'\]"):
         run_task(task)

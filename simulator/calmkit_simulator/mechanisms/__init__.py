@@ -3,6 +3,7 @@ central references, all behind :class:`Mechanism`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from calmkit_client import CalmkitError
@@ -37,6 +38,7 @@ __all__ = [
     "Uniform",
     "WeightedFourier",
     "make_mechanism",
+    "task_mechanism",
 ]
 
 # command-line name -> (class, the options it takes: ``calmkit simulate``'s and, for
@@ -60,19 +62,28 @@ MECHANISMS: dict[str, tuple[type[Mechanism], tuple[str, ...]]] = {
 }
 
 
-def make_mechanism(name: str, strict: bool = False, **options: Any) -> Mechanism:
-    """The mechanism called ``name``, given the options it understands. Others are
-    ignored (``calmkit simulate`` passes every flag to every mechanism), unless
-    ``strict``: then an option the mechanism does not take is an error (an
-    experiment's task names its mechanism's options; one dropped in silence would
-    run another experiment than the one reported)."""
-    try:
-        cls, accepted = MECHANISMS[name]
-    except KeyError:
-        raise CalmkitError(f"mechanism ({name!r}) must be one of {sorted(MECHANISMS)}") from None
+def make_mechanism(name: str, **options: Any) -> Mechanism:
+    """The mechanism called ``name``, given the options it understands; others are
+    ignored (``calmkit simulate`` passes every flag to every mechanism)."""
+    cls, accepted = _registered(name)
+    return cls(**{k: v for k, v in options.items() if k in accepted and v is not None})
+
+
+def task_mechanism(name: str, options: Mapping[str, Any]) -> Mechanism:
+    """:func:`make_mechanism` for an experiment's task, whose options name its
+    mechanism's own: one it does not take is an error (dropped in silence, the task
+    would measure another experiment than the one reported)."""
+    _, accepted = _registered(name)
     unknown = sorted(k for k in options if k not in accepted)
-    if strict and unknown:
+    if unknown:
         raise CalmkitError(
             f"options {unknown} are not options of mechanism {name!r} (it takes {list(accepted)})"
         )
-    return cls(**{k: v for k, v in options.items() if k in accepted and v is not None})
+    return make_mechanism(name, **options)
+
+
+def _registered(name: str) -> tuple[type[Mechanism], tuple[str, ...]]:
+    try:
+        return MECHANISMS[name]
+    except KeyError:
+        raise CalmkitError(f"mechanism ({name!r}) must be one of {sorted(MECHANISMS)}") from None
