@@ -72,3 +72,29 @@ def test_the_planner_benchmarks_grid_tasks_plan_every_repetition(
     result = run_task(task, population=POP)
     assert result["status"] == "ok"
     assert len(planned) == 3 and len({c["rng"] for c in planned}) == 3
+
+
+def test_the_model_check_scores_the_views_each_repetition_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the planner benchmark's model column averages the error model over the views of
+    # its first repetitions: they must be the very views those repetitions measured
+    from calmkit_simulator import planner_bench
+    from calmkit_simulator.tasks import Task, run_task
+
+    measured: list[tuple[tuple[int, ...], ...]] = []
+    real = calm_module.collect_support
+
+    def recording(population: Any, plan: Any, *args: Any, **kwargs: Any) -> Any:
+        measured.append(plan.views)
+        return real(population, plan, *args, **kwargs)
+
+    monkeypatch.setattr(calm_module, "collect_support", recording)
+    setting = planner_bench.Setting("csv:pop", "pop", 3, (1.0,))
+    options = (("planner", "paper"), ("replan", True), ("l", 2), ("m", 6))
+    task = Task("csv:pop", "calm", 1.0, 3, 3, options=options, reps=3, queries=5, shared_seed=True)
+    run_task(task, population=POP)
+    grid = planner_bench.PlannerTask(setting, 1.0, "grid", task, 2, 6)
+    planned = [planner_bench.repetition_plan(grid, POP.schema, POP.n, r).views for r in range(3)]
+    assert planned == measured
+    assert len(set(planned)) == 3  # fresh views in every repetition
