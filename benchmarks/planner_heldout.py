@@ -7,12 +7,11 @@ were measured and chosen on. This runs the same harness (the same grid, Algorith
 shared queries and report seeds, paired-bootstrap intervals) on other shapes of the
 kinds users bring: domains of 2-20 categories (also at a few hundred users per
 attribute), 32 to 150 binary attributes, sparse items, few users, 2-way queries, high
-epsilon, strongly dependent networks. The planner's rules were not chosen on them (one fix was found
-by them, and says so below);
-docs/planner-notes.md ("Held-out shapes") keeps what they showed. Writes
-``OUT/planner.md``; results are cached in ``OUT/.cache`` as the experiment's are.
-The datasets are read from ``CALMKIT_DATA`` (or ``--data-dir``); a setting whose data
-is absent reports ``missing_data``.
+epsilon, strongly dependent networks. The planner's rules were not chosen on them (one
+fix was found by them, and says so below); docs/planner-notes.md ("Held-out shapes")
+keeps what they showed. Writes ``OUT/planner.md``; results are cached in
+``OUT/.cache`` as the experiment's are. The datasets are read from ``CALMKIT_DATA`` (or
+``--data-dir``); a setting whose data is absent reports ``missing_data``.
 """
 
 from __future__ import annotations

@@ -242,7 +242,9 @@ def repetition_plan(task: PlannerTask, schema: Schema, n: int, rep: int) -> Plan
     (l, m), drawn from the repetition's seed as CALM draws them (``replan``)."""
     from calmkit_aggregator.planning.collection import plan_collection
 
-    seed = int(np.random.default_rng(task.task.rep_seed(rep)).integers(2**31))
+    from .mechanisms.calm import repetition_seed
+
+    seed = repetition_seed(np.random.default_rng(task.task.rep_seed(rep)))
     return plan_collection(
         schema, task.epsilon, n, task.setting.k, planner="paper", l=task.l, m=task.m, rng=seed
     )

@@ -117,6 +117,12 @@ def _setting_views(
     return plan.views
 
 
+def repetition_seed(gen: np.random.Generator) -> int:
+    """The seed of one run's plan (its views when it plans them, and the users'
+    assignment): the first draw of the run's generator."""
+    return int(gen.integers(2**31))
+
+
 class Calm(Mechanism):
     """CALM with a planner (``"pipeline"`` with a pilot of ``pilot`` of the users, or
     ``"paper"``: Algorithm 1 with ``theta``), optionally fixed ``m``/``l``, the
@@ -149,7 +155,7 @@ class Calm(Mechanism):
 
     def run(self, population: Population, epsilon: float, k: int, rng: RngLike = None) -> Release:
         gen = np.random.default_rng(rng)
-        seed = int(gen.integers(2**31))
+        seed = repetition_seed(gen)
         phased = (
             self.planner == "pipeline"
             and self.pilot > 0
