@@ -358,6 +358,27 @@ def test_identical_repeats_in_one_batch_count_once(store: Storage, plan: Plan) -
     assert_counts_equal(store.support("abc"), SupportCounts.from_reports(plan, batches))
 
 
+@pytest.mark.parametrize("conflict", [False, True])
+def test_a_repeat_in_a_batch_that_misses_a_view_is_judged_not_crashed(
+    store: Storage, plan: Plan, conflict: bool
+) -> None:
+    # A device resending one report within a batch of one view: the other views hold no
+    # report in the batch (their payload columns are empty), which must not break the
+    # comparison of the repeat's content.
+    store.create_collection("abc", plan, 2, TOKEN_HASH)
+    _, reports = simulate(plan, 100, seed=11)
+    first = next(r for r in reports if r.view == 0)
+    again = StoredReport(first.report_id, first.pseudonym, 0, _other_payload(plan, first))
+    batch = [first, again if conflict else first]
+    if conflict:
+        with pytest.raises(ReportConflict, match=r"reports\[1\]\.report_id"):
+            store.add_reports("abc", plan.digest, batch)
+        assert store.get_collection("abc").reports == 0  # nothing of it stored
+    else:
+        assert store.add_reports("abc", plan.digest, batch) == BatchOutcome(1, 1)
+        assert store.get_collection("abc").reports == 1
+
+
 def _other_payload(plan: Plan, r: StoredReport) -> int | bytes:
     oracle = plan.view_oracles[r.view]
     if oracle.name == "GRR":

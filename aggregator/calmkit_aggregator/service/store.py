@@ -398,9 +398,10 @@ def batch_columns(plan: Plan, reports: Sequence[StoredReport] | ReportColumns) -
 
 def _content(batch: ReportColumns) -> np.ndarray:
     """Per report, its whole content (pseudonym, view, payload) as one void value."""
-    width = max([1] + [vp.payloads.reshape(len(vp.rows), -1).shape[1] * 8 for vp in batch.per_view])
+    held = [vp for vp in batch.per_view if len(vp.rows)]  # a view without reports: no columns
+    width = max([1] + [vp.payloads.reshape(len(vp.rows), -1).shape[1] * 8 for vp in held])
     payload = np.zeros((len(batch), width), dtype=np.uint8)
-    for vp in batch.per_view:
+    for vp in held:
         raw = np.ascontiguousarray(vp.payloads).reshape(len(vp.rows), -1)
         raw = raw.astype(np.int64) if raw.dtype != np.uint8 else raw
         data = raw.view(np.uint8).reshape(len(vp.rows), -1)
