@@ -143,6 +143,32 @@ def test_a_five_percent_attack_on_one_cell_is_flagged_and_bounded(
         assert reopened.get_collection("attacked").flags == (status.flags[1],)
 
 
+def test_flags_and_the_pilot_check_are_for_the_admin_token_only(tmp_path: Path) -> None:
+    # Flag texts name a cell's count of reports (fakes added to one cell until it is
+    # flagged, less the fakes, read that count) and the addresses batches came from:
+    # GetCollection without the admin token serves neither, only the check's verdict.
+    n = PILOT_POP.n
+    with (
+        Server(tmp_path, admin_token="admin-secret") as server,
+        AdminClient(server.address, token="admin-secret") as admin,
+        AdminClient(server.address) as anyone,
+    ):
+        info = admin.create_collection(PILOT_POP.schema, 1.0, n, 3, collection_id="p", pilot=0.2)
+        pilot, target = info.plan, info.pilot_target
+        per_view = {j: target // pilot.m + (j < target % pilot.m) for j in range(pilot.m)}
+        assert submit(server.address, info.submit_token, fake_batch("p", pilot, per_view, 7))
+        full, public = admin.get_collection("p"), anyone.get_collection("p")
+        assert full.flags and any("reports from ipv4:127.0.0.1:" in f for f in full.flags)
+        assert full.pilot_check.startswith("failed: view ")
+        assert public.flags == () and public.pilot_check == "failed"
+        assert (public.plan.digest, public.reports, public.phase) == (
+            full.plan.digest,
+            full.reports,
+            full.phase,
+        )
+        assert public.view_reports == full.view_reports
+
+
 def test_a_flood_stops_at_the_cap_and_retries_stay_acknowledged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -200,11 +201,14 @@ class AggregatorService(wire.AggregatorServicer):
         if collection_id or not wire.picks_collection_id(request):
             check_collection_id(collection_id)
 
-    def _require_admin(self, context: grpc.ServicerContext) -> None:
+    def _is_admin(self, context: grpc.ServicerContext) -> bool:
         if self._admin_hash is None:
-            return  # loopback-only server without a token file
+            return True  # loopback-only server without a token file
         token = _bearer(context)
-        if token is None or not hmac.compare_digest(_hash_token(token), self._admin_hash):
+        return token is not None and hmac.compare_digest(_hash_token(token), self._admin_hash)
+
+    def _require_admin(self, context: grpc.ServicerContext) -> None:
+        if not self._is_admin(context):
             raise AccessDenied("authorization (admin bearer token) is missing or wrong")
 
     def _require_submit(self, context: grpc.ServicerContext, expected: bytes) -> None:
@@ -306,7 +310,18 @@ class AggregatorService(wire.AggregatorServicer):
 
     @_rpc
     def GetCollection(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self._collection(request.collection_id)
+        """Public (a plan is public by design), but the manipulation flags and the pilot
+        check only for the admin token: their texts name cell counts of the reports
+        (adding fakes to one cell until it is flagged, then subtracting them, reads
+        that cell's count) and the addresses batches came from. Anyone else gets the
+        pilot check's verdict alone, and no flags (nor the cost of checking them)."""
+        if self._is_admin(context):
+            return self._collection(request.collection_id)
+        record = self.storage.get_collection(request.collection_id)
+        counts = self.storage.phase_support(request.collection_id, record.phase).n
+        verdict = record.pilot_check.split(":", 1)[0].split(";", 1)[0]
+        public = replace(record, flags=(), pilot_check=verdict)
+        return wire.collection_to_proto(public, counts.tolist())
 
     @_rpc
     def ListCollections(self, request: Any, context: grpc.ServicerContext) -> Any:
