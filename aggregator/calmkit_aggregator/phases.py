@@ -32,6 +32,7 @@ __all__ = [
     "PhasedDesign",
     "answer_support",
     "combine_phases",
+    "pilot_failed",
     "pilot_left_out",
     "pilot_set_aside",
 ]
@@ -50,13 +51,21 @@ _PILOT_SET_ASIDE_BEFORE = (
 )
 
 
+def pilot_failed(pilot_check: str) -> bool:
+    """Whether a collection's pilot failed its feasibility check, read from its stored
+    pilot check: its reports may be fakes, so they count nowhere, and once the next
+    phase is stored no new report is taken under a pilot phase's plan
+    (:func:`~.service.store.check_pilot_phase`)."""
+    return pilot_check.startswith("failed")
+
+
 def pilot_left_out(pilot_check: str) -> bool:
     """Whether a collection's answers leave its pilot phases out, read from its stored
     pilot check: a failed check (its reports may be fakes, and the next phase was
     planned without them) or a pilot the planner set aside (:data:`PILOT_SET_ASIDE`).
     The answers then rest on the last phase's views alone (a set-aside pilot still
     counts in the margins: :func:`pilot_set_aside`)."""
-    return pilot_check.startswith("failed") or _set_aside(pilot_check)
+    return pilot_failed(pilot_check) or _set_aside(pilot_check)
 
 
 def pilot_set_aside(pilot_check: str) -> bool:

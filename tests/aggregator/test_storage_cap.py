@@ -1,8 +1,10 @@
 """The report cap, manipulation flags and the pilot check in storage (SQLite, and
 PostgreSQL for every test taking ``store``): a batch that would pass the cap is refused
 whole, retries are still acknowledged once full, the cap holds under concurrent
-writers (two PostgreSQL replicas), flags and the pilot check survive a reopen, and
-older databases are migrated with no cap."""
+writers (two PostgreSQL replicas), flags and the pilot check survive a reopen, a pilot
+that failed its check takes no new reports once the next phase is stored (also through
+another replica) while a passed one does, and older databases are migrated with no
+cap."""
 
 from __future__ import annotations
 
@@ -12,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from calmkit_aggregator.phases import PILOT_SET_ASIDE
 from calmkit_aggregator.service.storage import Storage
 from calmkit_aggregator.service.store import MAX_FLAGS, BatchOutcome, StoredReport
 from calmkit_client import Plan
-from calmkit_client.errors import CalmkitError, CollectionFull
+from calmkit_client.errors import CalmkitError, CollectionFull, PlanMismatch
 from tests.aggregator import test_storage as base
 from tests.aggregator.test_storage import TOKEN_HASH, make_plan, simulate
+from tests.aggregator.test_storage_phases import DESIGN, MAIN, PILOT
 
 store = base.store  # the fixtures: both backends, and the plan
 plan = base.plan
@@ -75,6 +79,77 @@ def test_flags_cap_and_pilot_check_survive_a_reopen(tmp_path: Path) -> None:
             ("flagged",),
             "failed: because",
         )
+
+
+FAILED = "failed: view 0 (a0 x a1); phase 1 planned by Algorithm 1 without the pilot"
+REFUSED = (
+    rf"plan_digest \({PILOT.digest[:12]}\) is the pilot's, which failed its check: fetch "
+    rf"the current plan \({MAIN.digest[:12]}\); nothing of the batch was stored"
+)
+
+
+def _pilot_done(store: Storage, check: str) -> list[StoredReport]:
+    """A phased collection "p" (cap 300) whose 100 pilot reports are stored, its pilot
+    check ``check`` and its main phase started; the pilot's next 100 reports."""
+    store.create_collection("p", PILOT, 2, TOKEN_HASH, DESIGN, max_reports=300)
+    _, pilot = simulate(PILOT, 200, seed=7)
+    assert store.add_reports("p", PILOT.digest, pilot[:100]) == BatchOutcome(100, 0)
+    store.set_pilot_check("p", check)
+    store.add_phase("p", 1, MAIN)
+    return pilot
+
+
+def test_a_failed_pilot_takes_no_new_reports_but_acknowledges_retries(store: Storage) -> None:
+    pilot = _pilot_done(store, FAILED)
+    before = store.recount("p")
+    with pytest.raises(PlanMismatch, match=REFUSED):
+        store.add_reports("p", PILOT.digest, pilot[100:])
+    with pytest.raises(PlanMismatch, match=REFUSED):  # one new report among retries
+        store.add_reports("p", PILOT.digest, pilot[:101])
+    record = store.get_collection("p")
+    assert (record.phase_reports, record.reports) == ((100, 0), 100)  # nothing stored
+    base.assert_counts_equal(store.recount("p"), before)
+    # retries of the stored pilot reports are still acknowledged, as duplicates
+    assert store.add_reports("p", PILOT.digest, pilot[:100]) == BatchOutcome(0, 100)
+    _, main = simulate(MAIN, 200, seed=8)  # the cap's places stay for the main phase
+    assert store.add_reports("p", MAIN.digest, main) == BatchOutcome(200, 0)
+    assert store.get_collection("p").phase_reports == (100, 200)
+
+
+def test_a_failed_pilot_takes_reports_until_the_next_phase_is_stored(store: Storage) -> None:
+    store.create_collection("p", PILOT, 2, TOKEN_HASH, DESIGN)
+    _, pilot = simulate(PILOT, 20, seed=9)
+    store.set_pilot_check("p", FAILED)  # checked, the next phase not stored yet
+    assert store.add_reports("p", PILOT.digest, pilot[:10]) == BatchOutcome(10, 0)
+    store.add_phase("p", 1, MAIN)
+    with pytest.raises(PlanMismatch, match=REFUSED):
+        store.add_reports("p", PILOT.digest, pilot[10:])
+
+
+@pytest.mark.parametrize("check", ["passed", f"passed; {PILOT_SET_ASIDE}"])
+def test_a_passed_pilot_takes_late_reports(store: Storage, check: str) -> None:
+    pilot = _pilot_done(store, check)
+    assert store.add_reports("p", PILOT.digest, pilot[100:]) == BatchOutcome(100, 0)
+    assert store.get_collection("p").phase_reports == (200, 0)
+
+
+def test_a_failed_pilot_is_refused_through_another_postgres_replica(pg_dsn: str) -> None:
+    from calmkit_aggregator.service.pg_storage import PgStorage
+
+    a, b = PgStorage(pg_dsn), PgStorage(pg_dsn)
+    try:
+        a.create_collection("p", PILOT, 2, TOKEN_HASH, DESIGN)
+        _, pilot = simulate(PILOT, 200, seed=10)
+        assert b.add_reports("p", PILOT.digest, pilot[:100]) == BatchOutcome(100, 0)
+        a.set_pilot_check("p", FAILED)  # b's copy of the record still says nothing of it
+        a.add_phase("p", 1, MAIN)
+        with pytest.raises(PlanMismatch, match=REFUSED):
+            b.add_reports("p", PILOT.digest, pilot[100:])
+        assert b.add_reports("p", PILOT.digest, pilot[:100]) == BatchOutcome(0, 100)
+        assert a.get_collection("p").phase_reports == (100, 0)
+    finally:
+        a.close()
+        b.close()
 
 
 def test_a_version_3_file_is_migrated_with_no_cap(tmp_path: Path) -> None:

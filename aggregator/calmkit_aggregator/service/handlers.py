@@ -364,7 +364,8 @@ class AggregatorService(wire.AggregatorServicer):
         self._require_submit(context, record.submit_token_hash)
         if self._rate is not None:
             self._rate.charge((request.collection_id, submitter_of(context.peer())), count)
-        phase = record.phase_of(request.plan_digest)  # any phase's plan is still valid
+        # any phase's plan, but storage refuses new reports under a failed pilot's
+        phase = record.phase_of(request.plan_digest)
         reports = decode(request, record.plans[phase])
         if record.admission is not None:  # per-user tickets and assigned views
             reports = batch_columns(record.plans[phase], reports)

@@ -22,7 +22,9 @@ The database holds what SQLite holds (schema version :data:`PG_SCHEMA_VERSION`):
 
 The cap is checked in the transaction that holds the collection's row lock, against
 the key tables just brought up to date (every stored report of the collection, from
-every replica), so two replicas cannot both take the last places.
+every replica), so two replicas cannot both take the last places. So is a pilot's
+failed check (new reports under a failed pilot's plan are refused once the next phase
+is stored), against the pilot check and phases read under that lock.
 
 Deduplication is in memory, as in SQLite: each replica keeps the key tables of
 :mod:`.keyset` (report id -> pseudonym, and the pseudonyms) for every collection it
@@ -112,6 +114,7 @@ from .store import (
     check_flag,
     check_next_phase,
     check_phase,
+    check_pilot_phase,
     check_plan,
     dedupe_batch,
     new_positions,
@@ -203,7 +206,12 @@ CREATE TABLE IF NOT EXISTS flags (
 """
 # Version 4 -> 5 (and part of a new database's schema): the expected number of users.
 _MIGRATE_4 = "ALTER TABLE collections ADD COLUMN IF NOT EXISTS expected_n BIGINT NOT NULL DEFAULT 0"
-_LOCK = "SELECT state, max_reports FROM collections WHERE id = %s FOR NO KEY UPDATE"
+# the collection's row lock, and what a batch is checked against under it: the state,
+# the cap, the pilot check and the number of phases after the first
+_LOCK = (
+    "SELECT state, max_reports, pilot_check, (SELECT count(*) FROM phases WHERE "
+    "phases.collection_id = collections.id) FROM collections WHERE id = %s FOR NO KEY UPDATE"
+)
 _TAIL = (
     "SELECT seq, report_ids, pseudonyms FROM batches WHERE collection_id = %s "
     "AND seq > %s ORDER BY seq"
@@ -770,9 +778,11 @@ class PgStorage(SnapshotSchedule):
                 self._tail(cur, collection_id, keys)
                 cap, stored = int(row[1]), len(keys.by_id)  # every replica's, under the lock
                 record = self._records.get(collection_id)
-                if record is None or any(
-                    all(pl.digest != p.plan_digest for pl in record.plans) for p in group
-                ):
+                if (
+                    record is None
+                    or (record.pilot_check, len(record.plans)) != (row[2], 1 + int(row[3]))
+                    or any(all(pl.digest != p.plan_digest for pl in record.plans) for p in group)
+                ):  # another replica checked the pilot or started a phase: read it again
                     record = self._record(cur, collection_id, counts=False)
                 size = sum(len(p.batch) for p in group)  # keys of the batches accepted so far:
                 accepted = _Keys(KeyTable(size), KeyTable(size, values=False), loaded=True)
@@ -787,6 +797,7 @@ class PgStorage(SnapshotSchedule):
                         phase = record.phase_of(p.plan_digest)
                         tables = both if len(accepted.by_id) else keys
                         new = new_positions(tables, collection_id, p.distinct, p.ids, p.pseudonyms)
+                        check_pilot_phase(record, phase, int(new.size))
                         check_cap(collection_id, cap, stored, int(new.size))
                     except (PlanMismatch, ReportConflict, CollectionFull) as exc:
                         p.error, p.done = exc, True

@@ -102,6 +102,7 @@ from .store import (
     check_flag,
     check_next_phase,
     check_phase,
+    check_pilot_phase,
     check_plan,
     dedupe_batch,
     new_positions,
@@ -698,6 +699,9 @@ class Storage(SnapshotSchedule):
                 and its value).
             ReportConflict: a report id already holds a different report, or a
                 pseudonym already holds another report (also within the batch).
+            PlanMismatch: also new reports under a pilot's plan once the pilot failed
+                its check and the next phase is stored (retries still pass:
+                :func:`~.store.check_pilot_phase`).
         """
         with self._lock:
             self._connection()
@@ -720,6 +724,7 @@ class Storage(SnapshotSchedule):
             conn = self._connection()
             entry = self._open_entry(collection_id)
             new = new_positions(entry, collection_id, distinct, ids, pseudonyms)
+            check_pilot_phase(entry.record, phase, int(new.size))
             stored = sum(int(n.sum()) for n in entry.n)  # under the lock every write takes
             check_cap(collection_id, entry.record.max_reports, stored, int(new.size))
             if new.size:

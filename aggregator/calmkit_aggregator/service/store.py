@@ -22,6 +22,10 @@ Security choices made here, for both backends:
   learns a victim's pseudonym cannot probe the victim's report (an earlier server that
   compared contents and named the stored report id in its error let such a client read
   a report back in a few dozen probes).
+- Once a collection's pilot failed its feasibility check and the phase planned
+  without it is stored, new reports under a pilot phase's plan are refused
+  (:func:`check_pilot_phase`): they count in no answer, and would only take places
+  under the report cap. Retries of stored pilot reports are still acknowledged.
 - Errors quote client-sent values through :func:`calmkit_client.echo.show`, bounded
   in length, so a hostile value cannot flood the logs.
 
@@ -50,7 +54,7 @@ from calmkit_client.ids import check_collection_id
 from calmkit_client.tickets import TicketVerifier
 from calmkit_client.validation import is_int
 
-from ..phases import PhasedDesign, combine_phases
+from ..phases import PhasedDesign, combine_phases, pilot_failed
 from ..reconstruction.support import SupportCounts
 from .columns import ReportColumns, columns_from_reports, decode_columns
 
@@ -72,6 +76,7 @@ __all__ = [
     "check_flag",
     "check_next_phase",
     "check_phase",
+    "check_pilot_phase",
     "check_plan",
     "dedupe_batch",
     "new_positions",
@@ -303,6 +308,21 @@ def check_cap(collection_id: str, max_reports: int, stored: int, new: int) -> No
             f"collection_id ({_show(collection_id)}) is full: it takes at most "
             f"{max_reports} reports and holds {stored}, so this batch's {new} new reports "
             "were refused (nothing of the batch was stored; do not resend it)"
+        )
+
+
+def check_pilot_phase(record: CollectionRecord, phase: int, new: int) -> None:
+    """Refuse (:class:`PlanMismatch`) a batch with ``new`` reports under ``phase`` when
+    that phase is a pilot that failed its check and the phase planned without it is
+    stored (``phase`` is not the last): the pilot's reports count nowhere, so more of
+    them would only fill the report cap ahead of the users. Call it with the record as
+    it is under the lock the cap is checked under, like :func:`check_cap`. A batch of
+    retries only (``new`` 0) passes: a stored pilot report is still acknowledged."""
+    if new and phase < record.phase and pilot_failed(record.pilot_check):
+        raise PlanMismatch(
+            f"plan_digest ({record.plans[phase].digest[:12]}) is the pilot's, which "
+            f"failed its check: fetch the current plan ({record.plan.digest[:12]}); "
+            "nothing of the batch was stored"
         )
 
 
