@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -216,6 +217,38 @@ def open_channel(address: str, root_certificates: bytes | None = None) -> grpc.C
     return grpc.secure_channel(address, credentials, options=options)
 
 
+@dataclass(frozen=True)
+class _Refused:
+    """A batch the server refused with :class:`PlanMismatch`: its plan digest, its
+    number of reports and the server's message."""
+
+    digest: str
+    reports: int
+    detail: str
+
+
+def _raise_refused(refused: Sequence[_Refused], sent: wire.Acknowledgement) -> None:
+    """:class:`PlanMismatch` naming the ``refused`` batches' reports (none: nothing),
+    after the others were acknowledged (``sent``). The reports are given up: they are
+    not made again under the current plan."""
+    if not refused:
+        return
+    by_digest: dict[str, list[_Refused]] = {}
+    for r in refused:
+        by_digest.setdefault(r.digest, []).append(r)
+    parts = [
+        f"{sum(r.reports for r in rs)} reports made under plan_digest ({d[:12]}) were "
+        f"refused ({rs[0].detail})"
+        for d, rs in by_digest.items()
+    ]
+    raise PlanMismatch(
+        "; ".join(parts) + ". They are given up, not made again under the current plan: "
+        "each is its user's one report in the collection, and another would spend privacy "
+        f"again ({sent.accepted} other reports accepted, {sent.duplicates} acknowledged as "
+        "duplicates)"
+    )
+
+
 class Collector:
     """Submit one collection's reports to an aggregator at ``address``.
 
@@ -279,9 +312,23 @@ class Collector:
     def _send(
         self, items: Sequence[tuple[bytes, Any]], tickets: Sequence[bytes] | None = None
     ) -> wire.Acknowledgement:
-        """Send reports (with their admission ``tickets``, one per item, when given) in
-        batches, one plan digest per batch (a report made in an earlier phase keeps
-        that phase's plan)."""
+        """Send reports (with their admission ``tickets``, one per item, when given);
+        :class:`PlanMismatch` once the others are sent if the server refused a plan
+        (see :meth:`_send_all`)."""
+        total, refused = self._send_all(items, tickets)
+        _raise_refused(refused, total)
+        return total
+
+    def _send_all(
+        self, items: Sequence[tuple[bytes, Any]], tickets: Sequence[bytes] | None = None
+    ) -> tuple[wire.Acknowledgement, list[_Refused]]:
+        """Send reports in batches, one plan digest per batch (a report made in an
+        earlier phase keeps that phase's plan); the acknowledgement and the batches
+        the server refused with :class:`PlanMismatch` (a plan it no longer takes, such
+        as a pilot's that failed its check). A refused batch does not stop the others,
+        and its reports are not made again under another plan: each is the user's one
+        report in the collection (:class:`~calmkit_client.device.DeviceState`), and a
+        second would spend privacy again."""
         if tickets is not None and (isinstance(tickets, bytes) or len(tickets) != len(items)):
             given = "one bytes value" if isinstance(tickets, bytes) else str(len(tickets))
             raise CalmkitError(f"tickets ({given}) must be one ticket per report ({len(items)})")
@@ -289,13 +336,17 @@ class Collector:
         for i, item in enumerate(items):
             by_digest.setdefault(item[1].plan_digest, []).append(i)
         total = wire.Acknowledgement()
+        refused: list[_Refused] = []
         for digest, group in by_digest.items():
             for start in range(0, len(group), self.batch_size):
                 rows = group[start : start + self.batch_size]
                 chunk = [items[i] for i in rows]
                 chunk_tickets = None if tickets is None else [tickets[i] for i in rows]
-                total = total + self._submit(digest, chunk, chunk_tickets)
-        return total
+                try:
+                    total = total + self._submit(digest, chunk, chunk_tickets)
+                except PlanMismatch as exc:
+                    refused.append(_Refused(digest, len(chunk), str(exc)))
+        return total, refused
 
     def _submit(
         self,
@@ -359,7 +410,12 @@ class Collector:
         :class:`~calmkit_client.errors.AdmissionRefused`). The device state does not
         keep tickets: a call that resends a memoised report needs the ticket again
         (the app's backend can reissue it at will: the same pseudonym gets a ticket
-        that admits the same one report)."""
+        that admits the same one report).
+
+        A report made under an earlier phase's plan is sent under it; if the server no
+        longer takes that plan (a pilot's that failed its check), it raises
+        :class:`~calmkit_client.errors.PlanMismatch` and the report is given up: it is
+        not made again under the current plan, which would spend privacy again."""
         plan = self.plan(refresh=True)
         pseudonym, report = self._state.report_for(
             self.collection_id, plan, record, user_id, self.budget
@@ -378,7 +434,10 @@ class Collector:
         Reports are made (or recalled) together, then sent in batches; ``progress``
         is called with the number of reports each acknowledged batch carried. The plan
         is fetched again first (one call per ``submit_many``). ``tickets``: one
-        admission ticket per user, for ``pseudonym(user_id)`` (see :meth:`submit`)."""
+        admission ticket per user, for ``pseudonym(user_id)`` (see :meth:`submit`).
+        Reports under a plan the server no longer takes do not stop the others: they
+        are all sent, then :class:`~calmkit_client.errors.PlanMismatch` names the
+        refused ones, which are given up (see :meth:`submit`)."""
         if progress is not None and not callable(progress):
             raise CalmkitError(f"progress ({type(progress).__name__}) must be callable or None")
         if tickets is not None and (isinstance(tickets, bytes) or len(tickets) != len(user_ids)):
@@ -387,12 +446,15 @@ class Collector:
         plan = self.plan(refresh=True)
         items = self._state.reports_for(self.collection_id, plan, codes, user_ids, self.budget)
         total = wire.Acknowledgement()
+        refused: list[_Refused] = []
         for start in range(0, len(items), self.batch_size):
             chunk = items[start : start + self.batch_size]
             chunk_tickets = None if tickets is None else tickets[start : start + self.batch_size]
-            total = total + self._send(chunk, chunk_tickets)
+            ack, lost = self._send_all(chunk, chunk_tickets)
+            total, refused = total + ack, refused + lost
             if progress is not None:
-                progress(len(chunk))
+                progress(len(chunk) - sum(r.reports for r in lost))
+        _raise_refused(refused, total)
         return total
 
     def close(self) -> None:

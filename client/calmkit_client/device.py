@@ -481,7 +481,9 @@ class DeviceState:
         returns that report unchanged, spends nothing, draws no randomness and ignores
         ``record`` and ``plan``: a user reports once per collection, also when the
         collection has moved on to another phase's plan (the report keeps the digest
-        it was made under, which the server still accepts).
+        it was made under, which the server still accepts, unless that phase was a
+        pilot that failed its check: then the server refuses the report, and it is
+        not made again under the new plan).
 
         ``user_id=None`` is the device's own user. The pseudonym
         (``pseudonym(collection_id, user_id)``) is the id that picks the view, also
