@@ -21,9 +21,9 @@ from calmkit_aggregator.phases import PhasedDesign
 from calmkit_aggregator.planning.pilot import pilot_size, plan_next_phase, start_pilot
 from calmkit_aggregator.service.admin import AdminClient
 from calmkit_aggregator.service.storage import Storage
-from calmkit_client import CollectionFull, Plan, make_reports
+from calmkit_client import CollectionFull, DeviceState, Plan, PlanMismatch, make_reports
 from calmkit_client import wire as client_wire
-from calmkit_client.collector import RetryPolicy, call_with_retry
+from calmkit_client.collector import Collector, RetryPolicy, call_with_retry
 from calmkit_simulator import synthetic_population
 from tests.integration.servers import Server, sample, scrape
 
@@ -239,6 +239,54 @@ def test_a_fake_pilot_is_flagged_and_phase_1_is_planned_without_it(tmp_path: Pat
         assert reopened.get_collection("p").pilot_check == status.pilot_check
 
 
+def test_after_a_failed_pilot_its_plan_takes_no_new_reports(tmp_path: Path) -> None:
+    """The cap lockout: fakes under the failed pilot's plan no longer take the cap's
+    places. Retries stay acknowledged, genuine devices report under the main plan, and
+    a device whose report was made under the pilot's plan gives it up (refused) rather
+    than make a second one."""
+    n, codes, ids = PILOT_POP.n, PILOT_POP.codes, np.arange(PILOT_POP.n, dtype=np.uint64)
+    with Server(tmp_path) as server, AdminClient(server.address) as admin:
+        info = admin.create_collection(PILOT_POP.schema, 1.0, n, 3, collection_id="p", pilot=0.2)
+        pilot, token, target = info.plan, info.submit_token, info.pilot_target
+        state = DeviceState.in_memory()
+        with Collector(server.address, "p", token, state) as device:
+            assert device.submit_many(codes[:50], ids[:50]).accepted == 50
+        made = state.reports_for("p", pilot, codes[50:60], ids[50:60])  # made, not yet sent
+        k, extra = divmod(target - 50, pilot.m)
+        fakes = fake_batch("p", pilot, {j: k + (j < extra) for j in range(pilot.m)}, 7)
+        assert submit(server.address, token, fakes).accepted == target - 50
+        status = admin.get_collection("p")
+        assert status.phase == 1 and status.pilot_check.startswith("failed: ")
+        main = status.plan
+        refused = (
+            rf"plan_digest \({pilot.digest[:12]}\) is the pilot's, which failed its check: "
+            rf"fetch the current plan \({main.digest[:12]}\); nothing of the batch was stored"
+        )
+        more = fake_batch("p", pilot, {0: 500}, 8)
+        with pytest.raises(PlanMismatch, match=refused):
+            submit(server.address, token, more)
+        assert admin.get_collection("p").phase_reports == (target, 0)  # nothing stored
+        again = submit(server.address, token, fakes)  # a retry of stored pilot reports
+        assert (again.accepted, again.duplicates) == (0, target - 50)
+        with Collector(server.address, "p", token, state) as device:
+            with pytest.raises(
+                PlanMismatch,
+                match=rf"60 reports made under plan_digest \({pilot.digest[:12]}\) were refused "
+                rf"\({refused}\)\. They are given up, not made again under the current plan: .*"
+                r"\(2000 other reports accepted, 0 acknowledged as duplicates\)",
+            ):  # 10 pilot reports not sent before, with 50 sent: their batch is refused
+                device.submit_many(codes[:2060], ids[:2060])
+            record = PILOT_POP.schema.decode_record(codes[55])
+            with pytest.raises(PlanMismatch, match=r"1 reports made under plan_digest"):
+                device.submit(record, user_id=55)
+        # the given-up users kept their one report and were charged for it once
+        assert state.reports_for("p", main, codes[50:60], ids[50:60]) == made
+        assert all(state.ledger(int(u)) == {"p": 1.0} for u in ids[50:60])
+        status = admin.get_collection("p")
+        assert status.phase_reports == (target, 2000)
+        assert admin.query("p", ["a0", "a1"]).reports == 2000
+
+
 def test_a_genuine_pilot_passes_and_plans_phase_1(tmp_path: Path) -> None:
     n = PILOT_POP.n
     with Server(tmp_path) as server, AdminClient(server.address) as admin:
@@ -252,6 +300,10 @@ def test_a_genuine_pilot_passes_and_plans_phase_1(tmp_path: Path) -> None:
             PhasedDesign(n, target, 3, 0), server.storage.phase_support("p", 0)
         )
         assert status.plan.digest == expected.plan.digest
+        # reports made under the pilot's plan before the switch are still taken
+        late = honest_batch("p", info.plan, PILOT_POP.codes[target : target + 100], 5)
+        assert submit(server.address, info.submit_token, late).accepted == 100
+        assert admin.get_collection("p").phase_reports == (target + 100, 0)
 
 
 # 8 binary attributes, 20,000 users: the pilot takes two rounds of 2,000 reports
