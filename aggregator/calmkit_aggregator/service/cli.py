@@ -236,6 +236,25 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
         "worth of --rate-limit)",
     )
     parser.add_argument(
+        "--max-calls-per-address",
+        type=NON_NEGATIVE,
+        default=None,
+        metavar="N",
+        help="calls in flight from one client address (an IPv6 /64), so streams one "
+        "address stalls cannot take the server's 2048 slots; clients behind one proxy or "
+        "NAT share its address: raise it (or 0: no cap) behind a proxy that keeps more "
+        "calls open (default: 256)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="a call's request message must arrive within this long, or the call ends "
+        "DEADLINE_EXCEEDED; raise it if clients send large batches over slow links "
+        "(default: 30, enough for 16 MiB at 4.3 Mbit/s)",
+    )
+    parser.add_argument(
         "--metrics-address",
         default=None,
         metavar="HOST:PORT",
@@ -304,11 +323,23 @@ def _open_storage(db: str, snapshots: str | None, password: str | None) -> Repor
     return Storage(db)
 
 
+def _stream_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """``--max-calls-per-address`` and ``--body-timeout`` as given (create_server's
+    defaults otherwise)."""
+    given = {
+        "max_calls_per_address": args.max_calls_per_address,
+        "body_timeout": args.body_timeout,
+    }
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def _serve(args: argparse.Namespace) -> int:
     from calmkit_aggregator.service.address import probe_bind
     from calmkit_aggregator.service.handlers import log_json
     from calmkit_aggregator.service.pg_storage import is_postgres_url
     from calmkit_aggregator.service.server import (
+        BODY_TIMEOUT_S,
+        MAX_CALLS_PER_ADDRESS,
         ServerTls,
         check_exposure,
         create_server,
@@ -326,6 +357,11 @@ def _serve(args: argparse.Namespace) -> int:
     if args.rate_burst is not None and args.rate_limit is None:
         raise CalmkitError(f"rate_burst ({args.rate_burst}) must go with --rate-limit")
     check_exposure(args.address, token, tls, args.insecure)  # before anything is created
+    limits = {
+        "max_calls_per_address": MAX_CALLS_PER_ADDRESS,
+        "body_timeout": BODY_TIMEOUT_S,
+        **_stream_limits(args),
+    }
     extra = {"metrics_address": args.metrics_address, "console": args.console}
     for option, address in extra.items():
         if address is not None:
@@ -348,6 +384,7 @@ def _serve(args: argparse.Namespace) -> int:
                 rate_burst=args.rate_burst,
                 metrics_address=args.metrics_address,
                 console_address=args.console,
+                **limits,
             )
         except BaseException:
             storage.close()
@@ -385,6 +422,7 @@ def _serve(args: argparse.Namespace) -> int:
         tls=tls is not None,
         rate_limit=args.rate_limit,
         rate_burst=args.rate_burst,
+        **limits,
         metrics_port=server.metrics_port,
         console_port=server.console_port,
     )

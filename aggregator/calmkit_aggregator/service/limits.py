@@ -16,11 +16,25 @@ handler that reads its one message itself:
 
 A body that is read is dropped before any refusal: an exception's traceback would
 otherwise keep it (up to 16 MiB) alive until the cyclic garbage collector happens to
-run, which is how a flood of refused calls used to keep gigabytes. Bodies are not
-read through a small pool of slots: streams that stall mid-body would hold every slot
-and starve honest calls (calls in flight are capped by the server's
-``maximum_concurrent_rpcs`` instead). The handler runs on a worker thread, as before;
-health checks and reflection are not wrapped and are answered on the event loop.
+run, which is how a flood of refused calls used to keep gigabytes. The handler runs on
+a worker thread, as before.
+
+Stalled streams: a call holds one of the server's ``maximum_concurrent_rpcs`` slots
+from its headers on, and token-less streams that never send their message used to
+hold them all (every call, health checks included, then refused RESOURCE_EXHAUSTED).
+So, before anything is read:
+
+- **calls in flight per client address** (an IPv4 address, an IPv6 /64) are capped:
+  a call beyond the cap is refused at once, RESOURCE_EXHAUSTED ``calls in flight from
+  1.2.3.4 (9 with this one) must be at most 8 (max_calls_per_address)``, so one address
+  cannot take more than its share of the server's slots;
+- **a request message must arrive within the body timeout** of its call's start, or
+  the call ends DEADLINE_EXCEEDED, so a stalled stream frees its slot.
+
+Health checks and reflection are under both too (:meth:`Guard.interceptor`: gRPC
+would read their unary requests without a time limit); they are answered on the
+event loop. Bodies are not read through a small pool of slots: streams that stall
+mid-body would hold every slot and starve honest calls.
 
 Memory given back: after a body of :data:`TRIM_AFTER_BYTES` or more, glibc's
 ``malloc_trim`` runs (off the loop, at most once per :data:`TRIM_INTERVAL_S`), because
@@ -32,20 +46,26 @@ is skipped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import hashlib
 import hmac
+import inspect
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent import futures
 from typing import Any
 
 import grpc
 
 from calmkit_client.collector import ERROR_KEY, MAX_MESSAGE_BYTES
+from calmkit_client.errors import RateLimited
+
+from .rate_limit import submitter_of
 
 __all__ = [
     "BODY_LIMITS",
+    "BODY_TIMEOUT_S",
     "PUBLIC_BODY_BYTES",
     "SUBMIT_BODY_BYTES",
     "Guard",
@@ -79,6 +99,10 @@ BODY_LIMITS = {
     "GetPlan": PUBLIC_BODY_BYTES,
     "GetCollection": PUBLIC_BODY_BYTES,
 }
+# A request message must have arrived this long after the call began: a stream that
+# sends its headers and stalls holds one of the server's maximum_concurrent_rpcs slots
+# until then (a 16 MiB batch needs 4.3 Mbit/s to arrive in time).
+BODY_TIMEOUT_S = 30.0
 TRIM_AFTER_BYTES = 1 << 20  # a body this large is followed by a malloc_trim
 TRIM_INTERVAL_S = 1.0
 _TOKEN_SHAPE = re.compile(r"[A-Za-z0-9_-]{16,128}")  # secrets.token_urlsafe output
@@ -136,11 +160,22 @@ class Guard:
     """Wraps each service method (``handle(raw_bytes, context)``) into the async,
     request-streaming behaviour described above; one per server."""
 
-    def __init__(self, workers: futures.Executor, admin_hash: bytes | None) -> None:
+    def __init__(
+        self,
+        workers: futures.Executor,
+        admin_hash: bytes | None,
+        max_calls_per_address: int = 0,
+        body_timeout: float = BODY_TIMEOUT_S,
+    ) -> None:
         self._workers = workers
         self._admin_hash = admin_hash
         self._trim = _malloc_trim()
         self._trim_pending = False
+        self._per_address = max_calls_per_address  # 0: no cap
+        self._body_timeout = body_timeout
+        # Calls in flight per client address (submitter_of: an IPv6 client's /64).
+        # Only the event loop touches it, so it needs no lock.
+        self._in_flight: dict[str, int] = {}
 
     def _trim_soon(self) -> None:
         """Give freed memory back to the OS within TRIM_INTERVAL_S (one trim per
@@ -173,6 +208,10 @@ class Guard:
         kind, limit = KINDS[name], BODY_LIMITS[name]
 
         async def serve(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            async with self._slot(context):
+                return await checked(context)
+
+        async def checked(context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             metadata = tuple((m[0], m[1]) for m in context.invocation_metadata() or ())
             why = self.refusal(kind, metadata)
             if why is not None:
@@ -196,10 +235,89 @@ class Guard:
         """The request body, alone in a list the caller empties before aborting (an
         exception's traceback would otherwise keep up to 16 MiB alive until the cyclic
         garbage collector happens to run)."""
-        raw = await context.read()
+        raw = await self._read_in_time(context)
         if raw is grpc.aio.EOF:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request (none) was not sent")
         return [bytes(raw)]
+
+    async def _read_in_time(self, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        """The call's next message (or EOF), aborted DEADLINE_EXCEEDED when it is not
+        complete within the body timeout: a stream that stalls would otherwise hold its
+        slot of ``maximum_concurrent_rpcs`` until its connection is recycled. (gRPC's
+        completion of a cancelled read checks for the cancellation, so cancelling it
+        here is safe.)"""
+        try:
+            return await asyncio.wait_for(context.read(), self._body_timeout)
+        except asyncio.TimeoutError:
+            pass  # abort outside the except block: the refusal needs no TimeoutError context
+        limit = f"{self._body_timeout:g}"
+        await context.abort(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"request (not complete after {limit} s) must arrive within {limit} s (body_timeout)",
+        )
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
+        """Hold one of the caller's address's slots for the call's life; a call beyond
+        ``max_calls_per_address`` is refused at once (RESOURCE_EXHAUSTED, named
+        RateLimited so the collector retries later), freeing its server-wide slot, so
+        stalled streams from one address cannot take all of ``maximum_concurrent_rpcs``.
+        The slot is given back however the call ends (returned, aborted, cancelled)."""
+        if self._per_address == 0:
+            yield
+            return
+        address = submitter_of(str(context.peer()))
+        held = self._in_flight.get(address, 0)
+        if held >= self._per_address:
+            context.set_trailing_metadata(((ERROR_KEY, RateLimited.__name__),))
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"calls in flight from {address} ({held + 1} with this one) must be at "
+                f"most {self._per_address} (max_calls_per_address)",
+            )
+        self._in_flight[address] = held + 1
+        try:
+            yield
+        finally:
+            self._give_back(address)
+
+    def _give_back(self, address: str) -> None:
+        left = self._in_flight[address] - 1
+        if left:
+            self._in_flight[address] = left
+        else:  # an address with nothing in flight costs no memory
+            del self._in_flight[address]
+
+    def interceptor(self, own_service: str) -> grpc.aio.ServerInterceptor:
+        """Puts the other services' methods (health, reflection) under the same
+        per-address cap and body timeout (``own_service``'s are wrapped already): a
+        stalled health check holds a server-wide slot like any other call."""
+        return _OtherServices(self, f"/{own_service}/")
+
+    def wrap_handler(self, handler: grpc.RpcMethodHandler[Any, Any]) -> Any:
+        """``handler`` served request-streaming, its messages read here in time.
+        gRPC itself reads a unary request before the behaviour runs, with no time
+        limit. Only asynchronous behaviours (grpc.aio's health and reflection) are
+        wrapped: a blocking one must not run on the loop."""
+        behaviour = _behaviour(handler)
+        if not _is_async(behaviour):
+            return handler
+        requests_of = self._request_stream if handler.request_streaming else self._one_message
+        return _streaming_handler(handler, self._slot, requests_of, behaviour)
+
+    def _request_stream(self, _requests: Any, context: Any) -> AsyncIterator[Any]:
+        return self._messages(context)
+
+    async def _one_message(self, _requests: Any, context: Any) -> Any:
+        request = await self._read_in_time(context)
+        if request is grpc.aio.EOF:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request (none) was not sent")
+        return request
+
+    async def _messages(self, context: Any) -> AsyncIterator[Any]:
+        """A request stream whose every message must arrive within the body timeout."""
+        while (request := await self._read_in_time(context)) is not grpc.aio.EOF:
+            yield request
 
     async def _run(
         self,
@@ -217,6 +335,77 @@ class Guard:
         if worker.trailing:
             context.set_trailing_metadata(worker.trailing)
         await context.abort(code, details)
+
+
+class _OtherServices(grpc.aio.ServerInterceptor):
+    """:meth:`Guard.interceptor`: each method's wrapped handler is built once."""
+
+    def __init__(self, guard: Guard, own_prefix: str) -> None:
+        self._guard = guard
+        self._own_prefix = own_prefix
+        self._wrapped: dict[str, Any] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        method = handler_call_details.method
+        handler = await continuation(handler_call_details)
+        if handler is None or method.startswith(self._own_prefix):
+            return handler
+        if method not in self._wrapped:
+            self._wrapped[method] = self._guard.wrap_handler(handler)
+        return self._wrapped[method]
+
+
+def _behaviour(handler: grpc.RpcMethodHandler[Any, Any]) -> Any:
+    return {
+        (False, False): handler.unary_unary,
+        (False, True): handler.unary_stream,
+        (True, False): handler.stream_unary,
+        (True, True): handler.stream_stream,
+    }[(handler.request_streaming, handler.response_streaming)]
+
+
+def _is_async(behaviour: Any) -> bool:
+    return inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)
+
+
+def _streaming_handler(
+    handler: grpc.RpcMethodHandler[Any, Any],
+    slot: Callable[[Any], contextlib.AbstractAsyncContextManager[None]],
+    requests_of: Callable[[Any, Any], Any],
+    behaviour: Any,
+) -> Any:
+    """A request-streaming handler running ``behaviour`` on ``requests_of``'s request
+    (a coroutine: one message) or requests (an iterator) while holding a ``slot``."""
+    codecs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+
+    async def unary_response(requests: Any, context: Any) -> Any:
+        async with slot(context):
+            return await behaviour(await _ready(requests_of(requests, context)), context)
+
+    async def stream_response(requests: Any, context: Any) -> None:
+        async with slot(context):
+            result = behaviour(await _ready(requests_of(requests, context)), context)
+            if inspect.isasyncgen(result):  # else a coroutine calling context.write
+                async for response in result:
+                    await context.write(response)
+            else:
+                await result
+
+    if handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(stream_response, **codecs)
+    return grpc.stream_unary_rpc_method_handler(unary_response, **codecs)
+
+
+async def _ready(value: Any) -> Any:
+    """``value``, awaited if it is awaitable (one message) and as is if not (a stream)."""
+    return await value if inspect.isawaitable(value) else value
 
 
 def _take(handle: Callable[[bytes, Any], Any], body: list[bytes], context: _WorkerContext) -> Any:

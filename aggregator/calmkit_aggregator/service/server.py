@@ -8,10 +8,12 @@ a ``grpc.aio`` server in its own event-loop thread behind a blocking facade
   gets a worker thread (``max_workers`` of them, for SQLite and numpy work) only once
   its whole message has arrived, so streams that send headers and stall hold no
   worker. Health checks are answered on the loop itself and do not queue behind
-  ingest. At most ``max_concurrent_rpcs`` calls are in flight, a connection carries at
-  most ``MAX_STREAMS_PER_CONNECTION`` streams, and connections are recycled after
-  ``MAX_CONNECTION_AGE_S`` (plus a grace period), so a stalled stream cannot live for
-  ever.
+  ingest. At most ``max_concurrent_rpcs`` calls are in flight, at most
+  ``max_calls_per_address`` of them from one client address, and a request message
+  must arrive within ``body_timeout`` seconds (:mod:`.limits`), so stalled streams
+  from one address cannot take every slot, nor hold one for long. A connection carries
+  at most ``MAX_STREAMS_PER_CONNECTION`` streams and is recycled after
+  ``MAX_CONNECTION_AGE_S`` (plus a grace period).
 - **A port in use is refused** (``grpc.so_reuseport`` off): a second server on the
   same port fails with :class:`~calmkit_client.CalmkitError` instead of silently
   sharing the traffic.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -39,17 +42,20 @@ from grpc_reflection.v1alpha import reflection
 
 from calmkit_client import CalmkitError
 from calmkit_client.collector import MAX_MESSAGE_BYTES
+from calmkit_client.validation import check_int
 
 from . import wire
 from .address import check_address
 from .endpoints import Endpoints, start_endpoints
 from .handlers import AggregatorService
 from .http_endpoint import loopback_host
-from .limits import Guard
+from .limits import BODY_TIMEOUT_S, Guard
 from .metrics import NO_METRICS, ServiceMetrics
 from .store import ReportStore
 
 __all__ = [
+    "BODY_TIMEOUT_S",
+    "MAX_CALLS_PER_ADDRESS",
     "Server",
     "ServerTls",
     "check_exposure",
@@ -59,6 +65,10 @@ __all__ = [
 ]
 
 MAX_CONCURRENT_RPCS = 2048  # calls in flight (beyond: RESOURCE_EXHAUSTED)
+# Calls in flight from one client address (an IPv6 client's /64), so that streams one
+# address opens and stalls cannot take every slot of MAX_CONCURRENT_RPCS: a collector
+# makes one call at a time, so this leaves room for a large NAT.
+MAX_CALLS_PER_ADDRESS = MAX_CONCURRENT_RPCS // 8
 MAX_STREAMS_PER_CONNECTION = 64
 MAX_CONNECTION_AGE_S = 300  # then GOAWAY; clients reconnect transparently
 MAX_CONNECTION_AGE_GRACE_S = 60  # in-flight calls get this long to finish
@@ -216,16 +226,22 @@ async def _start(
     workers: futures.ThreadPoolExecutor,
     max_concurrent_rpcs: int,
     admin_token: str | None = None,
+    max_calls_per_address: int = MAX_CALLS_PER_ADDRESS,
+    body_timeout: float = BODY_TIMEOUT_S,
 ) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
     # The service's handlers are plain functions: the guard checks the metadata, reads
     # the request on the loop and runs the handler on ``workers`` once it is complete.
+    # Its interceptor puts health checks and reflection under the same per-address
+    # cap and body timeout.
+    admin_hash = hashlib.sha256(admin_token.encode("utf-8")).digest() if admin_token else None
+    guard = Guard(workers, admin_hash, max_calls_per_address, body_timeout)
     server = grpc.aio.server(
         migration_thread_pool=workers,
         options=_options(),
         maximum_concurrent_rpcs=max_concurrent_rpcs,
+        interceptors=(guard.interceptor(wire.SERVICE_NAME),),
     )
-    admin_hash = hashlib.sha256(admin_token.encode("utf-8")).digest() if admin_token else None
-    wire.add_servicer(service, server, Guard(workers, admin_hash))
+    wire.add_servicer(service, server, guard)
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", wire.SERVICE_NAME):
@@ -279,6 +295,16 @@ def check_exposure(
         )
 
 
+def _check_stream_limits(max_calls_per_address: int, body_timeout: float) -> None:
+    check_int("max_calls_per_address", max_calls_per_address, 0)
+    if (
+        isinstance(body_timeout, bool)
+        or not isinstance(body_timeout, (int, float))
+        or not 0 < body_timeout < math.inf
+    ):
+        raise CalmkitError(f"body_timeout ({body_timeout!r}) must be a number of seconds > 0")
+
+
 def create_server(
     address: str,
     storage: ReportStore,
@@ -288,6 +314,8 @@ def create_server(
     insecure: bool = False,
     max_workers: int = 8,
     max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
+    max_calls_per_address: int = MAX_CALLS_PER_ADDRESS,
+    body_timeout: float = BODY_TIMEOUT_S,
     rate_limit: float | None = None,
     rate_burst: int | None = None,
     metrics_address: str | None = None,
@@ -302,6 +330,11 @@ def create_server(
     proxy, a private network) protects the bearer tokens on the wire. ``rate_limit``
     caps each client address at that many reports per second per collection, at most
     ``rate_burst`` at once (default: one second's worth); None: no cap.
+    ``max_calls_per_address`` caps the calls in flight from one client address (an
+    IPv6 client's /64; 0: no cap; clients behind one proxy or NAT share it), and a
+    request message must arrive within ``body_timeout`` seconds of its call's start,
+    so streams that send headers and stall cannot hold every one of the
+    ``max_concurrent_rpcs`` slots.
     ``metrics_address`` serves Prometheus metrics, ``console_address`` the web console
     (sampling the ingest rate every ``console_sample_seconds``); both follow the
     address's rules and are off when None.
@@ -312,6 +345,7 @@ def create_server(
             check_exposure(extra, admin_token, tls, insecure, option=option)
     if not 1 <= max_workers <= 256:
         raise CalmkitError(f"max_workers ({max_workers}) must be in [1, 256]")
+    _check_stream_limits(max_calls_per_address, body_timeout)
     metrics = NO_METRICS if metrics_address is None else ServiceMetrics(storage)
     service = AggregatorService(
         storage, admin_token, rate_limit=rate_limit, rate_burst=rate_burst, metrics=metrics
@@ -329,7 +363,17 @@ def create_server(
     thread = threading.Thread(target=loop.run_forever, daemon=True, name="calmkit-grpc")
     thread.start()
     started = asyncio.run_coroutine_threadsafe(
-        _start(address, service, tls, workers, max_concurrent_rpcs, admin_token), loop
+        _start(
+            address,
+            service,
+            tls,
+            workers,
+            max_concurrent_rpcs,
+            admin_token,
+            max_calls_per_address,
+            body_timeout,
+        ),
+        loop,
     )
     try:
         server, health_servicer, port = started.result()
