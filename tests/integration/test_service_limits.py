@@ -4,6 +4,7 @@ oversized requests naming the limit, and the largest valid submit still passes."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -19,10 +20,19 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from calmkit_aggregator.service.admin import AdminClient
 from calmkit_aggregator.service.limits import PUBLIC_BODY_BYTES, SUBMIT_BODY_BYTES
-from calmkit_client import DeviceState
+from calmkit_aggregator.service.server import (
+    BODY_TIMEOUT_S,
+    MAX_CALLS_PER_ADDRESS,
+    create_server,
+    graceful_stop,
+)
+from calmkit_aggregator.service.storage import Storage
+from calmkit_client import CalmkitError, DeviceState
 from calmkit_client import wire as client_wire
-from calmkit_client.collector import MAX_MESSAGE_BYTES, open_channel
+from calmkit_client.cli import main
+from calmkit_client.collector import ERROR_KEY, MAX_MESSAGE_BYTES, open_channel
 from tests.integration.servers import IDS, POP, Server, create_collection
 
 FLOOD_BYTES = 16 * 1024 * 1024 - 64  # just under the server's receive limit
@@ -196,3 +206,174 @@ def _unknown_field(size: int) -> bytes:
         if len(_varint(payload)) == width:
             return bytes([0x9A, 0x06]) + _varint(payload) + b"\0" * payload
     raise AssertionError(f"no field of {size} bytes")
+
+
+# -- stalled streams: a cap per client address, a deadline on the body -------------------
+GET_PLAN = "/calmkit.v1.Aggregator/GetPlan"
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+ADMIN = "a" * 32
+STALLS = {"max_concurrent_rpcs": 32, "max_calls_per_address": 8}  # small, for speed
+
+
+@contextlib.contextmanager
+def _dual_stack(tmp_path: Path, **options: Any) -> Iterator[int]:
+    """A server on every address (port returned) with collection c1, so a test can
+    stall streams from 127.0.0.1 and probe from ::1, another client address."""
+    with Storage(tmp_path / "agg.db") as storage:
+        server, port = create_server("[::]:0", storage, ADMIN, insecure=True, **options)
+        try:
+            _create_c1(f"127.0.0.1:{port}")
+            yield port
+        finally:
+            graceful_stop(server, 1.0)
+
+
+def _create_c1(address: str) -> None:
+    with AdminClient(address, ADMIN) as admin:
+        admin.create_collection(POP.schema, 1.0, POP.n, 3, collection_id="c1", pilot=0.0)
+
+
+def _stall(channel: grpc.Channel, path: str, count: int, stop: threading.Event) -> list[Any]:
+    """``count`` calls of ``path`` on ``channel`` that send their headers and then
+    nothing until ``stop`` (then they end the request stream without a message)."""
+    call = channel.stream_unary(path)
+    return [call.future(_never_sent(stop), timeout=30) for _ in range(count)]
+
+
+def _ended(calls: list[Any], within: float, count: int | None = None) -> list[Any]:
+    """The calls that ended within ``within`` seconds from now, or as soon as
+    ``count`` of them did (the rest stay open)."""
+    deadline = time.monotonic() + within
+    want = len(calls) if count is None else count
+    while time.monotonic() < deadline and sum(c.done() for c in calls) < want:
+        time.sleep(0.02)
+    return [c for c in calls if c.done()]
+
+
+def _health_from(address: str) -> int:
+    with open_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return int(stub.Check(health_pb2.HealthCheckRequest(), timeout=3).status)
+
+
+def _plan_from(address: str) -> str:
+    with open_channel(address) as channel:
+        stub = client_wire.pb_grpc.AggregatorStub(channel)
+        plan = stub.GetPlan(client_wire.pb.CollectionRef(collection_id="c1"), timeout=3)
+        return str(plan.digest)
+
+
+@pytest.mark.parametrize("path", [GET_PLAN, HEALTH_CHECK])
+def test_stalled_streams_beyond_the_per_address_cap_are_refused_at_once(
+    tmp_path: Path, path: str
+) -> None:
+    """40 token-less streams from 127.0.0.1 stall (the audit's attack, scaled to a
+    global cap of 32): the 8 the address may hold stay open, the other 32 are refused
+    on their headers naming the cap, so the server keeps slots free: health checks and
+    GetPlan from ::1 answer while the stalls are held. Before the cap, the stalls took
+    all 32 slots and every call was refused "Concurrent RPC limit exceeded!"."""
+    stop = threading.Event()
+    with _dual_stack(tmp_path, **STALLS) as port, open_channel(f"127.0.0.1:{port}") as channel:
+        calls = _stall(channel, path, 40, stop)
+        try:
+            refused = _ended(calls, within=3.0)
+            assert len(refused) == 32
+            for call in refused:
+                err = call.exception()
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+                assert err.details() == (
+                    "calls in flight from 127.0.0.1 (9 with this one) must be at most 8 "
+                    "(max_calls_per_address)"
+                )
+                assert (ERROR_KEY, "RateLimited") in tuple(err.trailing_metadata())
+            assert _health_from(f"[::1]:{port}") == health_pb2.HealthCheckResponse.SERVING
+            assert _plan_from(f"[::1]:{port}")
+            assert len(_ended(calls, within=0.1)) == 32  # the 8 stalls are still held
+        finally:
+            stop.set()
+        _ended(calls, within=5.0)
+        assert _plan_from(f"127.0.0.1:{port}")  # the address's slots are free again
+
+
+@pytest.mark.parametrize("path", [GET_PLAN, HEALTH_CHECK])
+def test_a_stalled_stream_is_aborted_after_the_body_timeout(tmp_path: Path, path: str) -> None:
+    """A stream whose message never comes ends DEADLINE_EXCEEDED naming the body
+    timeout (0.5 s here), which frees its slot; before, it stayed until the client
+    left or its connection was recycled (5 minutes and more)."""
+    stop = threading.Event()
+    with Server(tmp_path, body_timeout=0.5) as server, open_channel(server.address) as channel:
+        t0 = time.monotonic()
+        calls = _stall(channel, path, 4, stop)
+        try:
+            ended = _ended(calls, within=5.0)
+            took = time.monotonic() - t0
+        finally:
+            stop.set()
+    assert len(ended) == 4 and took < 5.0
+    for call in calls:
+        err = call.exception()
+        assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err.details()
+        assert err.details() == (
+            "request (not complete after 0.5 s) must arrive within 0.5 s (body_timeout)"
+        )
+
+
+def test_the_per_address_count_returns_to_zero(tmp_path: Path) -> None:
+    """Calls that end every way (refused by the cap, cancelled by the client, timed out
+    reading the body, ended without a message, refused unauthenticated, answered) all
+    give their slot back: afterwards the address again holds exactly the cap of
+    stalled streams, and one more is refused."""
+    with Server(tmp_path, ADMIN, body_timeout=2.0, **STALLS) as server:
+        _create_c1(server.address)
+        with open_channel(server.address) as channel:
+            for _ in range(2):
+                _every_ending(channel, server.address)
+            stop = threading.Event()
+            calls = _stall(channel, GET_PLAN, 8, stop)
+            try:
+                assert not _ended(calls, within=0.5)  # the whole cap is open again
+                (extra,) = _stall(channel, GET_PLAN, 1, stop)
+                assert extra.exception(timeout=3).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            finally:
+                stop.set()
+
+
+def _every_ending(channel: grpc.Channel, address: str) -> None:
+    """Calls from one address ending in each way a call can end."""
+    stop = threading.Event()
+    stalled = _stall(channel, GET_PLAN, 12, stop)  # 4 refused by the cap
+    refused = _ended(stalled, within=1.5, count=4)
+    assert {c.exception().code() for c in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    open_now = [c for c in stalled if not c.done()]
+    assert len(open_now) == 8
+    for call in open_now[:4]:
+        call.cancel()  # the client leaves
+    time.sleep(2.5)  # the other 4 time out reading their body
+    stop.set()
+    _ended(stalled, within=5.0)
+    codes = {c.exception().code() for c in open_now[4:]}
+    assert codes == {grpc.StatusCode.DEADLINE_EXCEEDED}
+    unauthenticated = _stall(channel, "/calmkit.v1.Aggregator/ListCollections", 4, stop)
+    assert all(
+        c.exception(timeout=3).code() == grpc.StatusCode.UNAUTHENTICATED for c in unauthenticated
+    )
+    no_message = _stall(channel, GET_PLAN, 4, stop)  # stop is set: they end at once
+    assert all(
+        c.exception(timeout=3).code() == grpc.StatusCode.INVALID_ARGUMENT for c in no_message
+    )
+    assert _plan_from(address) and _health_from(address) == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_stream_limits_are_checked_and_their_help_states_the_defaults(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for options, message in (
+        ({"max_calls_per_address": -1}, r"max_calls_per_address \(-1\) must be an int >= 0"),
+        ({"body_timeout": 0.0}, r"body_timeout \(0.0\) must be a number of seconds > 0"),
+    ):
+        with pytest.raises(CalmkitError, match=message), Storage(tmp_path / "x.db") as storage:
+            create_server("127.0.0.1:0", storage, **options)
+    assert main(["serve", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(default: {MAX_CALLS_PER_ADDRESS})" in text
+    assert f"(default: {BODY_TIMEOUT_S:g}," in text
