@@ -64,7 +64,13 @@ __all__ = [
     "is_loopback",
 ]
 
-MAX_CONCURRENT_RPCS = 2048  # calls in flight (beyond: RESOURCE_EXHAUSTED)
+# Calls in flight (beyond: RESOURCE_EXHAUSTED), health checks included. Not raised
+# with the per-address cap: a stalled stream costs only 15-25 kB (2,000-2,300 of them:
+# RSS +35 to +49 MB), but one pushing a large body costs far more (2,000 streams each
+# sending what flow control admits of a 16 MiB message: +1 GB without the cap,
+# +72 MB with it), and slots beyond what honest clients need would only raise that
+# worst case (docs/security.md "Slow streams").
+MAX_CONCURRENT_RPCS = 2048
 # Calls in flight from one client address (an IPv6 client's /64), so that streams one
 # address opens and stalls cannot take every slot of MAX_CONCURRENT_RPCS: a collector
 # makes one call at a time, so this leaves room for a large NAT.
