@@ -487,7 +487,7 @@ def _simulate_options(parser: argparse.ArgumentParser) -> None:
         "--reconstruct",
         choices=RECONSTRUCTIONS,
         default="local",
-        help="calm: how queries are answered from the views; local: maximum "
+        help="calm, be: how queries are answered from the views; local: maximum "
         "entropy per query over the views' projections (the paper's); "
         "global: also one model fitted to all views at once, which answers "
         "the pairs no view holds",
@@ -607,8 +607,11 @@ def _simulation(
     """What ``calmkit simulate --json`` prints (but the seconds it took)."""
     import numpy as np
 
+    from .mechanisms import MECHANISMS
+
     errors = np.array([r.sse for r in results])
     chosen = results[0].chosen if results else {}
+    accepted = MECHANISMS[args.mechanism][1]
     return {
         "mechanism": mechanism.name,
         "dataset": pop.name,
@@ -624,8 +627,9 @@ def _simulation(
         "uniform_sse_mean": float(np.mean([r.uniform_sse for r in results])),
         "seconds_per_rep": float(np.median([r.seconds for r in results])),
         "privacy_unit": mechanism.privacy_unit,
-        "shrink": not args.no_shrink,
-        "reconstruct": args.reconstruct,
+        # the options the mechanism took (None: it takes no such option)
+        "shrink": not args.no_shrink if "shrink" in accepted else None,
+        "reconstruct": args.reconstruct if "reconstruction" in accepted else None,
         "planner": getattr(mechanism, "planner", None),
         "chosen": chosen,
         "reps": [

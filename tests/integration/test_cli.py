@@ -413,6 +413,25 @@ def test_simulate_reconstructs_globally_on_request(capsys: pytest.CaptureFixture
     assert "reconstruct ('nearest') must be one of" in capsys.readouterr().err
 
 
+def test_simulate_be_takes_the_reconstruction_and_echoes_only_what_it_took(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # BE is CALM on the bits: --reconstruct global reaches it (same seed, same reports
+    # and queries: only the reconstruction differs); Uniform takes neither option and
+    # its JSON echoes neither
+    base = ["simulate", "--d", "5", "--n", "5000", "--k", "2", "--epsilon", "1"]
+    base += ["--planner", "paper", "--reps", "2", "--queries", "5", "--json"]
+    runs = {}
+    for how in ("local", "global"):
+        assert main([*base, "--mechanism", "be", "--reconstruct", how]) == 0
+        runs[how] = json.loads(capsys.readouterr().out)
+        assert (runs[how]["reconstruct"], runs[how]["shrink"]) == (how, True)
+    assert runs["local"]["sse_mean"] != runs["global"]["sse_mean"]
+    assert main([*base[:-3], "--reps", "1", "--queries", "2", "--mechanism", "uni", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["reconstruct"], out["shrink"], out["planner"]) == (None, None, None)
+
+
 def test_simulate_runs_any_mechanism_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     base = [
         "simulate",

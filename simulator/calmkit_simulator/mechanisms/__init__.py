@@ -53,7 +53,10 @@ MECHANISMS: dict[str, tuple[type[Mechanism], tuple[str, ...]]] = {
     "am": (AllMarginals, ("path",)),
     "ft": (Fourier, ()),
     "em": (ExpectationMaximization, ()),
-    "be": (BinaryEncoded, ("theta", "m", "l", "path", "shrink", "planner", "pilot")),
+    "be": (
+        BinaryEncoded,
+        ("theta", "m", "l", "path", "shrink", "planner", "pilot", "reconstruction"),
+    ),
     "priview": (PriView, ("theta", "m", "l", "shrink")),
     # central-DP references
     "mwem": (Mwem, ("rounds",)),
