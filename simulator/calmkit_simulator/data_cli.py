@@ -541,23 +541,9 @@ def _simulate(args: argparse.Namespace) -> int:
     from .seeds import POPULATION, stream
 
     t0 = time.perf_counter()
-    mechanism = make_mechanism(
-        args.mechanism,
-        theta=args.theta,
-        m=args.m,
-        l=args.l,
-        path=args.path,
-        shrink=not args.no_shrink,
-        reconstruction=args.reconstruct,
-        planner=args.planner,
-        pilot=args.pilot,
-        rounds=args.rounds,
-        strategy=args.strategy,
-        budgets=args.budgets,
-        noise=args.noise,
-        delta=args.delta,
-        workload=args.workload,
-    )
+    mechanism = make_mechanism(args.mechanism, **_mechanism_options(args))
+    ignored = _ignored_warnings(args)
+    warn(ignored)  # before the run, which may be long
     # the seed's streams (see calmkit_simulator.seeds): the synthetic dataset from the
     # root, the resample from its own, the queries and reports per repetition from theirs
     pop = load_population(args, args.seed)
@@ -567,6 +553,7 @@ def _simulate(args: argparse.Namespace) -> int:
     warnings = shape_warnings(pop)
     if not args.json:
         warn(warnings)
+    warnings = [*ignored, *warnings]
     progress = Progress(args.reps, f"{args.mechanism} reps") if not args.json else None
     update = progress.update if progress is not None else None
     results = run_mechanism(
@@ -599,6 +586,71 @@ def _simulate(args: argparse.Namespace) -> int:
         return 0
     _print_simulation(out, pop, args)
     return 0
+
+
+def _mechanism_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The mechanism options simulate's flags set, for every mechanism
+    (:func:`~.mechanisms.make_mechanism` passes each the ones it takes)."""
+    return {
+        "theta": args.theta,
+        "m": args.m,
+        "l": args.l,
+        "path": args.path,
+        "shrink": not args.no_shrink,
+        "reconstruction": args.reconstruct,
+        "planner": args.planner,
+        "pilot": args.pilot,
+        "rounds": args.rounds,
+        "strategy": args.strategy,
+        "budgets": args.budgets,
+        "noise": args.noise,
+        "delta": args.delta,
+        "workload": args.workload,
+    }
+
+
+# the flag that sets a mechanism option, where it is not --OPTION
+_FLAGS = {"shrink": "--no-shrink", "reconstruction": "--reconstruct"}
+
+
+def _given_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Of :func:`_mechanism_options`, those the user set: not at simulate's defaults."""
+    parser = argparse.ArgumentParser()
+    _simulate_options(parser)
+    defaults = _mechanism_options(parser.parse_args(["--k", "1", "--epsilon", "1"]))
+    return {k: v for k, v in _mechanism_options(args).items() if v != defaults[k]}
+
+
+def _ignored_warnings(args: argparse.Namespace) -> list[str]:
+    """A warning naming the flags the user set that the mechanism does not take, and
+    one naming those of another planner than the one it runs (``--theta`` without
+    ``--planner paper``, ``--pilot`` with it)."""
+    from .mechanisms import MECHANISMS, unused_options
+
+    given = _given_options(args)
+    unused = unused_options(args.mechanism, given)
+    accepted = MECHANISMS[args.mechanism][1]
+    other = [k for k in unused if k not in accepted]
+    planner = [k for k in unused if k in accepted]
+    where = f"{args.mechanism} with --planner {args.planner or 'pipeline'}"
+    return [
+        _ignored(names, given, what)
+        for names, what in ((other, args.mechanism), (planner, where))
+        if names
+    ]
+
+
+def _ignored(names: list[str], given: dict[str, Any], what: str) -> str:
+    """``--l (3), --m (4) do not apply to fc and were ignored``."""
+    flags = ", ".join(
+        _FLAGS.get(k, f"--{k}") + ("" if isinstance(given[k], bool) else f" ({given[k]})")
+        for k in names
+    )
+    many = len(names) > 1
+    return (
+        f"{flags} {'do' if many else 'does'} not apply to {what} and "
+        f"{'were' if many else 'was'} ignored"
+    )
 
 
 def _simulation(

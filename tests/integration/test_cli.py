@@ -432,6 +432,34 @@ def test_simulate_be_takes_the_reconstruction_and_echoes_only_what_it_took(
     assert (out["reconstruct"], out["shrink"], out["planner"]) == (None, None, None)
 
 
+def test_simulate_warns_of_the_flags_its_mechanism_ignores(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = ["simulate", "--d", "4", "--n", "2000", "--k", "2", "--epsilon", "1"]
+    base += ["--reps", "1", "--queries", "2"]
+    assert main([*base, "--mechanism", "fc", "--l", "3", "--m", "4", "--path", "faithful"]) == 0
+    err = capsys.readouterr().err
+    assert "calmkit: warning: --m (4), --l (3) do not apply to fc and were ignored" in err
+    assert main([*base, "--mechanism", "ft", "--path", "faithful", "--no-shrink", "--json"]) == 0
+    captured = capsys.readouterr()
+    line = "--path (faithful), --no-shrink do not apply to ft and were ignored"
+    assert f"calmkit: warning: {line}" in captured.err
+    assert json.loads(captured.out)["warnings"] == [line]
+    # theta is Algorithm 1's, the pilot the pipeline planner's
+    assert main([*base, "--theta", "0.01"]) == 0
+    assert (
+        "calmkit: warning: --theta (0.01) does not apply to calm with --planner pipeline "
+        "and was ignored"
+    ) in capsys.readouterr().err
+    assert main([*base, "--mechanism", "be", "--planner", "paper", "--pilot", "0.3"]) == 0
+    assert "--pilot (0.3) does not apply to be with --planner paper" in capsys.readouterr().err
+    # flags left at their defaults, or that the mechanism uses, are no warning
+    assert main([*base, "--planner", "paper", "--theta", "0.01", "--l", "2"]) == 0
+    assert main([*base, "--mechanism", "priview", "--theta", "0.01", "--m", "3"]) == 0
+    assert main([*base, "--mechanism", "fc", "--path", "fast", "--reconstruct", "local"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_simulate_runs_any_mechanism_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     base = [
         "simulate",

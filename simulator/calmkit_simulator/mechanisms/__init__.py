@@ -39,6 +39,7 @@ __all__ = [
     "WeightedFourier",
     "make_mechanism",
     "task_mechanism",
+    "unused_options",
 ]
 
 # command-line name -> (class, the options it takes: ``calmkit simulate``'s and, for
@@ -67,9 +68,29 @@ MECHANISMS: dict[str, tuple[type[Mechanism], tuple[str, ...]]] = {
 
 def make_mechanism(name: str, **options: Any) -> Mechanism:
     """The mechanism called ``name``, given the options it understands; others are
-    ignored (``calmkit simulate`` passes every flag to every mechanism)."""
+    ignored (``calmkit simulate`` passes every flag to every mechanism, and warns of
+    those the user set that :func:`unused_options` names)."""
     cls, accepted = _registered(name)
     return cls(**{k: v for k, v in options.items() if k in accepted and v is not None})
+
+
+# options of the mechanisms that take a planner, which apply under one planner only
+PLANNER_OPTIONS = {"theta": "paper", "pilot": "pipeline"}
+DEFAULT_PLANNER = "pipeline"
+
+
+def unused_options(name: str, options: Mapping[str, Any]) -> list[str]:
+    """Which of ``options`` (those a user set) mechanism ``name`` will not use: the
+    ones it does not take, and, when it takes a planner, those of another planner
+    (:data:`PLANNER_OPTIONS`: ``theta`` is Algorithm 1's, ``pilot`` the pipeline's)."""
+    _, accepted = _registered(name)
+    planner = options.get("planner") or DEFAULT_PLANNER
+    return [
+        k
+        for k in options
+        if k not in accepted
+        or ("planner" in accepted and PLANNER_OPTIONS.get(k, planner) != planner)
+    ]
 
 
 def task_mechanism(name: str, options: Mapping[str, Any]) -> Mechanism:
