@@ -131,6 +131,18 @@ def test_help_loads_nothing_heavy() -> None:
             "n (none given) must be set for 'create'",
         ),
         (
+            ["collection", "create", "--schema", "s.json", "--domain", "2,2", "--epsilon", "1"],
+            "schema ('s.json') must not go with --domain ('2,2'): both give the attributes",
+        ),
+        (
+            "collection create --domain 2,2 --epsilon 1 --views 0,1 --planner pipeline".split(),
+            "views ('0,1') must not go with --planner (pipeline): explicit views are not planned",
+        ),
+        (
+            "collection create --domain 2,2 --epsilon 1 --views 0;1 --m 2 --l 1".split(),
+            "views ('0;1') must not go with --l (1), --m (2): explicit views",
+        ),
+        (
             [
                 "collection",
                 "create",

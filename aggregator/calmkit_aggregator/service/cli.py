@@ -117,10 +117,10 @@ def _address_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def planning_options(parser: argparse.ArgumentParser, create: bool = False) -> None:
+def planning_options(parser: argparse.ArgumentParser) -> None:
     """The planner's options (``calmkit plan``, ``simulate`` and ``collection create``):
-    --planner, --pilot, --theta, --l, --m. With ``create`` the planner defaults to
-    pipeline; otherwise the options default to None and the command sets its own."""
+    --planner, --pilot, --theta, --l, --m. They default to None (not given), and the
+    command sets its own."""
     from calmkit_aggregator.planning.algorithm1 import DEFAULT_THETA
     from calmkit_aggregator.planning.collection import PLANNERS
     from calmkit_aggregator.planning.pilot import PILOT_FRACTION
@@ -128,7 +128,7 @@ def planning_options(parser: argparse.ArgumentParser, create: bool = False) -> N
     parser.add_argument(
         "--planner",
         choices=PLANNERS,
-        default="pipeline" if create else None,
+        default=None,
         help="pipeline: a pilot (one phase, or two where half of it can measure "
         "attribute pairs: the second on pairs chosen from the first), then the views "
         "with the lowest predicted error of the whole reconstruction; paper: CALM's "
@@ -467,7 +467,7 @@ def _collection_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="create: a schema JSON file (names and categories; "
-        "Schema.to_dict) instead of --domain",
+        "Schema.to_dict) instead of --domain (not both)",
     )
     parser.add_argument(
         "--epsilon",
@@ -485,7 +485,7 @@ def _collection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--k", type=POSITIVE, default=3, help="create: the size of the marginals to be queried"
     )
-    planning_options(parser, create=True)
+    planning_options(parser)
     parser.add_argument(
         "--reconstruct",
         choices=RECONSTRUCTIONS,
@@ -498,7 +498,8 @@ def _collection_options(parser: argparse.ArgumentParser) -> None:
         "--views",
         default=None,
         metavar="VIEWS",
-        help="create: explicit views instead of a planner, e.g. '0,1;1,2'",
+        help="create: explicit views instead of a planner (so not with --planner, "
+        "--pilot, --theta, --l or --m), e.g. '0,1;1,2'",
     )
     parser.add_argument(
         "--seed", type=NON_NEGATIVE, default=0, help="create: seed of the plan's view assignment"
@@ -586,7 +587,7 @@ def _collection(args: argparse.Namespace) -> int:
                 m=args.m,
                 l=args.l,
                 seed=args.seed,
-                planner=args.planner,
+                planner=args.planner or "pipeline",
                 pilot=args.pilot,
                 reconstruction=args.reconstruct,
                 max_reports=args.max_reports,
@@ -639,6 +640,8 @@ def _collection(args: argparse.Namespace) -> int:
 def _collection_checked(args: argparse.Namespace) -> int:
     if args.action in ("close", "status") and not args.collection:
         raise CalmkitError(f"collection (none given) must be set for '{args.action}'")
+    if args.action == "create":
+        _check_create_conflicts(args)
     if args.action == "create" and args.epsilon is None:
         raise CalmkitError("epsilon (none given) must be set for 'create'")
     if args.action == "create" and args.n is None and not args.views:
@@ -647,6 +650,29 @@ def _collection_checked(args: argparse.Namespace) -> int:
             "(the planner needs it), or give --views"
         )
     return _collection(args)
+
+
+# collection create's planner options, which explicit --views replace
+_PLANNER_FLAGS = ("planner", "pilot", "theta", "l", "m")
+
+
+def _check_create_conflicts(args: argparse.Namespace) -> None:
+    """Options of ``collection create`` that exclude each other: --schema and --domain
+    (both say what the attributes are), --views and the planner's options (explicit
+    views are not planned). Either one would be dropped in silence."""
+    if args.schema and args.domain:
+        raise CalmkitError(
+            f"schema ({args.schema!r}) must not go with --domain ({args.domain!r}): both "
+            "give the attributes; give one of them"
+        )
+    planned = [
+        f"--{k} ({getattr(args, k)})" for k in _PLANNER_FLAGS if getattr(args, k) is not None
+    ]
+    if args.views and planned:
+        raise CalmkitError(
+            f"views ({args.views!r}) must not go with {', '.join(planned)}: explicit views "
+            "are not planned; give the views or the planner's options"
+        )
 
 
 # -- query --------------------------------------------------------------------------------
