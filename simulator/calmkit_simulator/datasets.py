@@ -97,6 +97,8 @@ def default_data_dir() -> Path | None:
 
 
 def _need(path: Path, what: str = "dataset file", hint: str = "") -> Path:
+    if path.is_dir():
+        raise DatasetError(f"{what} ({path}) is a directory, not a file{hint}")
     if not path.is_file():
         raise DatasetError(f"{what} ({path}) does not exist{hint}")
     return path
@@ -512,6 +514,15 @@ def _synthetic_spec(name: str, d: int, rng: int | None) -> tuple[tuple[int, ...]
     return sizes, strength
 
 
+def _csv_path(name: str) -> Path:
+    """The file a ``csv:PATH`` dataset names (an empty PATH is an error)."""
+    if not name[4:].strip():
+        raise DatasetError(
+            f"dataset ({name!r}) must name a CSV file after csv: (e.g. csv:people.csv)"
+        )
+    return Path(name[4:])
+
+
 def load_dataset(
     name: str,
     data_dir: Path | str | None = None,
@@ -548,7 +559,7 @@ def load_dataset(
     elif name == "demo":
         pop = demo_population(100_000, rng=0 if rng is None else rng)
     elif name.startswith("csv:"):
-        path = Path(name[4:])
+        path = _csv_path(name)
         sidecar = path.with_suffix(".domains.json")
         pop = load_csv(path, sidecar if sidecar.is_file() else None, bins=bins, missing=missing)
     elif name in loaders:

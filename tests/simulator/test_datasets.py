@@ -151,6 +151,16 @@ def test_csv_errors_name_the_problem(tmp_path: Path) -> None:
         load_dataset("mnist")
 
 
+def test_a_csv_dataset_without_a_file_name_or_naming_a_folder_says_so(tmp_path: Path) -> None:
+    for name in ("csv:", "csv: "):
+        with pytest.raises(DatasetError, match=r"dataset \('csv: ?'\) must name a CSV file after"):
+            load_dataset(name)
+    with pytest.raises(DatasetError, match=r"CSV file \(.*\) is a directory, not a file"):
+        load_dataset(f"csv:{tmp_path}")
+    with pytest.raises(DatasetError, match=r"is a directory, not a file"):
+        load_csv(tmp_path)
+
+
 def test_numeric_columns_are_binned_into_ordered_ranges_of_about_equal_counts(
     tmp_path: Path,
 ) -> None:
