@@ -318,16 +318,43 @@ NUMERIC_HINT_VALUES = 20  # a numeric-looking column with more distinct values g
 def bin_numeric(values: np.ndarray, bins: int) -> tuple[np.ndarray, list[str]]:
     """Cut numbers (n,) float into at most ``bins`` ranges of about equal counts (cut
     points at quantiles, repeated ones merged): codes (n,) int64 and labels
-    ``["[18, 25)", ..., "[65, 90]"]`` in order."""
-    cuts = np.unique(np.quantile(values, np.linspace(0, 1, bins + 1)))
-    inner = cuts[1:-1]
-    codes = np.searchsorted(inner, values, side="right").astype(np.int64)
-    edges = [f"{c:.6g}" for c in cuts]
+    ``["[18, 25)", ..., "[65, 90]"]`` in order. A value that holds several quantiles'
+    mass (90% zeros) is a range of its own (``[0, 0]``, then ``(0, 498]``), so numbers
+    of two or more distinct values never make one range; a range that holds no value
+    is merged into the next."""
+    cuts, repeats = np.unique(np.quantile(values, np.linspace(0, 1, bins + 1)), return_counts=True)
+    low, high = f"{cuts[0]:.6g}", f"{cuts[-1]:.6g}"
     if len(cuts) == 1:
-        return codes, [f"[{edges[0]}, {edges[0]}]"]
-    labels = [f"[{edges[i]}, {edges[i + 1]})" for i in range(len(cuts) - 2)]
-    labels.append(f"[{edges[-2]}, {edges[-1]}]")
-    return codes, labels
+        return np.zeros(len(values), np.int64), [f"[{low}, {low}]"]
+    points = _cut_points(cuts, repeats > 1)
+    filled = np.bincount(_bin_codes(values, points), minlength=len(points) + 1)
+    points = [p for p, count in zip(points, filled) if count]  # empty range: into the next
+    labels = []
+    for lo, hi in zip([None, *points], [*points, None]):
+        start = f"[{low}" if lo is None else f"{'[' if lo[1] else '('}{lo[0]:.6g}"
+        end = f"{high}]" if hi is None else f"{hi[0]:.6g}{')' if hi[1] else ']'}"
+        labels.append(f"{start}, {end}")
+    return _bin_codes(values, points), labels
+
+
+def _cut_points(cuts: np.ndarray, heavy: np.ndarray) -> list[tuple[float, bool]]:
+    """The cut points between the ranges, in order, as ``(value, below)``: ``below`` when
+    a number equal to it starts the next range (``[c, ...``), else it ends the range
+    before (``..., c]``). Every distinct quantile inside the numbers starts a range; a
+    ``heavy`` one (repeated quantiles: much mass at one value) is also a range alone."""
+    starts = [(float(c), True) for c in cuts[1:-1]]
+    if heavy[-1]:
+        starts.append((float(cuts[-1]), True))
+    ends = [(float(c), False) for c in cuts[:-1][heavy[:-1]]]
+    return sorted([*starts, *ends], key=lambda p: (p[0], not p[1]))
+
+
+def _bin_codes(values: np.ndarray, points: list[tuple[float, bool]]) -> np.ndarray:
+    """Each number's range: how many of ``points`` (:func:`_cut_points`) it has passed."""
+    starts = np.array([v for v, below in points if below], dtype=np.float64)
+    ends = np.array([v for v, below in points if not below], dtype=np.float64)
+    passed = np.searchsorted(starts, values, side="right") + np.searchsorted(ends, values)
+    return passed.astype(np.int64)
 
 
 def _bin_columns(

@@ -16,6 +16,7 @@ from calmkit_simulator import (
     load_dataset,
     load_transactions,
 )
+from calmkit_simulator.datasets import bin_numeric
 
 
 @pytest.mark.parametrize(
@@ -178,6 +179,32 @@ def test_numeric_columns_are_binned_into_ordered_ranges_of_about_equal_counts(
     lows = np.array([float(c[1:].split(",")[0]) for c in attr.categories])
     assert np.all(lows[pop.codes[:, 0]] <= ages)
     assert not any("looks numeric" in n for n in pop.notes)
+
+
+def test_a_value_holding_most_of_a_numeric_column_is_a_range_of_its_own(
+    tmp_path: Path,
+) -> None:
+    # 90% zeros: every quantile cut but the last is 0; merged, they made one range
+    # [0, 498] and the attribute one category (dropped from every plan)
+    rng = np.random.default_rng(3)
+    spend = np.where(rng.random(3000) < 0.9, 0, rng.integers(1, 499, size=3000))
+    spend[0] = 498
+    path = tmp_path / "skew.csv"
+    path.write_text("spend,sex\n" + "".join(f"{v},{'mf'[i % 2]}\n" for i, v in enumerate(spend)))
+    attr = load_csv(path, bins={"spend": 4}).schema.attributes[0]
+    assert attr.categories == ("[0, 0]", "(0, 498]")
+    codes, labels = bin_numeric(spend.astype(float), 4)
+    assert np.array_equal(codes, (spend > 0).astype(np.int64))
+    # mass at the top, or inside: split off too; every range holds a value
+    values = np.r_[np.arange(100.0), np.full(400, 100.0)]
+    codes, labels = bin_numeric(values, 4)
+    assert labels == ["[0, 100)", "[100, 100]"] and np.bincount(codes).tolist() == [100, 400]
+    values = np.r_[np.arange(100.0), np.full(300, 50.0), np.arange(101.0, 200.0)]
+    codes, labels = bin_numeric(values, 4)
+    assert labels[1] == "[50, 50]" and np.bincount(codes)[1] == 301
+    assert np.bincount(codes).min() > 0 and len(labels) <= 4
+    assert bin_numeric(np.array([0.0, 0.0, 0.0, 1.0]), 2)[1] == ["[0, 0]", "(0, 1]"]
+    assert bin_numeric(np.full(5, 3.0), 4)[1] == ["[3, 3]"]
 
 
 def test_an_unbinned_numeric_column_gets_a_hint_and_bad_bins_are_named(tmp_path: Path) -> None:
