@@ -50,6 +50,19 @@ def test_defaults_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
         assert shown in text
 
 
+def test_query_help_says_what_it_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    # the table's column is total.err, noise and estimated bias: not a standard error
+    parser = _subparsers()["query"]
+    parser.load_options()
+    assert parser.description == (
+        "a marginal table of a collection, each cell with its total error (noise + estimated bias)"
+    )
+    (replicates,) = [a for a in parser._actions if "--replicates" in a.option_strings]
+    assert replicates.help is not None and "or 2 to 1000" in replicates.help  # 1 is refused
+    assert main(["--help"]) == 0
+    assert "standard error" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("command", sorted(_subparsers()))
 def test_every_option_states_its_default_or_that_it_is_required(command: str) -> None:
     from calmkit_client.commands import HelpFormatter

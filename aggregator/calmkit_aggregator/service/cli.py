@@ -695,7 +695,7 @@ def _query_options(parser: argparse.ArgumentParser) -> None:
         type=NON_NEGATIVE,
         default=0,
         help="bootstrap replicates behind the total errors (noise + "
-        "estimated bias; 0: the server's default, 32; at most 1000)",
+        "estimated bias): 0 (default: the server's, 32) or 2 to 1000",
     )
     parser.add_argument(
         "--reconstruct",
@@ -743,7 +743,7 @@ def register(subparsers: Any) -> None:
     add_command(
         subparsers,
         "query",
-        "a marginal table of a collection, with standard errors",
+        "a marginal table of a collection, each cell with its total error (noise + estimated bias)",
         run=_query,
         options=_query_options,
         extra=None,
