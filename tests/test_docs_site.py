@@ -83,3 +83,16 @@ def test_every_command_line_in_the_docs_parses(where: str, line: str) -> None:
         parser.parse_args(argv)
     except SystemExit as exc:
         pytest.fail(f"{where}: `{line}` does not parse (exit {exc.code})")
+
+
+def test_no_page_speaks_of_the_session_that_wrote_it() -> None:
+    # a page stands alone for its reader: no work session, its scratch folder or what
+    # a live one showed
+    words = re.compile(r"\b(?:live|the|this) session\b|\bscratch (?:directory|folder)", re.I)
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    found = [
+        f"{page.relative_to(ROOT)}: {match[0]!r}"
+        for page in pages
+        for match in words.finditer(page.read_text(encoding="utf-8"))
+    ]
+    assert not found, found
