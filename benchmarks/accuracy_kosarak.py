@@ -5,8 +5,8 @@
 Top 16 items as binary attributes, resampled to n users, k = 3, 50 random 3-way queries,
 3 repetitions; prints mean SSE (and its standard deviation over repetitions) per setting,
 for the paper's pipeline and with interaction shrinkage on the same reports, as a
-markdown table beside the paper's printed values.  Needs ``../shared/datasets``
-(or ``$CALMKIT_DATA``).
+markdown table beside the paper's printed values.  Needs the Kosarak prefix in
+``$CALMKIT_DATA`` (or the per-user folder: ``calmkit datasets fetch kosarak``).
 """
 
 from __future__ import annotations

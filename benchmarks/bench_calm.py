@@ -6,8 +6,8 @@
    n = 2^18, d = 32 binary, eps = 1, Algorithm 1's plan (reports simulated once,
    outside the timing).  Baseline: the issue's budget of 2 s.
 2. One ``calmkit simulate`` repetition at d = 16, k = 3, n = 2^16, eps = 1 (the Kosarak
-   prefix when ../shared/datasets is present, else the synthetic default).  Baseline:
-   the issue's budget of 10 s per repetition.
+   prefix when ``$CALMKIT_DATA`` or the per-user folder has it, else the synthetic
+   default).  Baseline: the issue's budget of 10 s per repetition.
 
 Prints the median of ``--runs`` runs and budget / median (above 1 = faster than asked).
 """

@@ -1,4 +1,4 @@
-"""Loaders that turn real datasets into populations (CALM paper §5, ../shared/datasets).
+"""Loaders that turn real datasets into populations (CALM paper §5).
 
 - Adult (UCI): adult.data + adult.test, rows with missing values dropped, numeric
   attributes bucketized (fixed cut points below), all 15 attributes (d = 15 as in
@@ -12,9 +12,8 @@
   ``{column: [labels..] or count}``, so users can bring their own data.
 
 The data folder is ``$CALMKIT_DATA`` if set, else the per-user folder that ``calmkit
-datasets fetch`` fills (:func:`user_data_dir`), else (in a development checkout) a
-``../shared/datasets`` beside the project; :func:`default_data_dir` returns ``None``
-when there is none (the synthetic population is then the default).
+datasets fetch`` fills (:func:`user_data_dir`) if it exists; :func:`default_data_dir`
+returns ``None`` when there is none (the synthetic population is then the default).
 """
 
 from __future__ import annotations
@@ -81,19 +80,11 @@ def fetch_dir() -> Path:
 
 def default_data_dir() -> Path | None:
     """``$CALMKIT_DATA``, else the per-user folder :func:`user_data_dir` if it exists
-    (what ``calmkit datasets fetch`` fills), else a ``../shared/datasets`` beside the
-    project checkout or the working directory (development), else ``None``."""
+    (what ``calmkit datasets fetch`` fills), else ``None``."""
     env = os.environ.get("CALMKIT_DATA")
     if env:
         return Path(env)
-    if user_data_dir().is_dir():
-        return user_data_dir()
-    here = Path(__file__).resolve().parents[2]
-    for base in (here, Path.cwd()):
-        candidate = base.parent / "shared" / "datasets"
-        if candidate.is_dir():
-            return candidate
-    return None
+    return user_data_dir() if user_data_dir().is_dir() else None
 
 
 def _need(path: Path, what: str = "dataset file", hint: str = "") -> Path:

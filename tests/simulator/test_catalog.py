@@ -240,3 +240,25 @@ def test_fetch_writes_to_calmkit_data_when_set(
     )
     assert not (tmp_path / "per-user").exists()
     assert load_dataset("adult").n > 30_000
+
+
+def test_the_data_folder_is_calmkit_data_or_the_per_user_one_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the help says $CALMKIT_DATA, else the per-user folder; a ../shared/datasets
+    # beside the checkout or the working directory was once taken in silence
+    from calmkit_simulator import datasets
+
+    (tmp_path / "shared" / "datasets" / "adult").mkdir(parents=True)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.delenv("CALMKIT_DATA", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert datasets.user_data_dir() == tmp_path / "xdg" / "calmkit" / "datasets"
+    assert datasets.default_data_dir() is None
+    with pytest.raises(DatasetError, match=r"dataset \('adult'\) is not on this machine"):
+        load_dataset("adult")
+    datasets.user_data_dir().mkdir(parents=True)
+    assert datasets.default_data_dir() == datasets.user_data_dir()
+    monkeypatch.setenv("CALMKIT_DATA", str(tmp_path / "chosen"))
+    assert datasets.default_data_dir() == tmp_path / "chosen"
