@@ -204,13 +204,14 @@ def _run(
     }
 
 
-def _interval(sse: Any) -> tuple[float, float]:
-    """A 95% t-interval of the mean over the repetitions (the mean itself for one)."""
+def _interval(sse: Any) -> tuple[float | None, float | None]:
+    """A 95% t-interval of the mean over the repetitions (none for one: a single
+    repetition says nothing of the spread)."""
     from scipy import stats
 
     mean = float(sse.mean())
     if sse.size < 2:
-        return mean, mean
+        return None, None
     half = float(stats.t.ppf(0.975, sse.size - 1) * sse.std(ddof=1) / math.sqrt(sse.size))
     return max(mean - half, 0.0), mean + half
 
@@ -245,8 +246,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> Path:
             continue
         x = [r["epsilon"] for r in done]
         y = [r["sse_mean"] for r in done]
-        err = [[r["sse_mean"] - r["low"] for r in done], [r["high"] - r["sse_mean"] for r in done]]
-        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=method)
+        ax.errorbar(x, y, yerr=_error_bars(done), marker="o", capsize=3, label=method)
     epsilons = sorted({r["epsilon"] for r in rows})
     ax.set_xscale("log")
     ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
@@ -261,6 +261,13 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+def _error_bars(rows: list[dict[str, Any]]) -> list[list[float]] | None:
+    """The rows' intervals as matplotlib's (below, above) bars; none without them."""
+    if any(r["low"] is None for r in rows):
+        return None
+    return [[r["sse_mean"] - r["low"] for r in rows], [r["high"] - r["sse_mean"] for r in rows]]
+
+
 def _print(summary: dict[str, Any], epsilons: tuple[float, ...]) -> None:
     print(
         f"evaluate: {summary['dataset']}, n={summary['n']}, d={summary['d']}, domain sizes "
@@ -270,7 +277,12 @@ def _print(summary: dict[str, Any], epsilons: tuple[float, ...]) -> None:
     for note in summary["notes"]:
         print(f"  note: {note}")
     methods = list(dict.fromkeys(r["method"] for r in summary["rows"]))
-    print("\n  mean SSE per query [95% interval]; * marks the lowest at each epsilon")
+    what = (
+        "[95% interval]"
+        if summary["reps"] > 1
+        else "(one repetition: no interval; --reps 2 or more gives one)"
+    )
+    print(f"\n  mean SSE per query {what}; * marks the lowest at each epsilon")
     for eps in epsilons:
         here = [r for r in summary["rows"] if r["epsilon"] == eps]
         best = min((r["sse_mean"] for r in here if "sse_mean" in r), default=None)
@@ -290,4 +302,5 @@ def _line(r: dict[str, Any], best: float | None) -> str:
         return f"{name} not run: {r['not_run']}"
     mark = "*" if r["sse_mean"] == best else " "
     plan = f"  (m = {r['m']}, l = {r['l']})" if r.get("m") is not None else ""
-    return f"{name}{mark} {r['sse_mean']:.3g} [{r['low']:.3g}, {r['high']:.3g}]{plan}"
+    interval = f" [{r['low']:.3g}, {r['high']:.3g}]" if r["low"] is not None else ""
+    return f"{name}{mark} {r['sse_mean']:.3g}{interval}{plan}"

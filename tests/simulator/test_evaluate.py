@@ -127,6 +127,24 @@ def test_text_output_marks_the_best_and_names_the_plans(
     assert "evaluate.csv" in text
 
 
+def test_one_repetition_prints_the_mean_without_an_interval(
+    survey: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a single repetition says nothing of the spread: no "0.118 [0.118, 0.118]"
+    argv = ["--dataset", f"csv:{survey}", "--epsilon", "1", "--k", "2", "--reps", "1"]
+    argv += ["--queries", "3", "--out", str(tmp_path)]
+    assert main(["evaluate", *argv]) == 0
+    text = capsys.readouterr().out
+    assert "mean SSE per query (one repetition: no interval; --reps 2 or more" in text
+    uniform = next(line for line in text.splitlines() if line.strip().startswith("Uniform "))
+    assert "[" not in uniform and "95%" not in text
+    out = _evaluate(argv, capsys)
+    assert all(r["low"] is None and r["high"] is None for r in out["rows"])
+    assert Path(out["files"]["plot"]).stat().st_size > 10_000
+    with Path(out["files"]["table"]).open() as fh:
+        assert {r["low"] for r in csv.DictReader(fh)} == {""}
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
