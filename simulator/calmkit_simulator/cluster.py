@@ -23,7 +23,7 @@ from calmkit_client import CalmkitError
 
 from .datasets import DatasetError
 from .population import Population
-from .tasks import Task, load_population, run_task
+from .tasks import Task, dataset_failure, load_population, run_task
 
 if TYPE_CHECKING:
     from dask.distributed import Client, Future, LocalCluster
@@ -90,7 +90,7 @@ def run_on_cluster(
                     try:
                         population = load_population(task, data_dir)
                     except DatasetError as exc:
-                        _done(task, {"status": "missing_data", "message": str(exc)})
+                        _done(task, dataset_failure(exc))
                         return
                     shipped[key] = client.scatter(population, broadcast=True, hash=False)
                 future = client.submit(run_task, task, data_dir, shipped[key], pure=False)

@@ -794,6 +794,7 @@ def _finish_grid(
     for r in results.values():
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     missing = sorted({r["message"] for r in results.values() if r["status"] == "missing_data"})
+    _warn_unfit(results, args)
     summary = {
         "figure": name,
         "tasks": len(results),
@@ -835,6 +836,21 @@ def _finish_grid(
         )
         return NO_DATA_EXIT
     return 0
+
+
+def _warn_unfit(results: dict[str, Any], args: argparse.Namespace) -> None:
+    """A warning (text output) saying why tasks were invalid for their dataset."""
+    from .tasks import UNFIT
+
+    unfit = [
+        r["message"]
+        for r in results.values()
+        if r["status"] == "invalid" and r["message"].startswith(UNFIT)
+    ]
+    if unfit and not args.json:
+        reasons = sorted(set(unfit))
+        more = f"; and {len(reasons) - 1} more" if len(reasons) > 1 else ""
+        warn([f"{len(unfit)} tasks were invalid for their dataset ({reasons[0]}{more})"])
 
 
 def _experiment_options(parser: argparse.ArgumentParser) -> None:

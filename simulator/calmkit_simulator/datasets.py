@@ -39,6 +39,7 @@ __all__ = [
     "DATASETS",
     "MISSING_LABEL",
     "DatasetError",
+    "DatasetMissing",
     "bin_numeric",
     "default_data_dir",
     "load_acs",
@@ -61,6 +62,11 @@ MISSING_LABEL = "(missing)"
 
 class DatasetError(CalmkitError):
     """A dataset is missing or malformed."""
+
+
+class DatasetMissing(DatasetError):
+    """A dataset's file, or any data folder, is not on this machine (the other
+    :class:`DatasetError` s: it is there and malformed, or does not fit the request)."""
 
 
 def user_data_dir() -> Path:
@@ -91,7 +97,7 @@ def _need(path: Path, what: str = "dataset file", hint: str = "") -> Path:
     if path.is_dir():
         raise DatasetError(f"{what} ({path}) is a directory, not a file{hint}")
     if not path.is_file():
-        raise DatasetError(f"{what} ({path}) does not exist{hint}")
+        raise DatasetMissing(f"{what} ({path}) does not exist{hint}")
     return path
 
 
@@ -583,7 +589,7 @@ def load_dataset(
     elif name in loaders:
         folder = Path(data_dir) if data_dir is not None else default_data_dir()
         if folder is None:
-            raise DatasetError(
+            raise DatasetMissing(
                 f"dataset ({name!r}) is not on this machine: run `calmkit datasets fetch "
                 f"{name}` (or pass --data-dir / set CALMKIT_DATA)"
             )

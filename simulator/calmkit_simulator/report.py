@@ -97,10 +97,10 @@ def _joined(root: Path) -> str:
         "sum of squared errors of a k-way marginal (fractions), averaged over random "
         "queries and shown as mean ± sd over repetitions (CALM paper §5.1). "
         "`n/s`: the method cannot run that setting (the reason is in the CSV's "
-        "`message`); `no data`: the dataset folder was absent; `invalid`: the mechanism "
-        "refuses the "
-        "setting (e.g. CALM's m > C(d, l) distinct views). *paper*: the value the "
-        "paper prints.\n",
+        "`message`); `no data`: the dataset is not on this machine; `invalid`: the "
+        "mechanism refuses the setting (e.g. CALM's m > C(d, l) distinct views), or the "
+        "dataset does not fit it (e.g. fewer attributes than its d). *paper*: the value "
+        "the paper prints.\n",
     ]
     for name in FIGURES:
         md = root / "data" / f"{name}.md"

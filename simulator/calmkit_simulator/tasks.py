@@ -33,7 +33,7 @@ import numpy as np
 
 from calmkit_client import CalmkitError
 
-from .datasets import DatasetError, load_dataset
+from .datasets import DatasetError, DatasetMissing, load_dataset
 from .experiment import random_queries, sse
 from .mechanisms import MECHANISMS, NotScalable, task_mechanism
 from .population import Population
@@ -168,6 +168,18 @@ def _queries(
     return _MEMO.truths[key]
 
 
+UNFIT = "the dataset does not fit the task"  # how an invalid task's message starts
+
+
+def dataset_failure(exc: DatasetError) -> dict[str, Any]:
+    """A task's result when its population could not be loaded: ``missing_data`` when
+    the dataset is not on this machine, else ``invalid``: it is there and does not fit
+    the task (fewer attributes than the task's d, a malformed file)."""
+    if isinstance(exc, DatasetMissing):
+        return {"status": "missing_data", "message": str(exc)}
+    return {"status": "invalid", "message": f"{UNFIT}: {exc}"}
+
+
 def run_task(
     task: Task, data_dir: str | None = None, population: Population | None = None
 ) -> dict[str, Any]:
@@ -186,7 +198,7 @@ def run_task(
             return _run_classify(task, data_dir, mechanism)
         pop = population if population is not None else load_population(task, data_dir)
     except DatasetError as exc:
-        return {"status": "missing_data", "message": str(exc)}
+        return dataset_failure(exc)
     try:
         mechanism.check(pop.schema, pop.n, task.epsilon, task.k)
     except NotScalable as exc:

@@ -322,6 +322,34 @@ def test_ratio_interval_chooses_the_best_point_in_each_resample() -> None:
 
 
 # -- a newcomer's runs (issue 13): no data, interruptions, progress off a terminal ---------
+def test_a_dataset_that_does_not_fit_the_tasks_makes_them_invalid_not_absent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # fig4's panels take d = 8 attributes; a CSV of 3 is there, and does not fit them:
+    # once reported as "no data: the dataset folder was absent"
+    path = tmp_path / "three.csv"
+    path.write_text("a,b,c\n" + "x,y,z\ny,x,z\n" * 50)
+    task = Task(dataset=f"csv:{path}", mechanism="calm", epsilon=1.0, k=3, query_k=3, d=8)
+    res = run_task(task)
+    assert res["status"] == "invalid"
+    assert (
+        res["message"]
+        == f"the dataset does not fit the task: d (8) must be in [1, 3] for csv:{path}"
+    )
+    out = tmp_path / "res"
+    argv = ["experiment", "fig4", "--quick", "--out", str(out), "--no-plot", "--jobs", "1"]
+    assert cli.main([*argv, "--queries", "2", "--dataset", f"csv:{path}"]) == 0
+    captured = capsys.readouterr()
+    assert "{'invalid': 12}" in captured.out
+    assert (
+        "calmkit: warning: 12 tasks were invalid for their dataset (the dataset does not "
+        in captured.err
+    )
+    report = (out / "results.md").read_text()
+    assert "| CALM | invalid | invalid |" in report and "| no data |" not in report
+    assert "or the dataset does not fit it" in report
+
+
 def test_no_data_exits_3_and_keeps_a_complete_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
