@@ -1,4 +1,5 @@
-"""The margins' shrinkage towards uniform, against the pipeline without it.
+"""The margins' shrinkage towards uniform, against the pipeline without it and against
+James-Stein's factor per margin.
 
     python benchmarks/bench_margin_shrinkage.py [--reps 10] [--data-dir DIR]
 
@@ -10,15 +11,19 @@ from the same support counts:
 - **paper**: ``reconstruct(support, shrink=False)``, the paper's pipeline;
 - **before** (the baseline): consistency, Norm-Sub and the interaction shrinkage
   without the margins' step, calmkit's default until the margins' step was added;
+- **James-Stein**: each margin shrunk by James-Stein's factor alone
+  (``shrink_margins(..., pooled=False)``), calmkit's default until 2026-11-28;
 - **default**: ``reconstruct(support)``: each attribute's nearly flat margin (4 or more
-  categories) shrunk towards uniform first (``shrink_margins``);
+  categories) shrunk towards uniform first (``shrink_margins``), by the law of the
+  signal fitted over all those margins (``margin_prior``);
 - **uniform**: every answer uniform (what the reports add nothing to).
 
-*default / before* is the ratio of mean SSEs with its 90% interval by a paired
-bootstrap over repetitions (2000 resamples, seed 0); *shrunk*: the share of the
-attributes whose margin was shrunk and their mean factor. Binary and 3-category
-attributes are never shrunk, so settings with only those give exactly 1.00. SSE means
-over repetitions (fractions). Writes ``docs/margin-shrinkage.md``. Post-processing only:
+*default / before* and *default / James-Stein* are ratios of mean SSEs with their 90%
+intervals by a paired bootstrap over repetitions (2000 resamples, seed 0); *shrunk*:
+the share of the attributes whose margin was shrunk and their mean factor. Binary and
+3-category attributes are never shrunk, so settings with only those give exactly 1.00,
+and with one attribute of 4 or more categories the two shrinkages are the same. SSE
+means over repetitions (fractions). Writes ``docs/margin-shrinkage.md``. Post-processing only:
 no privacy is spent.
 """
 
@@ -49,6 +54,11 @@ SETTINGS = [
     ("synthetic:30-40", {"d": 8}, 20_000, 0.5, 1, 8, 3),
     ("synthetic:8-40", {"d": 20}, 100_000, 1.0, 1, 20, 3),
     ("synthetic:8-40", {"d": 20}, 100_000, 1.0, 2, 100, 3),
+    # few users for many categories: 30 attributes of 2-20 categories at 10,000 users
+    ("synthetic:2-20", {"d": 30}, 10_000, 1.0, 1, 30, 3),
+    ("synthetic:2-20", {"d": 30}, 10_000, 2.0, 1, 30, 3),
+    ("synthetic:2-20", {"d": 17}, 27_000, 1.0, 2, 34, 3),
+    ("adult", {"max_categories": 20}, 27_000, 0.5, 1, 15, 3),
     ("adult", {}, None, 0.5, 1, 15, 3),
     ("adult", {}, None, 1.0, 1, 15, 3),
     ("adult", {}, None, 2.0, 1, 15, 3),
@@ -66,6 +76,15 @@ def _before(support) -> MarginalEstimator:  # type: ignore[no-untyped-def]
     return MarginalEstimator(support.plan, replace(views, tables=shrunk.tables))
 
 
+def _james_stein(support) -> MarginalEstimator:  # type: ignore[no-untyped-def]
+    """The pipeline with each margin shrunk by James-Stein's factor alone."""
+    contrast = contrast_variances(support)
+    margins = shrink_margins(estimate_views(support), contrast, pooled=False)
+    views = make_consistent(margins.tables)
+    shrunk = shrink_interactions(views.tables, contrast, closure=views.closure)
+    return MarginalEstimator(support.plan, replace(views, tables=shrunk.tables))
+
+
 def _ratio_interval(new: np.ndarray, old: np.ndarray) -> tuple[float, float]:
     gen = np.random.default_rng(0)
     idx = gen.integers(0, new.size, (2000, new.size))
@@ -77,7 +96,8 @@ def _setting(name, options, n, eps, l, m, k, reps, data_dir):  # type: ignore[no
     population = load_dataset(name, data_dir, rng=0, **options)
     if n is not None and n != population.n:
         population = population.resample(n, rng=0)
-    sums: dict[str, list[float]] = {key: [] for key in ("paper", "before", "default", "uniform")}
+    keys = ("paper", "before", "james_stein", "default", "uniform")
+    sums: dict[str, list[float]] = {key: [] for key in keys}
     shares, factors = [], []
     for rep in range(reps):
         views = spread_views(range(population.schema.d), l, m, rng=rep)
@@ -92,6 +112,7 @@ def _setting(name, options, n, eps, l, m, k, reps, data_dir):  # type: ignore[no
         for key, est in (
             ("paper", reconstruct(support, shrink=False)),
             ("before", _before(support)),
+            ("james_stein", _james_stein(support)),
             ("default", reconstruct(support)),
         ):
             sums[key].append(
@@ -111,6 +132,8 @@ def _setting(name, options, n, eps, l, m, k, reps, data_dir):  # type: ignore[no
         **{key: float(a.mean()) for key, a in arr.items()},
         "ratio": float(arr["default"].mean() / arr["before"].mean()),
         "interval": _ratio_interval(arr["default"], arr["before"]),
+        "js_ratio": float(arr["default"].mean() / arr["james_stein"].mean()),
+        "js_interval": _ratio_interval(arr["default"], arr["james_stein"]),
         "shrunk": float(np.mean(shares)),
         "factor": float(np.mean(factors)) if factors else float("nan"),
     }
@@ -118,17 +141,19 @@ def _setting(name, options, n, eps, l, m, k, reps, data_dir):  # type: ignore[no
 
 def _table(rows: list[dict[str, object]]) -> list[str]:
     lines = [
-        "| data | eps | k | l, m | paper | before | **default** | uniform | default / before "
-        "| shrunk (mean factor) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| data | eps | k | l, m | paper | before | James-Stein | **default** | uniform "
+        "| default / before | default / James-Stein | shrunk (mean factor) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lo, hi = r["interval"]  # type: ignore[misc]
+        js_lo, js_hi = r["js_interval"]  # type: ignore[misc]
         factor = "" if np.isnan(r["factor"]) else f" ({r['factor']:.2f})"  # type: ignore[call-overload]
         lines.append(
             f"| {r['data']} | {r['eps']} | {r['k']} | {r['l, m']} | {r['paper']:.3g} | "
-            f"{r['before']:.3g} | **{r['default']:.3g}** | {r['uniform']:.3g} | "
-            f"**{r['ratio']:.2f}** ({lo:.2f}-{hi:.2f}) | {r['shrunk']:.0%}{factor} |"
+            f"{r['before']:.3g} | {r['james_stein']:.3g} | **{r['default']:.3g}** | "
+            f"{r['uniform']:.3g} | {r['ratio']:.2f} ({lo:.2f}-{hi:.2f}) | "
+            f"**{r['js_ratio']:.2f}** ({js_lo:.2f}-{js_hi:.2f}) | {r['shrunk']:.0%}{factor} |"
         )
     return lines
 

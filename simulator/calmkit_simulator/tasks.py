@@ -77,8 +77,9 @@ class Task:
         """Stable identity: the SHA-256 of the task's fields (hex, 24 chars). Fields
         added later count only when set, so earlier caches keep their keys; a kind
         whose seeds changed meaning counts its seeding version (:data:`_SEEDING`), and a
-        task asking for new views per repetition :data:`_REPLAN_VERSION`, so results
-        cached under the old meaning are not reused."""
+        task asking for new views per repetition :data:`_REPLAN_VERSION`, and a
+        shared-seed CALM task :data:`_MARGIN_LAW_VERSION`, so results cached under the
+        old meaning are not reused."""
         fields = asdict(self)
         for name, default in _LATER_FIELDS.items():
             if fields[name] == default:
@@ -88,6 +89,8 @@ class Task:
             fields["seeding"] = version
         if dict(self.options).get("replan"):
             fields["replan"] = _REPLAN_VERSION
+        if self.shared_seed and self.mechanism == "calm":
+            fields["margins"] = _MARGIN_LAW_VERSION
         blob = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -120,6 +123,11 @@ _SHARED_SEEDING = 2
 # from version 2 on: before, the mechanisms' registry dropped the option, and every
 # repetition measured the views of seed 0.
 _REPLAN_VERSION = 2
+# CALM's margins' shrinkage, in the key of shared-seed (planner benchmark) tasks from
+# version 2 on: the margins of 4+ categories are shrunk by the law of their signal fitted
+# over all of them, no longer each by James-Stein's factor alone. (The key does not seed
+# those tasks, so their repetitions draw as before.)
+_MARGIN_LAW_VERSION = 2
 
 
 # -- running one task (in this process or a worker) -----------------------------------

@@ -15,6 +15,7 @@ from calmkit_simulator import synthetic_population, tasks
 from calmkit_simulator.classify import ClassificationSetting
 from calmkit_simulator.experiment import run_calm, run_mechanism
 from calmkit_simulator.mechanisms import Calm, FullContingency, Uniform
+from calmkit_simulator.seeds import METHOD, stream
 from calmkit_simulator.tasks import Task, run_task
 
 POP = synthetic_population(n=6000, sizes=(2, 3, 2, 2, 2), strength=1.5, rng=4)
@@ -207,5 +208,19 @@ def test_tasks_asking_for_new_views_per_repetition_changed_their_cache_keys() ->
     default = Task("kosarak", "calm", 1.0, 3, 3, options=(("planner", "pipeline"),), **common)
     paper = (("planner", "paper"), ("replan", True))
     grid = Task("kosarak", "calm", 1.0, 3, 3, options=paper, **common)
-    assert default.key() == "785406d34726e87dfc1c3cb9"
+    assert default.key() != "785406d34726e87dfc1c3cb9"  # margins' law (test below)
     assert grid.key() != "3d6c0889edf348b1c4909c95"
+
+
+def test_planner_benchmark_calm_tasks_changed_their_cache_keys_with_the_margins_law() -> None:
+    """Shared-seed CALM tasks (the planner benchmark's) count the margins' shrinkage
+    version: results cached under James-Stein's factor per margin are not reused (the
+    keys below are those before). The key does not seed them, so their repetitions
+    draw as before; a seeded task's key (which seeds it) is unchanged."""
+    common = dict(d=16, n=65536, shared_seed=True)
+    default = Task("kosarak", "calm", 1.0, 3, 3, options=(("planner", "pipeline"),), **common)
+    assert default.key() != "785406d34726e87dfc1c3cb9"
+    before = np.random.default_rng(stream(0, METHOD, 3)).random()
+    assert np.random.default_rng(default.rep_seed(3)).random() == before
+    seeded = Task("kosarak", "calm", 1.0, 3, 3, d=16, n=65536)
+    assert seeded.key() == "b25aab749a265abf999cea69"

@@ -9,17 +9,23 @@ Norm-Sub then keeps the noise of the cells it leaves positive, and every answer
 multiplies it in. Each attribute's main effect (its margin minus uniform, the same ANOVA
 component in every view that holds it) is pooled over those views with the consistency
 step's weights, to ``z`` with noise ``nu`` per dimension in ``D = L - 1`` dimensions,
-and scaled in every view by the positive-part James-Stein factor ``lambda = max(0, 1 - D
-nu / ||z||^2)``, but only where that is predicted to help (and only for 4 or more
-categories: in fewer than 3 dimensions shrinkage cannot beat the unbiased estimate,
-Stein 1956): taking the shrunk margin as the truth, 64 normal draws of the noise (a
-fixed seed) are passed through Norm-Sub alone and through the shrinkage then Norm-Sub
-(as the pipeline runs them), and the one with the smaller squared error wins. Skewed
-margins (a few large cells, many near zero), where Norm-Sub removes most of the noise,
-are left as they are; nearly flat ones, where it removes little, are pulled towards
-uniform. Scaling one component by the same factor in every view keeps the views' shared
-marginals equal, so the consistency step that follows sees the same problem with less
-noise.
+and scaled in every view by a factor ``lambda`` in [0, 1]: the posterior mean of
+``t / (t + nu)`` under the law of the signal per dimension ``t`` that the margins show
+together (:mod:`.margin_prior`: an empirical-Bayes law fitted over every attribute of 4
+or more categories; with one such attribute, James-Stein's ``max(0, 1 - D nu /
+||z||^2)``). A margin thus borrows how flat its peers are: where most attributes carry
+little signal for their reports, a margin whose noise happens to look like signal is
+not kept for it, while one far above its noise keeps its signal. Only where that is
+predicted to help, and only for 4 or more categories (in fewer than 3 dimensions
+shrinkage cannot beat the unbiased estimate, Stein 1956): taking the shrunk margin as
+the truth, 64 normal draws of the noise (a fixed seed) are passed through Norm-Sub alone
+and through the shrinkage then Norm-Sub (as the pipeline runs them), and the one with
+the smaller squared error wins. Skewed margins (a few large cells, many near zero),
+where Norm-Sub removes most of the noise, are left as they are; nearly flat ones, where
+it removes little, are pulled towards uniform. Scaling one component by the same factor
+in every view keeps the views' shared marginals equal, so the consistency step that
+follows sees the same problem with less noise. Measured against James-Stein's factor per
+margin in docs/margin-shrinkage.md.
 
 **Interactions** (:func:`shrink_interactions`, after consistency). The part of a view
 that no other view shares (its interactions beyond the closure sets it contains and its
@@ -52,6 +58,7 @@ import numpy as np
 from calmkit_client import CalmkitError
 
 from .consistency import intersection_closure, norm_sub_rows
+from .margin_prior import JamesStein, Shrinker, fit_signal_prior
 from .marginal import MarginalTable, inverse_variance_weights
 from .maxent import maximum_entropy
 
@@ -194,48 +201,58 @@ def james_stein_factors(z: np.ndarray, noise: float) -> np.ndarray:
     return out
 
 
-def margin_factor(z: np.ndarray, noise: float, draws: int = _MARGIN_DRAWS) -> float:
+def margin_factor(
+    z: np.ndarray, noise: float, prior: Shrinker | None = None, draws: int = _MARGIN_DRAWS
+) -> float:
     """The factor for a centred pooled margin ``z`` (L,) with ``noise`` per dimension:
-    its James-Stein lambda if the margin has 4 or more categories and, taking the
-    shrunk margin as the truth, shrinking then Norm-Sub has a smaller simulated squared
-    error than Norm-Sub alone; else 1 (module docstring; ``draws`` normal draws of the
-    noise, a fixed seed)."""
+    its factor under ``prior`` (the signal's law over the attributes,
+    :mod:`.margin_prior`; None: James-Stein's, the margin alone) if the margin has 4
+    or more categories and, taking the shrunk margin as the truth, shrinking then
+    Norm-Sub has a smaller simulated squared error than Norm-Sub alone; else 1 (module
+    docstring; ``draws`` normal draws of the noise, a fixed seed)."""
     if z.size < _MARGIN_MIN_CATEGORIES or noise <= 0:
         return 1.0
-    lam = float(james_stein_factors(z, noise))
+    law = prior if prior is not None else JamesStein()
+    dim = np.array(z.size - 1)
+    lam = float(law.factors(np.array((z**2).sum()), dim, np.array(noise)))
     truth = 1.0 / z.size + lam * z
     gen = np.random.default_rng(_MARGIN_SEED)
     e = gen.standard_normal((draws, z.size)) * np.sqrt(noise)
     x = truth + e - e.mean(axis=1, keepdims=True)  # noise in the contrasts only
     kept = norm_sub_rows(x)
     z_star = x - 1.0 / z.size
-    shrunk = norm_sub_rows(1.0 / z.size + james_stein_factors(z_star, noise)[:, None] * z_star)
+    factors = law.factors((z_star**2).sum(axis=1), dim, np.array(noise))
+    shrunk = norm_sub_rows(1.0 / z.size + factors[:, None] * z_star)
     better = ((shrunk - truth) ** 2).sum() < ((kept - truth) ** 2).sum()
     return lam if better else 1.0
 
 
 def shrink_margins(
-    tables: Sequence[MarginalTable], contrast_variance: Sequence[float]
+    tables: Sequence[MarginalTable], contrast_variance: Sequence[float], pooled: bool = True
 ) -> ShrunkMargins:
     """Shrink every attribute's margin towards uniform where that is predicted better
     than Norm-Sub (module docstring). ``tables``: the raw estimates (one per view,
     :func:`~.estimate.estimate_views`); ``contrast_variance[i]``: view i's oracle noise
-    per contrast dimension (0 exact, inf no reports)."""
+    per contrast dimension (0 exact, inf no reports). ``pooled=False``: each margin by
+    James-Stein's factor alone (calmkit's default before 2026-11-28, for comparison)."""
     if len(contrast_variance) != len(tables):
         raise CalmkitError(
             f"contrast_variance (length {len(contrast_variance)}) must have one entry "
             f"per view ({len(tables)})"
         )
     values = [t.values.copy() for t in tables]
-    factors: dict[int, float] = {}
     sizes = {a: n for t in tables for a, n in zip(t.attrs, t.values.shape)}
-    for attr in sorted(sizes):
-        if sizes[attr] < _MARGIN_MIN_CATEGORIES:  # never shrunk: skip the pooling
-            factors[attr] = 1.0
-            continue
-        effect = _main_effect(tables, contrast_variance, attr)
-        factors[attr] = 1.0 if effect is None else margin_factor(effect.pooled, effect.noise)
-        if factors[attr] == 1.0 or effect is None:
+    factors: dict[int, float] = dict.fromkeys(sorted(sizes), 1.0)
+    effects = {
+        a: effect
+        for a in sorted(sizes)
+        if sizes[a] >= _MARGIN_MIN_CATEGORIES
+        and (effect := _main_effect(tables, contrast_variance, a)) is not None
+    }
+    prior = _signal_law(list(effects.values())) if pooled else JamesStein()
+    for attr, effect in effects.items():
+        factors[attr] = margin_factor(effect.pooled, effect.noise, prior)
+        if factors[attr] == 1.0:
             continue
         for i, margin, c in zip(effect.members, effect.margins, effect.cells):
             shape = [1] * values[i].ndim
@@ -244,3 +261,15 @@ def shrink_margins(
     # still each view's own reports and noise level, no longer the oracle's estimate
     out = tuple(replace(t, values=v, oracle=None, group=1) for t, v in zip(tables, values))
     return ShrunkMargins(out, factors)
+
+
+def _signal_law(effects: Sequence[_MainEffect]) -> Shrinker:
+    """The law of the margins' signal fitted to every margin shrinkage may touch
+    (:func:`~.margin_prior.fit_signal_prior`); James-Stein's with one margin only."""
+    if len(effects) < 2:
+        return JamesStein()
+    return fit_signal_prior(
+        np.array([(e.pooled**2).sum() for e in effects]),
+        np.array([e.pooled.size - 1 for e in effects]),
+        np.array([e.noise for e in effects]),
+    )
