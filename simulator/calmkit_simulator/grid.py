@@ -77,10 +77,30 @@ class ResultCache:
             (figure,),
         ).fetchall()
         keys = ("command", "computed", "seconds", "jobs", "at")
-        return [dict(zip(keys, row)) for row in rows]
+        return [{**dict(zip(keys, row)), "command": shown_command(row[0])} for row in rows]
 
     def close(self) -> None:
         self._db.close()
+
+
+# Options whose values are folders of the machine that ran: a report shows them as DIR.
+_PATH_OPTIONS = ("--out", "--data-dir")
+
+
+def shown_command(command: str) -> str:
+    """``command`` as a report shows it: the values of the path options as ``DIR`` (one
+    machine's folders mean nothing to the report's reader)."""
+    words = command.split(" ")
+    shown = []
+    for i, word in enumerate(words):
+        option = word.split("=", 1)[0]
+        if i and words[i - 1] in _PATH_OPTIONS:
+            shown.append("DIR")
+        elif option in _PATH_OPTIONS and "=" in word:
+            shown.append(f"{option}=DIR")
+        else:
+            shown.append(word)
+    return " ".join(shown)
 
 
 def _run_in_worker(task: Task, data_dir: str | None) -> dict[str, Any]:

@@ -479,3 +479,13 @@ def test_the_held_out_shapes_stay_out_of_the_planner_benchmark() -> None:
     held_out = {shape(s) for s in module.HELD_OUT}
     assert len(held_out) == len(module.HELD_OUT) >= 8
     assert not held_out & {shape(s) for s in SETTINGS}
+
+
+def test_reports_show_the_runs_without_this_machines_folders(tmp_path: Path) -> None:
+    # a report's "runs" list is read by people without the folders the runs wrote to
+    cache = ResultCache(tmp_path / "cache.sqlite")
+    cache.log_run("planner", "calmkit experiment planner --out /home/a/x --reps 2", 3, 1.0, 2)
+    cache.log_run("fig4", "calmkit experiment fig4 --data-dir=/data/sets --out=r", 1, 1.0, 1)
+    assert cache.runs("planner")[0]["command"] == "calmkit experiment planner --out DIR --reps 2"
+    assert cache.runs("fig4")[0]["command"] == ("calmkit experiment fig4 --data-dir=DIR --out=DIR")
+    cache.close()
