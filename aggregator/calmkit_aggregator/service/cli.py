@@ -218,6 +218,13 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
         help="allow a non-loopback --address without TLS (only behind a "
         "TLS-terminating proxy or on a private network)",
     )
+    _serve_limit_options(parser)
+    _serve_endpoint_options(parser)
+
+
+def _serve_limit_options(parser: argparse.ArgumentParser) -> None:
+    """What one client address may cost: reports per second, calls in flight, time to
+    send a request."""
     parser.add_argument(
         "--rate-limit",
         type=positive_float,
@@ -254,6 +261,10 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
         "DEADLINE_EXCEEDED; raise it if clients send large batches over slow links "
         "(default: 30, enough for 16 MiB at 4.3 Mbit/s)",
     )
+
+
+def _serve_endpoint_options(parser: argparse.ArgumentParser) -> None:
+    """The optional HTTP endpoints beside the gRPC service."""
     parser.add_argument(
         "--metrics-address",
         default=None,
@@ -333,16 +344,90 @@ def _stream_limits(args: argparse.Namespace) -> dict[str, Any]:
     return {name: value for name, value in given.items() if value is not None}
 
 
+def _start(
+    args: argparse.Namespace, token: str | None, tls: Any, limits: dict[str, Any]
+) -> tuple[ReportStore, Any, int]:
+    """The store behind ``--db`` and the server on it, started; a refused start closes
+    the store and leaves none of the files it created behind."""
+    from calmkit_aggregator.service.pg_storage import is_postgres_url
+    from calmkit_aggregator.service.server import create_server
+
+    password = _read_db_password(args)
+    snapshots = getattr(args, "key_snapshots", None)
+    created = [] if is_postgres_url(args.db) else _new_paths(args.db)
+    try:
+        storage = _open_storage(args.db, snapshots, password)
+        try:
+            server, port = create_server(
+                args.address,
+                storage,
+                admin_token=token,
+                tls=tls,
+                insecure=args.insecure,
+                rate_limit=args.rate_limit,
+                rate_burst=args.rate_burst,
+                metrics_address=args.metrics_address,
+                console_address=args.console,
+                **limits,
+            )
+        except BaseException:
+            storage.close()
+            raise
+    except BaseException:
+        _remove(created)  # a refused start leaves nothing of its own behind
+        raise
+    return storage, server, port
+
+
+def _announce(
+    args: argparse.Namespace,
+    server: Any,
+    port: int,
+    db: str,
+    admin_token: bool,
+    tls: bool,
+    limits: dict[str, Any],
+) -> None:
+    """Say where the server listens (stdout) and log how it serves."""
+    from calmkit_aggregator.service.handlers import log_json
+
+    host = args.address.rsplit(":", 1)[0]
+    scheme = "TLS" if tls else "plaintext"
+    print(f"calmkit serve: listening on {host}:{port} ({scheme}, db {db})", flush=True)
+    web = "https" if tls else "http"
+    for what, address, port_of, path in (
+        ("metrics", args.metrics_address, server.metrics_port, "/metrics"),
+        ("console", args.console, server.console_port, "/"),
+    ):
+        if address is not None:
+            print(f"calmkit serve: {what} on {web}://{address.rsplit(':', 1)[0]}:{port_of}{path}")
+    if not admin_token:
+        print(
+            "calmkit serve: no --token-file, so admin calls are open; bound to loopback only",
+            flush=True,
+        )
+    log_json(
+        "serving",
+        address=f"{host}:{port}",
+        db=db,
+        admin_token=admin_token,
+        tls=tls,
+        rate_limit=args.rate_limit,
+        rate_burst=args.rate_burst,
+        **limits,
+        metrics_port=server.metrics_port,
+        console_port=server.console_port,
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     from calmkit_aggregator.service.address import probe_bind
     from calmkit_aggregator.service.handlers import log_json
-    from calmkit_aggregator.service.pg_storage import is_postgres_url
     from calmkit_aggregator.service.server import (
         BODY_TIMEOUT_S,
         MAX_CALLS_PER_ADDRESS,
         ServerTls,
         check_exposure,
-        create_server,
         graceful_stop,
     )
 
@@ -368,30 +453,7 @@ def _serve(args: argparse.Namespace) -> int:
             check_exposure(address, token, tls, args.insecure, option=option)
     for address in (args.address, *(a for a in extra.values() if a is not None)):
         probe_bind(address)  # a port in use: refused before the store creates anything
-    password = _read_db_password(args)
-    snapshots = getattr(args, "key_snapshots", None)
-    created = [] if is_postgres_url(args.db) else _new_paths(args.db)
-    try:
-        storage = _open_storage(args.db, snapshots, password)
-        try:
-            server, port = create_server(
-                args.address,
-                storage,
-                admin_token=token,
-                tls=tls,
-                insecure=args.insecure,
-                rate_limit=args.rate_limit,
-                rate_burst=args.rate_burst,
-                metrics_address=args.metrics_address,
-                console_address=args.console,
-                **limits,
-            )
-        except BaseException:
-            storage.close()
-            raise
-    except BaseException:
-        _remove(created)  # a refused start leaves nothing of its own behind
-        raise
+    storage, server, port = _start(args, token, tls, limits)
     # Set before "listening" is printed, so a SIGTERM at once still stops gracefully.
     # A plain list, not a threading.Event: the handler runs in the main thread between
     # bytecodes, possibly inside the Event's own wait() holding its lock, and Event.set()
@@ -399,33 +461,7 @@ def _serve(args: argparse.Namespace) -> int:
     signals: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: signals.append(signum))
-    host = args.address.rsplit(":", 1)[0]
-    scheme = "TLS" if tls is not None else "plaintext"
-    print(f"calmkit serve: listening on {host}:{port} ({scheme}, db {storage.path})", flush=True)
-    web = "https" if tls is not None else "http"
-    for what, address, port_of, path in (
-        ("metrics", args.metrics_address, server.metrics_port, "/metrics"),
-        ("console", args.console, server.console_port, "/"),
-    ):
-        if address is not None:
-            print(f"calmkit serve: {what} on {web}://{address.rsplit(':', 1)[0]}:{port_of}{path}")
-    if token is None:
-        print(
-            "calmkit serve: no --token-file, so admin calls are open; bound to loopback only",
-            flush=True,
-        )
-    log_json(
-        "serving",
-        address=f"{host}:{port}",
-        db=storage.path,
-        admin_token=token is not None,
-        tls=tls is not None,
-        rate_limit=args.rate_limit,
-        rate_burst=args.rate_burst,
-        **limits,
-        metrics_port=server.metrics_port,
-        console_port=server.console_port,
-    )
+    _announce(args, server, port, storage.path, token is not None, tls is not None, limits)
     # a timed sleep: a signal delivered to another thread (gRPC's) only marks the Python
     # handler as pending, and a main thread blocked without a timeout would never run it
     while not signals:
