@@ -88,10 +88,10 @@ def test_a_margin_known_exactly_or_flat_gives_factors_in_range() -> None:
     [
         ([1.0, 2.0], [3], [1.0, 1.0], r"sizes 2, 1, 2"),
         ([], [], [], r"sizes 0, 0, 0"),
-        ([1.0], [3], [0.0], r"noise must be finite and > 0"),
-        ([1.0], [0], [1.0], r"dim >= 1"),
-        ([-1.0], [3], [1.0], r"spread >= 0"),
-        ([1.0], [3], [np.inf], r"noise must be finite"),
+        ([1.0], [3], [0.0], r"margin 0 \(spread 1.0, dim 3.0, noise 0.0\): noise must"),
+        ([1.0, 1.0], [3, 0], [1.0, 1.0], r"margin 1 \(spread 1.0, dim 0.0, noise 1.0\)"),
+        ([-1.0], [3], [1.0], r"margin 0 \(spread -1.0,"),
+        ([1.0], [3], [np.inf], r"noise inf\): noise must be finite"),
     ],
 )
 def test_malformed_margins_are_refused(

@@ -111,21 +111,39 @@ def fit_signal_prior(spread: np.ndarray, dim: np.ndarray, noise: np.ndarray) -> 
     """The nonparametric maximum-likelihood law of the signal per dimension (module
     docstring) from ``n`` margins: ``spread`` (n,) their ``||z||^2``, ``dim`` (n,) their
     contrast dimensions (>= 1), ``noise`` (n,) their noise per dimension (> 0, finite)."""
+    s, d, nu = _margins(spread, dim, noise)
+    top = max(4.0 * float(np.max(s / d)), float(np.max(nu)))
+    grid = np.concatenate([[0.0], np.geomspace(float(np.min(nu)) * 1e-4, top, _GRID)])
+    ll = _log_density(s[:, None], d[:, None], grid[None, :] + nu[:, None])
+    weights = _em_weights(np.exp(ll - ll.max(axis=1, keepdims=True)))
+    return SignalPrior(grid, weights)
+
+
+def _margins(
+    spread: np.ndarray, dim: np.ndarray, noise: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The three as flat float64 arrays, checked (a clear error naming the first bad
+    margin)."""
     s, d, nu = (np.asarray(x, dtype=np.float64).ravel() for x in (spread, dim, noise))
     if not (s.size == d.size == nu.size) or s.size == 0:
         raise CalmkitError(
             f"spread, dim and noise (sizes {s.size}, {d.size}, {nu.size}) must be one "
             "non-empty entry per margin"
         )
-    if not (np.all(np.isfinite(nu)) and np.all(nu > 0) and np.all(d >= 1) and np.all(s >= 0)):
-        raise CalmkitError("noise must be finite and > 0, dim >= 1 and spread >= 0 per margin")
-    top = max(4.0 * float(np.max(s / d)), float(np.max(nu)))
-    grid = np.concatenate([[0.0], np.geomspace(float(np.min(nu)) * 1e-4, top, _GRID)])
-    prior = SignalPrior(grid, np.full(grid.size, 1.0 / grid.size))
-    var = grid[None, :] + nu[:, None]
-    ll = _log_density(s[:, None], d[:, None], var)
-    lik = np.exp(ll - ll.max(axis=1, keepdims=True))
-    weights, last = prior.weights, -np.inf
+    bad = ~(np.isfinite(nu) & (nu > 0) & (d >= 1) & (s >= 0))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise CalmkitError(
+            f"margin {i} (spread {s[i]}, dim {d[i]}, noise {nu[i]}): noise must be finite "
+            "and > 0, dim >= 1 and spread >= 0"
+        )
+    return s, d, nu
+
+
+def _em_weights(lik: np.ndarray) -> np.ndarray:
+    """The grid weights maximising the mean log of ``lik @ weights`` (``lik`` (n, grid):
+    each margin's likelihood at each grid point), by EM from uniform weights."""
+    weights, last = np.full(lik.shape[1], 1.0 / lik.shape[1]), -np.inf
     for _ in range(_EM_STEPS):
         mix = lik @ weights
         weights = weights * (lik / mix[:, None]).mean(axis=0)
@@ -133,4 +151,5 @@ def fit_signal_prior(spread: np.ndarray, dim: np.ndarray, noise: np.ndarray) -> 
         if value - last < _EM_TOL:
             break
         last = value
-    return SignalPrior(grid, weights / weights.sum())
+    out: np.ndarray = weights / weights.sum()
+    return out
