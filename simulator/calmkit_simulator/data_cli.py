@@ -243,8 +243,6 @@ def _labels(categories: tuple[str, ...]) -> str:
 
 
 def _plan_options(parser: argparse.ArgumentParser) -> None:
-    from calmkit_aggregator.planning.algorithm1 import DEFAULT_THETA
-    from calmkit_aggregator.planning.pilot import PILOT_FRACTION
     from calmkit_aggregator.reconstruction.methods import RECONSTRUCTIONS
     from calmkit_aggregator.service.cli import planning_options
 
@@ -269,7 +267,8 @@ def _plan_options(parser: argparse.ArgumentParser) -> None:
         help="how the answers will be reconstructed, which the pipeline "
         "planner's predicted error accounts for (see simulate --reconstruct)",
     )
-    parser.set_defaults(planner="pipeline", pilot=PILOT_FRACTION, theta=DEFAULT_THETA)
+    # --pilot and --theta stay None unless given (_check_planner_options fills them in)
+    parser.set_defaults(planner="pipeline")
     json_option(parser)
 
 
@@ -281,9 +280,33 @@ def _plan(args: argparse.Namespace) -> int:
     except ValueError:
         raise SchemaError(f"domain ({args.domain!r}) must be comma-separated ints") from None
     schema = Schema.from_sizes(sizes)
+    _check_planner_options(args)
     if args.planner == "paper":
         return _plan_paper(args, schema)
     return _plan_pipeline(args, schema)
+
+
+def _check_planner_options(args: argparse.Namespace) -> None:
+    """``--theta`` belongs to Algorithm 1 and ``--pilot`` to the pipeline planner: one
+    given with the other planner would be dropped in silence, so it is an error. Then
+    both take their defaults where not given."""
+    from calmkit_aggregator.planning.algorithm1 import DEFAULT_THETA
+    from calmkit_aggregator.planning.pilot import PILOT_FRACTION
+    from calmkit_client import CalmkitError
+
+    paper = args.planner == "paper"
+    if not paper and args.theta is not None:
+        raise CalmkitError(
+            f"theta ({args.theta}) must go with --planner paper: the pipeline planner "
+            "has no threshold"
+        )
+    if paper and getattr(args, "pilot", None) is not None:
+        raise CalmkitError(
+            f"pilot ({args.pilot}) must go with the pipeline planner: Algorithm 1 plans "
+            "in one phase"
+        )
+    args.theta = DEFAULT_THETA if args.theta is None else args.theta
+    args.pilot = PILOT_FRACTION if getattr(args, "pilot", None) is None else args.pilot
 
 
 def _plan_paper(args: argparse.Namespace, schema: Any) -> int:

@@ -134,6 +134,22 @@ def test_help_loads_nothing_heavy() -> None:
             "epsilon (710.0) must be <= 44",
         ),
         (["serve", "--db", "x.db", "--rate-limit", "0"], "rate_limit (0.0) must be finite and > 0"),
+        (
+            "plan --domain 2,2,2 --n 1000 --k 2 --epsilon 1 --theta 5".split(),
+            "theta (5.0) must go with --planner paper: the pipeline planner has no threshold",
+        ),
+        (
+            "plan --domain 2,2,2 --n 1000 --k 2 --epsilon 1 --planner paper --pilot 0.1".split(),
+            "pilot (0.1) must go with the pipeline planner: Algorithm 1 plans in one phase",
+        ),
+        (
+            "query --collection c --attrs a --replicates 1".split(),
+            "replicates (1) must be 0 (the server's default) or in [2, 1000]",
+        ),
+        (
+            "query --collection c --attrs a --replicates 1001".split(),
+            "replicates (1001) must be 0 (the server's default) or in [2, 1000]",
+        ),
         (["population", "--bins", "age"], "bins ('age') must be COLUMN=B with B an int >= 2"),
         (
             ["serve", "--db", "x.db", "--rate-burst", "50"],
@@ -276,3 +292,10 @@ def test_collection_create_plans_for_local_unless_told() -> None:
     parser = _subparsers()["collection"]
     assert parser.parse_args(["create"]).reconstruct == "local"
     assert parser.parse_args(["create", "--reconstruct", "global"]).reconstruct == "global"
+
+
+def test_the_cli_bounds_replicates_as_the_server_does() -> None:
+    from calmkit_aggregator.reconstruction.uncertainty import MAX_REPLICATES
+    from calmkit_aggregator.service import cli as service_cli
+
+    assert service_cli._MAX_REPLICATES == MAX_REPLICATES

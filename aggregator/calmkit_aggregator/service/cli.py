@@ -728,7 +728,7 @@ def _query_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--replicates",
-        type=NON_NEGATIVE,
+        type=_replicates,
         default=0,
         help="bootstrap replicates behind the total errors (noise + "
         "estimated bias): 0 (default: the server's, 32) or 2 to 1000",
@@ -741,6 +741,21 @@ def _query_options(parser: argparse.ArgumentParser) -> None:
         "global: also one model fitted to all views at once, which answers "
         "the pairs no view holds",
     )
+
+
+# The server's bounds on bootstrap replicates (reconstruction.uncertainty.MAX_REPLICATES),
+# checked here before any call (the parser loads without numpy or gRPC).
+_MAX_REPLICATES = 1000
+
+
+def _replicates(text: str) -> int:
+    """An argparse type: 0 (the server's default) or 2 to 1000 bootstrap replicates."""
+    value = NON_NEGATIVE(text)
+    if value == 1 or value > _MAX_REPLICATES:
+        raise argparse.ArgumentTypeError(
+            f"({value}) must be 0 (the server's default) or in [2, {_MAX_REPLICATES}]"
+        )
+    return value
 
 
 def _query(args: argparse.Namespace) -> int:
