@@ -235,10 +235,7 @@ class Guard:
         """The request body, alone in a list the caller empties before aborting (an
         exception's traceback would otherwise keep up to 16 MiB alive until the cyclic
         garbage collector happens to run)."""
-        raw = await self._read_in_time(context)
-        if raw is grpc.aio.EOF:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request (none) was not sent")
-        return [bytes(raw)]
+        return [bytes(await self._message(context))]
 
     async def _read_in_time(self, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         """The call's next message (or EOF), aborted DEADLINE_EXCEEDED when it is not
@@ -309,6 +306,11 @@ class Guard:
         return self._messages(context)
 
     async def _one_message(self, _requests: Any, context: Any) -> Any:
+        return await self._message(context)
+
+    async def _message(self, context: Any) -> Any:
+        """The call's one message, read in time; a call that ends without one is
+        INVALID_ARGUMENT."""
         request = await self._read_in_time(context)
         if request is grpc.aio.EOF:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request (none) was not sent")
