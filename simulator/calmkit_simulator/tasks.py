@@ -136,8 +136,8 @@ class _Memo:
     """Per-process caches: populations, and each repetition's queries and truths."""
 
     populations: dict[tuple[Any, ...], Population] = field(default_factory=dict)
-    truths: dict[tuple[Any, ...], tuple[list[tuple[int, ...]], list[np.ndarray]]] = field(
-        default_factory=dict
+    truths: dict[tuple[Any, ...], tuple[Population, list[tuple[int, ...]], list[np.ndarray]]] = (
+        field(default_factory=dict)
     )
     settings: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
@@ -163,7 +163,10 @@ def _queries(
     task: Task, pop: Population, rep: int
 ) -> tuple[list[tuple[int, ...]], list[np.ndarray]]:
     key = (task.population_key(), task.query_k, task.queries, rep)
-    if key not in _MEMO.truths:
+    held = _MEMO.truths.get(key)
+    # the truths of this very population: a caller may pass another one under the same
+    # task (a permuted copy), whose queries are the same and whose truths are not
+    if held is None or held[0] is not pop:
         if len(_MEMO.truths) >= 4096:  # populations shipped by a cluster bypass the clear
             _MEMO.truths.clear()
         qs = random_queries(
@@ -172,8 +175,8 @@ def _queries(
             task.queries,
             np.random.SeedSequence([task.seed, pop.d, task.query_k, rep]),
         )
-        _MEMO.truths[key] = (qs, [pop.marginal(q) for q in qs])
-    return _MEMO.truths[key]
+        held = _MEMO.truths[key] = (pop, qs, [pop.marginal(q) for q in qs])
+    return held[1], held[2]
 
 
 UNFIT = "the dataset does not fit the task"  # how an invalid task's message starts

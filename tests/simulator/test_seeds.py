@@ -56,6 +56,25 @@ def test_methods_and_plans_answer_the_same_queries_in_every_repetition() -> None
     assert _queries(other) != _queries(runs[0])
 
 
+def test_a_task_run_on_another_population_scores_against_that_populations_truths() -> None:
+    # the truths are memoised per task and repetition; a caller passing another
+    # population under the same task (a copy with its columns permuted) was scored
+    # against the first population's truths
+    from calmkit_simulator.population import Population
+
+    gen = np.random.default_rng(5)
+    shuffled = np.column_stack([gen.permutation(c) for c in POP.codes.T])
+    other = Population(POP.schema, shuffled)
+    task = Task("csv:pop", "uni", 1.0, 3, 3, reps=2, queries=4, seed=7)
+    a, b = run_task(task, population=POP), run_task(task, population=other)
+    again = run_task(task, population=POP)
+    queries = tasks._queries(task, other, 0)[0]
+    truths = [other.marginal(q) for q in queries]
+    expected = np.mean([float(((t - 1 / t.size) ** 2).sum()) for t in truths])
+    assert b["uniform"][0] == pytest.approx(expected, rel=1e-12)
+    assert a["uniform"] != b["uniform"] and again["uniform"] == a["uniform"]
+
+
 def test_the_queries_do_not_depend_on_how_much_randomness_the_method_draws() -> None:
     few, many = Draws(1), Draws(100_000)
     a = run_mechanism(POP, few, 1.0, 2, queries=3, reps=4, rng=3)
