@@ -111,10 +111,10 @@ beside the median (`calmkit plan` and the collection's plan notes), and it takes
 design other than the safe ones (one attribute per view, Algorithm 1's plan) only if
 that design is predicted better across that range. To predict within 2x here a pilot
 would have to measure pairs, with users the answers then lack. That was measured
-([the planner notes](planner-notes.md), "A pilot that pairs attributes informative only pooled over its
-pairs"): the predictions moved only part of the way (NLTCS at eps 0.5 from 0.20 to
-0.38 of the measured SSE, the 8-40 category population from 8.8 to 7.0), and the
-answers got worse (the demo population at 20,000 users from 1.09 to 1.20 times the
+([the planner notes](planner-notes.md), "A pilot that pairs attributes informative
+only pooled over its pairs"): the predictions moved only part of the way (NLTCS at eps
+0.5 from 0.20 to 0.38 of the measured SSE, the 8-40 category population from 8.8 to
+7.0), and the answers got worse (the demo population at 20,000 users from 1.09 to 1.20 times the
 best grid point, the 8-40 category population from 0.99 to 1.10).
 """
 
