@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from calmkit_aggregator.service.rate_limit import RateLimit, submitter_of
+from calmkit_aggregator.service.rate_limit import RateLimit, network_of, submitter_of
 from calmkit_client.errors import BatchTooLarge, CalmkitError, RateLimited
 
 
@@ -90,3 +90,16 @@ def test_rate_must_be_positive_and_finite(bad: object) -> None:
 def test_burst_must_be_a_positive_int(bad: object) -> None:
     with pytest.raises(CalmkitError, match=r"rate_burst \(.*\) must be an int >= 1"):
         RateLimit(10.0, burst=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("key", "network"),
+    [
+        ("2001:db8:1:2::/64", "2001:db8:1::/48"),
+        ("2001:db8:1:ffff::/64", "2001:db8:1::/48"),
+        ("1.2.3.4", "1.2.3.4"),
+        ("unix:/tmp/s", "unix:/tmp/s"),
+    ],
+)
+def test_the_reserves_network_is_the_ipv6_48(key: str, network: str) -> None:
+    assert network_of(key) == network

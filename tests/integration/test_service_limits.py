@@ -295,6 +295,39 @@ def test_stalled_streams_beyond_the_per_address_cap_are_refused_at_once(
         assert _plan_from(f"127.0.0.1:{port}")  # the address's slots are free again
 
 
+def test_the_last_slots_are_kept_for_callers_with_few_calls(tmp_path: Path) -> None:
+    """32 slots, 16 per address, the last 4 kept for small callers: 127.0.0.1 stalls
+    its 16, ::1 stalls 12 more (28 in flight: the reserve begins), and ::1's next call
+    is refused naming the reserve though ::1 holds fewer than its cap. Without the
+    reserve two addresses took all 32 slots and every call was refused. Once the first
+    address's stalls end, ::1 gets its slots again."""
+    first, second = threading.Event(), threading.Event()
+    options = {"max_concurrent_rpcs": 32, "max_calls_per_address": 16}
+    with (
+        _dual_stack(tmp_path, **options) as port,
+        open_channel(f"127.0.0.1:{port}") as ipv4,
+        open_channel(f"[::1]:{port}") as ipv6,
+    ):
+        held = _stall(ipv4, GET_PLAN, 16, first)
+        try:
+            more = _stall(ipv6, GET_PLAN, 12, second)
+            assert not _ended(held + more, within=1.0)  # 28 held: below the reserve
+            (extra,) = _stall(ipv6, GET_PLAN, 1, second)
+            err = extra.exception(timeout=3)
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert err.details() == (
+                "calls in flight from ::/48 (13 with this one) must be at most 4 while "
+                "the server is nearly full (28 calls in flight; its last slots are kept "
+                "for callers with few calls)"
+            )
+            first.set()
+            _ended(held, within=5.0)
+            assert not _ended(_stall(ipv6, GET_PLAN, 4, second), within=1.0)
+        finally:
+            first.set()
+            second.set()
+
+
 @pytest.mark.parametrize("path", [GET_PLAN, HEALTH_CHECK])
 def test_a_stalled_stream_is_aborted_after_the_body_timeout(tmp_path: Path, path: str) -> None:
     """A stream whose message never comes ends DEADLINE_EXCEEDED naming the body

@@ -249,8 +249,9 @@ def _serve_limit_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="calls in flight from one client address (an IPv6 /64), so streams one "
         "address stalls cannot take the server's 2048 slots; clients behind one proxy or "
-        "NAT share its address: raise it (or 0: no cap) behind a proxy that keeps more "
-        "calls open (default: 256)",
+        "NAT share its address: raise it (or 0: no cap, and no reserve) behind a proxy "
+        "that keeps more calls open. The last eighth of the slots is kept for networks "
+        "with fewer than 4 calls in flight (default: 256)",
     )
     parser.add_argument(
         "--body-timeout",

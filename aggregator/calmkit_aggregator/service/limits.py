@@ -28,6 +28,15 @@ So, before anything is read:
   a call beyond the cap is refused at once, RESOURCE_EXHAUSTED ``calls in flight from
   1.2.3.4 (9 with this one) must be at most 8 (max_calls_per_address)``, so one address
   cannot take more than its share of the server's slots;
+- **the last slots are kept for small callers**: once all but an eighth of the
+  server's slots are taken (:data:`RESERVE_SHARE`), a new call is admitted only from
+  a network holding fewer than :data:`SMALL_CALLER_CALLS` calls (an IPv4 address, an
+  IPv6 /48: a site's allocation, so that the many /64s one subscriber may hold count
+  once). Stalled streams from a few addresses then fill the server only down to the
+  reserve, and filling the reserve takes a further ``reserve / SMALL_CALLER_CALLS``
+  networks (with the defaults: 7 addresses reach the reserve, 64 more fill it, where 8
+  used to fill everything), while a collector, which makes one call at a time, still
+  gets in;
 - **a request message must arrive within the body timeout** of its call's start, or
   the call ends DEADLINE_EXCEEDED, so a stalled stream frees its slot.
 
@@ -61,12 +70,14 @@ import grpc
 from calmkit_client.collector import ERROR_KEY, MAX_MESSAGE_BYTES
 from calmkit_client.errors import RateLimited
 
-from .rate_limit import submitter_of
+from .rate_limit import network_of, submitter_of
 
 __all__ = [
     "BODY_LIMITS",
     "BODY_TIMEOUT_S",
     "PUBLIC_BODY_BYTES",
+    "RESERVE_SHARE",
+    "SMALL_CALLER_CALLS",
     "SUBMIT_BODY_BYTES",
     "Guard",
 ]
@@ -103,6 +114,10 @@ BODY_LIMITS = {
 # sends its headers and stalls holds one of the server's maximum_concurrent_rpcs slots
 # until then (a 16 MiB batch needs 4.3 Mbit/s to arrive in time).
 BODY_TIMEOUT_S = 30.0
+# The share of the server's slots kept for networks with few calls in flight, and how
+# few: a collector makes one call at a time, so a handful leaves room for a small NAT.
+RESERVE_SHARE = 8  # one slot in 8
+SMALL_CALLER_CALLS = 4
 TRIM_AFTER_BYTES = 1 << 20  # a body this large is followed by a malloc_trim
 TRIM_INTERVAL_S = 1.0
 _TOKEN_SHAPE = re.compile(r"[A-Za-z0-9_-]{16,128}")  # secrets.token_urlsafe output
@@ -166,6 +181,7 @@ class Guard:
         admin_hash: bytes | None,
         max_calls_per_address: int = 0,
         body_timeout: float = BODY_TIMEOUT_S,
+        max_calls: int = 0,
     ) -> None:
         self._workers = workers
         self._admin_hash = admin_hash
@@ -173,9 +189,14 @@ class Guard:
         self._trim_pending = False
         self._per_address = max_calls_per_address  # 0: no cap
         self._body_timeout = body_timeout
-        # Calls in flight per client address (submitter_of: an IPv6 client's /64).
-        # Only the event loop touches it, so it needs no lock.
+        # Past this many calls in flight only small callers get in (0: no reserve; it
+        # needs the per-address cap, which is what turns every limit off at 0).
+        self._crowded = max_calls - max(1, max_calls // RESERVE_SHARE) if max_calls else 0
+        # Calls in flight per client address (submitter_of: an IPv6 client's /64) and
+        # per network (network_of). Only the event loop touches them: no lock.
         self._in_flight: dict[str, int] = {}
+        self._per_network: dict[str, int] = {}
+        self._total = 0
 
     def _trim_soon(self) -> None:
         """Give freed memory back to the OS within TRIM_INTERVAL_S (one trim per
@@ -256,34 +277,51 @@ class Guard:
     @contextlib.asynccontextmanager
     async def _slot(self, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
         """Hold one of the caller's address's slots for the call's life; a call beyond
-        ``max_calls_per_address`` is refused at once (RESOURCE_EXHAUSTED, named
-        RateLimited so the collector retries later), freeing its server-wide slot, so
-        stalled streams from one address cannot take all of ``maximum_concurrent_rpcs``.
-        The slot is given back however the call ends (returned, aborted, cancelled)."""
+        ``max_calls_per_address``, or beyond its network's share of the reserve once the
+        server is nearly full (:meth:`_over`), is refused at once (RESOURCE_EXHAUSTED,
+        named RateLimited so the collector retries later), freeing its server-wide slot,
+        so stalled streams from a few addresses cannot take all of
+        ``maximum_concurrent_rpcs``. The slot is given back however the call ends
+        (returned, aborted, cancelled)."""
         if self._per_address == 0:
             yield
             return
         address = submitter_of(str(context.peer()))
-        held = self._in_flight.get(address, 0)
-        if held >= self._per_address:
+        network = network_of(address)
+        why = self._over(address, network)
+        if why is not None:
             context.set_trailing_metadata(((ERROR_KEY, RateLimited.__name__),))
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"calls in flight from {address} ({held + 1} with this one) must be at "
-                f"most {self._per_address} (max_calls_per_address)",
-            )
-        self._in_flight[address] = held + 1
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+        _count(self._in_flight, address, 1)
+        _count(self._per_network, network, 1)
+        self._total += 1
         try:
             yield
         finally:
-            self._give_back(address)
+            _count(self._in_flight, address, -1)
+            _count(self._per_network, network, -1)
+            self._total -= 1
 
-    def _give_back(self, address: str) -> None:
-        left = self._in_flight[address] - 1
-        if left:
-            self._in_flight[address] = left
-        else:  # an address with nothing in flight costs no memory
-            del self._in_flight[address]
+    def _over(self, address: str, network: str) -> str | None:
+        """Why one more call from ``address`` (in ``network``) is refused, or None: the
+        address's cap, or, with the server's slots all but the reserve taken, the
+        network's share of the reserve."""
+        held = self._in_flight.get(address, 0)
+        if held >= self._per_address:
+            return (
+                f"calls in flight from {address} ({held + 1} with this one) must be at "
+                f"most {self._per_address} (max_calls_per_address)"
+            )
+        small = min(SMALL_CALLER_CALLS, self._per_address)
+        crowded = self._crowded and self._total >= self._crowded
+        if crowded and self._per_network.get(network, 0) >= small:
+            return (
+                f"calls in flight from {network} ({self._per_network[network] + 1} with "
+                f"this one) must be at most {small} while the server is nearly full "
+                f"({self._total} calls in flight; its last slots are kept for callers "
+                "with few calls)"
+            )
+        return None
 
     def interceptor(self, own_service: str) -> grpc.aio.ServerInterceptor:
         """Puts the other services' methods (health, reflection) under the same
@@ -359,6 +397,16 @@ class _OtherServices(grpc.aio.ServerInterceptor):
         if method not in self._wrapped:
             self._wrapped[method] = self._guard.wrap_handler(handler)
         return self._wrapped[method]
+
+
+def _count(counts: dict[str, int], key: str, change: int) -> None:
+    """Add ``change`` to ``counts[key]``; a key at 0 is dropped, so an address with
+    nothing in flight costs no memory."""
+    left = counts.get(key, 0) + change
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
 
 
 def _behaviour(handler: grpc.RpcMethodHandler[Any, Any]) -> Any:

@@ -31,7 +31,7 @@ from urllib.parse import unquote
 from calmkit_client.errors import BatchTooLarge, CalmkitError, RateLimited
 from calmkit_client.validation import is_int
 
-__all__ = ["RateLimit", "address_key", "submitter_of"]
+__all__ = ["RateLimit", "address_key", "network_of", "submitter_of"]
 
 _MAX_BUCKETS = 100_000
 
@@ -59,6 +59,19 @@ def address_key(host: str) -> str:
             return str(ip.ipv4_mapped)
         return str(ipaddress.ip_network(f"{ip}/64", strict=False))
     return str(ip)
+
+
+def network_of(key: str) -> str:
+    """The network an :func:`address_key` belongs to, for the server's reserve of slots:
+    an IPv6 key's /48 (a site's allocation: one subscriber may hold 65,536 /64s), any
+    other key itself."""
+    try:
+        net = ipaddress.ip_network(key, strict=False)
+    except ValueError:
+        return key
+    if isinstance(net, ipaddress.IPv6Network):
+        return str(net.supernet(new_prefix=48)) if net.prefixlen > 48 else str(net)
+    return key
 
 
 class RateLimit:

@@ -240,7 +240,7 @@ async def _start(
     # Its interceptor puts health checks and reflection under the same per-address
     # cap and body timeout.
     admin_hash = hashlib.sha256(admin_token.encode("utf-8")).digest() if admin_token else None
-    guard = Guard(workers, admin_hash, max_calls_per_address, body_timeout)
+    guard = Guard(workers, admin_hash, max_calls_per_address, body_timeout, max_concurrent_rpcs)
     server = grpc.aio.server(
         migration_thread_pool=workers,
         options=_options(),
