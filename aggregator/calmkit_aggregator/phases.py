@@ -8,7 +8,7 @@ does the planning). Storage keeps the :class:`PhasedDesign`
 beside the collection and each phase's support counts under that phase's own plan;
 :func:`combine_phases` joins them for the reconstruction, so no pilot report is
 wasted, unless the pilot is left out of the answers (:func:`pilot_left_out`: its
-check failed, or the planner predicted the answers convincingly better without its
+check failed, or the planner predicted the answers better without its
 small pair tables; its reports then count in the attributes' margins only,
 :func:`pilot_set_aside`). This module loads neither the planner nor the
 reconstruction: the storage backends import it.

@@ -506,8 +506,8 @@ _DEFAULT_PLANNER = (
     "view, whichever has the smaller regret, or a design of its view size laid out as "
     "evenly that is predicted no worse at every quantile of the dependence; the "
     "pilot's tables are part of the answers unless the views planned for the other "
-    "users alone (or the best of their candidates that does) beat the choice with "
-    "them convincingly; a pilot set aside still counts in the attributes' margins"
+    "users alone are predicted lower on average over the dependence quantiles; a "
+    "pilot set aside still counts in the attributes' margins"
 )
 
 

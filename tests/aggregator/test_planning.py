@@ -159,24 +159,21 @@ def test_pilot_size_bounds_and_checks() -> None:
 
 def test_a_pilot_without_reports_still_plans_the_rest() -> None:
     # views nobody reported on count as one report each in the prediction (their
-    # estimate is the prior's): the rest of the users still get a plan
+    # estimate is the prior's): the rest of the users still get a plan, and the plan
+    # with those empty views is predicted worse than the plan without them, which is
+    # taken (the pilot set aside)
     schema = Schema.from_sizes([2, 3, 2, 2])
     assert pilot_plan(schema, 1.0) == pilot_plan(schema, 1.0, seed=0)  # seed 0 by default
     assert pilot_plan(schema, 1.0).views != pilot_plan(schema, 1.0, seed=1).views
     pilot = SupportCounts.zeros(pilot_plan(schema, 1.0, seed=1))
     main = plan_after_pilot(pilot, 5000, Workload(k=2), seed=2)
     assert main.plan.m >= 1 and main.choice.predicted.sse > 0
-    want = choose_plan(
-        schema.sizes,
-        1.0,
-        5000,
-        Workload(k=2),
-        profile_from_pilot(pilot),
-        fixed_views=pilot.plan.views,
-        fixed_users=[1.0] * pilot.plan.m,
-        rng=2,
-    )
-    assert (main.choice.views, main.choice.predicted) == (want.views, want.predicted)
+    args = (schema.sizes, 1.0, 5000, Workload(k=2), profile_from_pilot(pilot))
+    kept = choose_plan(*args, fixed_views=pilot.plan.views, fixed_users=[1.0] * pilot.plan.m, rng=2)
+    alone = choose_plan(*args, rng=2)
+    assert not main.keeps_pilot and main.with_pilot is not None
+    assert (main.with_pilot.views, main.with_pilot.predicted) == (kept.views, kept.predicted)
+    assert (main.choice.views, main.choice.predicted) == (alone.views, alone.predicted)
 
 
 def test_the_pilot_pairs_only_attributes_with_two_or_more_categories() -> None:

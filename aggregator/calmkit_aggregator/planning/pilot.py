@@ -18,7 +18,7 @@ matchings (or single attributes) over all of its users, as before.
 
 Each user still reports exactly once, under one of the plans. The pilot's views are
 part of the final estimate (:func:`~..phases.combine_phases`) unless the planner
-predicts the answers convincingly better without them (:func:`plan_after_pilot`):
+predicts the answers better without them (:func:`plan_after_pilot`):
 a two-round pilot spreads its users over a hundred or more pair views, and the
 consistency step's non-negativity holds each of those small, noisy tables as firmly
 as a large one. On 24 independent binary attributes (n = 47,000, eps 2) one attribute
@@ -31,8 +31,8 @@ error model tells the two apart (docs/planner-notes.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +46,7 @@ from ..reconstruction.support import SupportCounts
 from .designs import pilot_views
 from .error_model import Workload
 from .profile import CONTINGENCY_PRIOR, DataProfile, estimate_profile
-from .search import Candidate, PlannedViews, choose_plan, convincing, fewest_users
+from .search import PlannedViews, choose_plan, expected_gain, fewest_users
 
 __all__ = [
     "MAX_MATCHINGS",
@@ -254,8 +254,8 @@ class MainPlan:
     """The main phase (after the pilot's one or two rounds): its ``plan`` and the
     planner's ``choice``. ``with_pilot`` is None when the pilot's reports are part of
     the answers (``choice``'s prediction then covers the pilot's views too); else the
-    best choice with them, which ``choice`` (the main phase's views alone) beat
-    convincingly: the answers are then reconstructed from the main phase alone."""
+    best choice with them, which ``choice`` (the main phase's views alone) beat on
+    average: the answers are then reconstructed from the main phase alone."""
 
     plan: Plan
     choice: PlannedViews
@@ -298,14 +298,15 @@ def plan_after_pilot(
     The pilot is left out of the answers where it is predicted to add noise: wherever
     the pilot measured pairs, the views are also chosen for the ``n`` users alone
     (scored without the pilot's margins, which errs towards the plan with the pilot),
-    and that choice is taken if it beats the first convincingly
-    (:func:`~.search.convincing`: by more than the prediction's own uncertainty),
-    unless it gives up a design that holds every query (steady) for one whose
-    prediction rests on the uncertain dependence. Where that choice does not beat the
-    first but one of the candidates it weighed does, the best such candidate (lowest
-    typical SSE) is planned again at its l and m and taken on the same test: the
-    choice alone is the better bet among plans without the pilot, yet its prediction
-    may be too uncertain to be a convincing step away from the plan with it.
+    and the plan whose predicted SSE is lower on average over the dependence quantiles
+    is taken (:func:`~.search.expected_gain`). Neither plan is the safe one: the
+    pilot's many small pair tables cost noise where the attributes barely depend and
+    hold dependence where they do, so neither has to beat the other by the margin a
+    design needs to leave one attribute per view or Algorithm 1's plan. (Until
+    2026-11-28 the plan alone had to beat the plan with the pilot convincingly; with a
+    calibrated dependence posterior, whose upper quantiles stay high where a pilot
+    cannot rule dependence out, that kept the small tables on independent data:
+    docs/planner-notes.md.)
 
     The two plans are compared whole, not through one attribute per view with and
     without the pilot's tables (the test before 2026-11-28): where one of the pilot's
@@ -337,32 +338,11 @@ def plan_after_pilot(
         )
 
     choice, with_pilot = plan(pilot.plan.views, users), None
-    pairs = any(len(v) > 1 for v in pilot.plan.views)
-    if pairs:
-        alone = _beating(plan(), choice.chosen, lambda c: plan(size=(c.l, c.m)))
-        if alone is not None:
+    if any(len(v) > 1 for v in pilot.plan.views):
+        alone = plan()
+        if expected_gain(alone.chosen, choice.chosen) > 0:
             choice, with_pilot = alone, choice
     return MainPlan(Plan(schema, pilot.plan.epsilon, choice.views, seed=seed), choice, with_pilot)
-
-
-def _beating(
-    alone: PlannedViews, first: Candidate, replan: Callable[[Candidate], PlannedViews]
-) -> PlannedViews | None:
-    """``alone`` if its choice beats ``first`` convincingly, else the views of the
-    best of its candidates that does (``replan`` at its l and m), else None. A design
-    that holds every query is never given up for one that does not."""
-
-    def beats(c: Candidate) -> bool:
-        return (c.steady or not first.steady) and convincing(c, first)
-
-    if beats(alone.chosen):
-        return alone
-    better = [c for c in alone.candidates if beats(c)]
-    if not better:
-        return None
-    again = replan(min(better, key=lambda c: c.typical))
-    # planned at a size the planner picked, not one the caller fixed: as restricted as alone
-    return replace(again, restricted=alone.restricted) if beats(again.chosen) else None
 
 
 def plan_next_phase(design: PhasedDesign, pilot: SupportCounts) -> MainPlan:

@@ -73,6 +73,7 @@ __all__ = [
     "PlannedViews",
     "choose_plan",
     "convincing",
+    "expected_gain",
     "fewest_users",
     "score_views",
 ]
@@ -909,6 +910,14 @@ def convincing(candidate: Candidate, safe: Candidate) -> bool:
     diff = np.log(np.array(candidate.range) / np.array(safe.range))
     spread = float(diff.std()) / _QUANTILE_SPREAD if diff.size > 1 else 0.0
     return float(diff.mean()) + math.sqrt(spread**2 + 2 * MODEL_SD**2) < 0
+
+
+def expected_gain(candidate: Candidate, other: Candidate) -> float:
+    """How much lower ``candidate``'s predicted SSE is than ``other``'s on average: the
+    mean over the profile's dependence quantiles of ``log(other / candidate)``, with no
+    margin for the prediction's uncertainty (for a choice between two designs neither
+    of which is the safe one; :func:`convincing` is for leaving a safe design)."""
+    return float(np.mean(np.log(np.array(other.range) / np.array(candidate.range))))
 
 
 def _regret(scored: Sequence[tuple[Candidate, object, object]]) -> Callable[[Candidate], float]:
