@@ -322,16 +322,14 @@ def plan_after_pilot(
     args = (schema.sizes, pilot.plan.epsilon, n, workload, profile)
 
     def plan(
-        fixed: Sequence[tuple[int, ...]] = (),
-        fixed_users: Sequence[float] = (),
-        size: tuple[int | None, int | None] = (l, m),
+        fixed: Sequence[tuple[int, ...]] = (), fixed_users: Sequence[float] = ()
     ) -> PlannedViews:
         return choose_plan(
             *args,
             fixed_views=fixed,
             fixed_users=fixed_users,
-            l=size[0],
-            m=size[1],
+            l=l,
+            m=m,
             rng=seed,
             covering_dir=covering_dir,
             reconstruction=reconstruction,
